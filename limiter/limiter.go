@@ -1,0 +1,140 @@
+// Package limiter is the token-bucket model of ratelimitd: limits, the
+// decision a bucket makes for a request, the exact integer arithmetic behind
+// it, and the Store interface that keeps buckets (in memory or in Redis).
+//
+// A bucket holds up to Burst tokens and gains Count tokens every Period,
+// smoothly (one token every Period/Count). A request for n tokens is admitted
+// when the bucket holds at least n; it then spends them. The state of a bucket
+// is one instant, its theoretical arrival time (TAT) in the terms of the
+// generic cell rate algorithm (GCRA): the bucket is full at and after the TAT,
+// and holds (Burst·Period/Count − (TAT − now))·Count/Period tokens before it.
+// A bucket that is full needs no state at all, so stores drop it.
+//
+// Time is always an argument: nothing in this package reads the clock.
+// The package uses only the standard library.
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Limit is the shape of a token bucket. The zero Limit is invalid; call
+// Validate before using a Limit built from untrusted input.
+type Limit struct {
+	// Count tokens are added to the bucket every Period.
+	Count int64
+	// Period is the refill period. Only whole microseconds count.
+	Period time.Duration
+	// Burst is the capacity of the bucket, in tokens: how many can be spent
+	// at once after a quiet spell.
+	Burst int64
+}
+
+// Bounds on a Limit that keep every intermediate value of the bucket
+// arithmetic below 2^53, so the Redis script (whose numbers are doubles)
+// computes exactly what this package does.
+const (
+	// MaxTokens bounds Count and Burst.
+	MaxTokens = 1 << 40
+	// maxProduct bounds Burst·Count, the largest remainder sum.
+	maxProduct = 1 << 50
+	// MaxFill bounds the time a bucket takes to fill from empty.
+	MaxFill = 100 * 365 * 24 * time.Hour
+)
+
+// Validate reports whether l can be used, and why not.
+func (l Limit) Validate() error {
+	switch {
+	case l.Count < 1:
+		return fmt.Errorf("count %d: must be at least 1", l.Count)
+	case l.Count > MaxTokens:
+		return fmt.Errorf("count %d: must be at most %d", l.Count, int64(MaxTokens))
+	case l.Period < time.Microsecond:
+		return fmt.Errorf("period %v: must be at least 1µs", l.Period)
+	case l.Burst < 1:
+		return fmt.Errorf("burst %d: must be at least 1", l.Burst)
+	case l.Burst > MaxTokens:
+		return fmt.Errorf("burst %d: must be at most %d", l.Burst, int64(MaxTokens))
+	case l.Burst > maxProduct/l.Count:
+		return fmt.Errorf("burst %d with count %d: burst×count must be at most 2^50", l.Burst, l.Count)
+	}
+	if fill := l.fillTime(); fill.us > MaxFill.Microseconds() {
+		return fmt.Errorf("burst %d at %d per %v: the bucket would take %v to fill, more than %v",
+			l.Burst, l.Count, l.Period, time.Duration(fill.us)*time.Microsecond, MaxFill)
+	}
+	return nil
+}
+
+// String gives the limit in the form "10/1m0s burst 20".
+func (l Limit) String() string {
+	return fmt.Sprintf("%d/%v burst %d", l.Count, l.Period, l.Burst)
+}
+
+// Request asks one bucket for tokens.
+type Request struct {
+	// Key names the bucket. Keys are opaque: any bytes.
+	Key string
+	// Limit is the bucket's shape. The state kept under Key does not
+	// depend on it, so a changed Limit applies to an existing bucket.
+	Limit Limit
+	// Hits is how many tokens to take. Zero checks the bucket without
+	// spending: it is admitted unless the bucket is in debt.
+	Hits int64
+}
+
+// Decision is what a bucket answered to one Request.
+type Decision struct {
+	// Allowed reports whether the request was admitted.
+	Allowed bool
+	// Remaining is the number of whole tokens left in the bucket after the
+	// request; 0 when it was denied.
+	Remaining int64
+	// RetryAfter is, for a denied request, how long until the same request
+	// would be admitted (were nothing else spent meanwhile); 0 when allowed
+	// and when ExceedsBurst.
+	// It is rounded up to the microsecond.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the bucket is full again, rounded up to
+	// the microsecond.
+	ResetAfter time.Duration
+	// ExceedsBurst reports that Hits is more than the bucket can ever hold:
+	// the request is denied and retrying cannot help.
+	ExceedsBurst bool
+}
+
+// Store keeps buckets and applies requests to them.
+//
+// Take applies reqs at time now atomically and all-or-nothing: either every
+// request is admitted and charged, or none is charged. When one is denied,
+// the others report the state their bucket is in (as if checked with Hits 0).
+// Requests naming the same key are applied in order, each seeing the ones
+// before it. The returned slice has one Decision per request, in order.
+//
+// A store may take time from elsewhere than now (the Redis store uses the
+// Redis server's clock), but it must make the same decisions as Decide for the
+// time it uses. Implementations must be safe for concurrent use.
+type Store interface {
+	Take(ctx context.Context, now time.Time, reqs []Request) ([]Decision, error)
+}
+
+// ErrInvalidRequest is wrapped by stores when a Request has an invalid Limit
+// or Hits out of range.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// ErrUnavailable is wrapped by stores when the backend cannot be reached or
+// did not answer in time.
+var ErrUnavailable = errors.New("backend unavailable")
+
+// Validate reports whether r can be given to a Store.
+func (r Request) Validate() error {
+	if r.Hits < 0 || r.Hits > MaxTokens {
+		return fmt.Errorf("%w: hits %d out of range [0, %d]", ErrInvalidRequest, r.Hits, int64(MaxTokens))
+	}
+	if err := r.Limit.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return nil
+}

@@ -1,0 +1,224 @@
+// Package limitertest holds the conformance suite that every limiter.Store
+// must pass, so that the in-memory and the Redis stores are held to the same
+// table of exact answers.
+package limitertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// T0 is the start of every timeline in the suite.
+var T0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// step is one call in a timeline: Take(T0+at, reqs) should give want.
+type step struct {
+	at   time.Duration
+	reqs []limiter.Request
+	want []limiter.Decision
+	// allowedOnly compares only Decision.Allowed (for answers that depend on
+	// how a store treats a clock going backwards).
+	allowedOnly bool
+}
+
+func req(key string, l limiter.Limit, hits int64) limiter.Request {
+	return limiter.Request{Key: key, Limit: l, Hits: hits}
+}
+
+func ok(remaining int64, reset time.Duration) limiter.Decision {
+	return limiter.Decision{Allowed: true, Remaining: remaining, ResetAfter: reset}
+}
+
+func deny(retry, reset time.Duration) limiter.Decision {
+	return limiter.Decision{RetryAfter: retry, ResetAfter: reset}
+}
+
+var (
+	fivePerMinute = limiter.Limit{Count: 5, Period: time.Minute, Burst: 5}
+	threePerSec   = limiter.Limit{Count: 3, Period: time.Second, Burst: 3}
+	onePerHour    = limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+	tenPerSecB20  = limiter.Limit{Count: 10, Period: time.Second, Burst: 20}
+	twoPerMinute  = limiter.Limit{Count: 2, Period: time.Minute, Burst: 2}
+	onePerMinute  = limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
+	tenPerMinute  = limiter.Limit{Count: 10, Period: time.Minute, Burst: 10}
+	onePerSecB2   = limiter.Limit{Count: 1, Period: time.Second, Burst: 2}
+)
+
+const third = 333334 * time.Microsecond // 1/3 s rounded up
+
+// timelines are the exact answers every store gives. Keys are "a", "b":
+// RunStoreTests prefixes them with the test's name.
+var timelines = []struct {
+	name  string
+	steps []step
+}{
+	{"five per minute counts down then denies", []step{
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(4, 12*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(3, 24*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(2, 36*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(1, 48*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{deny(12*time.Second, time.Minute)}},
+		{at: 11 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{deny(time.Second, 49*time.Second)}},
+		{at: 12 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 72 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 0)}, want: []limiter.Decision{ok(5, 0)}},
+	}},
+	{"three per second is exact", []step{
+		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{ok(2, third)}},
+		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{ok(1, 666667*time.Microsecond)}},
+		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{ok(0, time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{deny(third, time.Second)}},
+		{at: 333333 * time.Microsecond, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{deny(time.Microsecond, 666667*time.Microsecond)}},
+		{at: third, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{ok(0, time.Second)}},
+		// Three seconds of refill after that are exactly three tokens.
+		{at: third + 3*time.Second, reqs: []limiter.Request{req("a", threePerSec, 3)}, want: []limiter.Decision{ok(0, time.Second)}},
+	}},
+	{"one per hour refills one token per hour", []step{
+		{at: 0, reqs: []limiter.Request{req("a", onePerHour, 1)}, want: []limiter.Decision{ok(0, time.Hour)}},
+		{at: 59*time.Minute + 59*time.Second, reqs: []limiter.Request{req("a", onePerHour, 1)}, want: []limiter.Decision{deny(time.Second, time.Second)}},
+		{at: time.Hour, reqs: []limiter.Request{req("a", onePerHour, 1)}, want: []limiter.Decision{ok(0, time.Hour)}},
+	}},
+	{"burst above the rate, refill capped at burst", []step{
+		{at: 0, reqs: []limiter.Request{req("a", tenPerSecB20, 20)}, want: []limiter.Decision{ok(0, 2*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", tenPerSecB20, 1)}, want: []limiter.Decision{deny(100*time.Millisecond, 2*time.Second)}},
+		{at: 500 * time.Millisecond, reqs: []limiter.Request{req("a", tenPerSecB20, 5)}, want: []limiter.Decision{ok(0, 2*time.Second)}},
+		{at: time.Minute, reqs: []limiter.Request{req("b", onePerSecB2, 2)}, want: []limiter.Decision{ok(0, 2*time.Second)}},
+		{at: time.Minute + 10*time.Second, reqs: []limiter.Request{req("b", onePerSecB2, 2)}, want: []limiter.Decision{ok(0, 2*time.Second)}},
+		{at: time.Minute + 10*time.Second, reqs: []limiter.Request{req("b", onePerSecB2, 1)}, want: []limiter.Decision{deny(time.Second, 2*time.Second)}},
+	}},
+	{"hits above burst can never pass", []step{
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 6)}, want: []limiter.Decision{{ExceedsBurst: true}}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 5)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 6)}, want: []limiter.Decision{{ExceedsBurst: true, ResetAfter: time.Minute}}},
+	}},
+	{"a check spends nothing", []step{
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 0)}, want: []limiter.Decision{ok(2, 0)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 0)}, want: []limiter.Decision{ok(2, 0)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 2)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 0)}, want: []limiter.Decision{ok(0, time.Minute)}},
+	}},
+	{"a denied request spends from no bucket", []step{
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1), req("b", onePerMinute, 1)},
+			want: []limiter.Decision{ok(1, 30*time.Second), ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1), req("b", onePerMinute, 1)},
+			want: []limiter.Decision{ok(1, 30*time.Second), deny(time.Minute, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+	}},
+	{"one key twice in a request", []step{
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1), req("a", twoPerMinute, 1)},
+			want: []limiter.Decision{ok(1, 30*time.Second), ok(0, time.Minute)}},
+		{at: 30 * time.Second, reqs: []limiter.Request{req("a", twoPerMinute, 1), req("a", twoPerMinute, 1)},
+			want: []limiter.Decision{ok(1, 30*time.Second), deny(30*time.Second, time.Minute)}},
+		{at: 30 * time.Second, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+	}},
+	{"a changed limit applies to the existing bucket", []step{
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 5)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{deny(6*time.Second, time.Minute)}},
+		{at: 6 * time.Second, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 12 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{deny(6*time.Second, 54*time.Second)}},
+	}},
+	{"a clock that steps back never unlocks a bucket", []step{
+		{at: time.Minute, reqs: []limiter.Request{req("a", onePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 30 * time.Second, reqs: []limiter.Request{req("a", onePerMinute, 1)}, want: []limiter.Decision{{}}, allowedOnly: true},
+		{at: 2 * time.Minute, reqs: []limiter.Request{req("a", onePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+	}},
+}
+
+// RunStoreTests runs the conformance suite against stores made by newStore.
+// Each store must decide with the now passed to Take (a Redis store in its
+// test mode), and may be shared by subtests: keys are prefixed with the
+// test's name.
+func RunStoreTests(t *testing.T, newStore func(t *testing.T) limiter.Store) {
+	t.Run("timelines", func(t *testing.T) {
+		for _, tl := range timelines {
+			t.Run(tl.name, func(t *testing.T) {
+				store := newStore(t)
+				prefix := t.Name() + ":"
+				for i, st := range tl.steps {
+					reqs := make([]limiter.Request, len(st.reqs))
+					for j, r := range st.reqs {
+						r.Key = prefix + r.Key
+						reqs[j] = r
+					}
+					got, err := store.Take(context.Background(), T0.Add(st.at), reqs)
+					if err != nil {
+						t.Fatalf("step %d: Take(T0+%v, %v): %v", i, st.at, st.reqs, err)
+					}
+					if len(got) != len(st.want) {
+						t.Fatalf("step %d: Take(T0+%v) gave %d decisions, want %d", i, st.at, len(got), len(st.want))
+					}
+					for j := range got {
+						g, w := got[j], st.want[j]
+						if st.allowedOnly {
+							g, w = limiter.Decision{Allowed: g.Allowed}, limiter.Decision{Allowed: w.Allowed}
+						}
+						if g != w {
+							t.Errorf("step %d: Take(T0+%v, %v)[%d] = %+v, want %+v", i, st.at, st.reqs[j], j, got[j], st.want[j])
+						}
+					}
+				}
+			})
+		}
+	})
+
+	t.Run("invalid requests", func(t *testing.T) {
+		store := newStore(t)
+		bad := []limiter.Request{
+			{Key: t.Name(), Limit: fivePerMinute, Hits: -1},
+			{Key: t.Name(), Limit: fivePerMinute, Hits: limiter.MaxTokens + 1},
+			{Key: t.Name(), Limit: limiter.Limit{}, Hits: 1},
+			{Key: t.Name(), Limit: limiter.Limit{Count: 1, Period: time.Second, Burst: 0}, Hits: 1},
+		}
+		for _, r := range bad {
+			_, err := store.Take(context.Background(), T0, []limiter.Request{r})
+			if !errors.Is(err, limiter.ErrInvalidRequest) {
+				t.Errorf("Take(%+v) error = %v, want ErrInvalidRequest", r, err)
+			}
+		}
+	})
+
+	t.Run("many goroutines on one key admit exactly the burst", func(t *testing.T) {
+		store := newStore(t)
+		// So slow a refill that a real clock adds nothing during the test.
+		l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 50}
+		key := t.Name()
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for g := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 25 {
+					reqs := []limiter.Request{{Key: key, Limit: l, Hits: 1}}
+					if i%2 == 1 { // also race multi-key, all-or-nothing requests
+						reqs = append(reqs, limiter.Request{Key: fmt.Sprintf("%s:other%d", key, g), Limit: fivePerMinute, Hits: 0})
+					}
+					d, err := store.Take(context.Background(), T0, reqs)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if d[0].Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("Take: %v", err)
+		}
+		if got := admitted.Load(); got != l.Burst {
+			t.Errorf("16×25 concurrent takes admitted %d, want exactly %d", got, l.Burst)
+		}
+	})
+}
