@@ -1,0 +1,122 @@
+// Package config reads ratelimitd's descriptor files into an immutable,
+// validated Set, and finds the Rule that applies to a request descriptor.
+//
+// The format reads envoyproxy/ratelimit's YAML files unchanged (domain,
+// nested descriptors with key, value, rate_limit, shadow_mode, replaces,
+// detailed_metric) and adds token-bucket fields (rate_limit.burst,
+// rate_limit.unit_multiplier). The README's "Configuration" section is the
+// reference.
+//
+// The package does no I/O beyond reading the files it is asked to load, and
+// never logs.
+package config
+
+import (
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// Unit is the unit of a rate, as Envoy's RateLimitResponse.RateLimit.Unit
+// names them. The zero Unit is invalid.
+type Unit int
+
+// The units of a rate, in the order of Envoy's enum.
+const (
+	Second Unit = iota + 1
+	Minute
+	Hour
+	Day
+	Week
+	Month // 30 days
+	Year  // 365 days
+)
+
+// Duration returns the length of one unit. A month is 30 days and a year 365
+// days, so that a rate per month or year refills evenly.
+func (u Unit) Duration() time.Duration {
+	switch u {
+	case Second:
+		return time.Second
+	case Minute:
+		return time.Minute
+	case Hour:
+		return time.Hour
+	case Day:
+		return 24 * time.Hour
+	case Week:
+		return 7 * 24 * time.Hour
+	case Month:
+		return 30 * 24 * time.Hour
+	case Year:
+		return 365 * 24 * time.Hour
+	}
+	return 0
+}
+
+// String returns the unit's name as written in the YAML ("second", …).
+func (u Unit) String() string {
+	switch u {
+	case Second:
+		return "second"
+	case Minute:
+		return "minute"
+	case Hour:
+		return "hour"
+	case Day:
+		return "day"
+	case Week:
+		return "week"
+	case Month:
+		return "month"
+	case Year:
+		return "year"
+	}
+	return "invalid"
+}
+
+// Entry is one key/value pair of a request descriptor.
+type Entry struct {
+	Key, Value string
+}
+
+// Rule is what a descriptor matched: a leaf of the descriptor tree that has
+// a rate_limit. Rules are shared and must not be modified.
+type Rule struct {
+	// Domain is the domain the rule belongs to.
+	Domain string
+	// Path names the rule for people: the domain then each descriptor level,
+	// "ai-gateway > model=gpt-4o > user" (a key-only level is its key).
+	Path string
+	// Name is rate_limit.name, or "" when the file gives none.
+	Name string
+	// Unlimited rules admit everything and keep no bucket.
+	Unlimited bool
+	// Limit is the bucket: Count = requests_per_unit, Period =
+	// unit_multiplier × unit, Burst = burst (default requests_per_unit).
+	// Zero when Unlimited.
+	Limit limiter.Limit
+	// Unit and UnitMultiplier are the rate as written, for Envoy's
+	// current_limit.
+	Unit           Unit
+	UnitMultiplier int64
+	// ShadowMode rules are evaluated and counted but never deny.
+	ShadowMode bool
+	// DetailedMetric asks for per-value metrics.
+	DetailedMetric bool
+	// Replaces lists the names of rules this one replaces when both match
+	// descriptors of one request.
+	Replaces []string
+	// File and Line locate the rule's descriptor in its file.
+	File string
+	Line int
+}
+
+// Domain is one domain's descriptors, from one or more files.
+type Domain struct {
+	Name string
+	// Files that define the domain.
+	Files []string
+	// Rules lists every rule of the domain in file order.
+	Rules []*Rule
+}
