@@ -1,0 +1,642 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Limits that protect the loader from hostile files.
+const (
+	// MaxFileSize is the largest descriptor file accepted, in bytes.
+	MaxFileSize = 4 << 20
+	// MaxDepth is the deepest nesting of descriptors accepted: a domain's
+	// top-level descriptors are at depth 1.
+	MaxDepth = 64
+)
+
+// The fields each YAML mapping may hold, in the order error messages list them.
+var (
+	topFields        = []string{"domain", "descriptors"}
+	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "replaces"}
+	rateLimitFields  = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier"}
+	replacesFields   = []string{"name"}
+)
+
+// fileTree is one file, parsed and checked on its own.
+type fileTree struct {
+	name   string
+	domain string // "" when the file has none (an error was reported)
+	descs  []*desc
+}
+
+// desc is one descriptor of a file, with its positions.
+type desc struct {
+	key, value string
+	path       string
+	line, col  int // of the descriptor's "key:" (or of the mapping when key is missing)
+	rule       *Rule
+	// Positions for the checks that span a domain.
+	nameLine, nameCol int
+	replacesPos       []pos // one per rule.Replaces
+	children          []*desc
+}
+
+type pos struct{ line, col int }
+
+// parser reads one file.
+type parser struct {
+	file   string
+	domain string
+	probs  *problems
+}
+
+func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
+	line, col := 0, 0
+	if n != nil {
+		line, col = n.Line, n.Column
+	}
+	p.probs.add(p.file, line, col, path, format, args...)
+}
+
+// parseFile checks one file and returns its tree; problems go to probs.
+func parseFile(f File, probs *problems) *fileTree {
+	p := &parser{file: f.Name, probs: probs}
+	ft := &fileTree{name: f.Name}
+	if len(f.Data) > MaxFileSize {
+		p.errorf(nil, "", "file is %d bytes, larger than the limit of %d (4 MiB)", len(f.Data), MaxFileSize)
+		return ft
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(f.Data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			p.errorf(nil, "", "file is empty or holds only comments: want a mapping with domain and descriptors")
+		} else {
+			p.yamlError(err)
+		}
+		return ft
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); err == nil {
+		p.errorf(&next, "", "file holds more than one YAML document: want one domain per file")
+	} else if !errors.Is(err, io.EOF) {
+		p.yamlError(err)
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			p.errorf(nil, "", "file is empty or holds only comments: want a mapping with domain and descriptors")
+			return ft
+		}
+		root = root.Content[0]
+	}
+	if !p.plain(root, "") {
+		return ft
+	}
+	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" {
+		p.errorf(root, "", "file is empty or holds only comments: want a mapping with domain and descriptors")
+		return ft
+	}
+	fields := p.fields(root, "", "", topFields)
+	if fields == nil {
+		return ft
+	}
+	path := "(no domain)"
+	if d, ok := fields["domain"]; ok {
+		if s, ok := p.str(d.val, "", "domain"); ok && s != "" {
+			ft.domain = s
+			path = quoteIfNeeded(s)
+		} else if ok {
+			p.errorf(d.val, "", "domain: must not be empty")
+		}
+	} else {
+		p.errorf(root, "", "domain: missing (every file names its domain)")
+	}
+	p.domain = ft.domain
+	if d, ok := fields["descriptors"]; ok {
+		ft.descs = p.descriptors(d.val, path, "descriptors", 1)
+	}
+	return ft
+}
+
+// yamlError reports a syntax error from yaml.v3, whose messages look like
+// "yaml: line 3: did not find expected key".
+func (p *parser) yamlError(err error) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if n, after, ok := strings.Cut(rest, ": "); ok {
+			if l, err := strconv.Atoi(n); err == nil {
+				line, msg = l, after
+			}
+		}
+	}
+	p.probs.add(p.file, line, 0, "", "invalid YAML: %s", msg)
+}
+
+// plain reports whether n is free of YAML anchors and aliases, which the
+// format does not use: refusing them keeps an alias bomb from multiplying a
+// small file into a huge tree.
+func (p *parser) plain(n *yaml.Node, path string) bool {
+	switch {
+	case n.Kind == yaml.AliasNode:
+		p.errorf(n, path, "YAML aliases (*%s) are not supported: write the value out", n.Value)
+		return false
+	case n.Anchor != "":
+		p.errorf(n, path, "YAML anchors (&%s) are not supported: write the value out", n.Anchor)
+		return false
+	}
+	return true
+}
+
+type field struct{ key, val *yaml.Node }
+
+// peek returns the text of the first scalar field name of mapping n, if any,
+// without checking anything: it names a descriptor before its fields are read.
+func peek(n *yaml.Node, name string) (string, bool) {
+	if n.Kind != yaml.MappingNode {
+		return "", false
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Value == name && v.Kind == yaml.ScalarNode {
+			if v.ShortTag() == "!!null" {
+				return "", true
+			}
+			return v.Value, true
+		}
+	}
+	return "", false
+}
+
+// fields checks that n is a mapping of known, unrepeated fields, and returns
+// them by name. It returns nil, having reported why, when n is no mapping.
+func (p *parser) fields(n *yaml.Node, path, prefix string, valid []string) map[string]field {
+	if n.Kind != yaml.MappingNode {
+		p.errorf(n, path, "%swant a mapping (%s), got %s", colon(prefix), strings.Join(valid, ", "), kind(n))
+		return nil
+	}
+	m := make(map[string]field, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if !p.plain(k, path) {
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			p.errorf(k, path, "%sfield names must be strings, got %s", colon(prefix), kind(k))
+			continue
+		}
+		name := k.Value
+		switch {
+		case name == "<<":
+			p.errorf(k, path, "%sYAML merge keys (<<) are not supported: write the fields out", colon(prefix))
+			continue
+		case !contains(valid, name):
+			p.errorf(k, path, "%sunknown field %q (%svalid: %s)", colon(prefix), name, didYouMean(name, valid), strings.Join(valid, ", "))
+			continue
+		}
+		if prev, dup := m[name]; dup {
+			p.errorf(k, path, "%s%s: repeated (first at line %d)", colon(prefix), name, prev.key.Line)
+			continue
+		}
+		if !p.plain(v, path) {
+			continue
+		}
+		m[name] = field{k, v}
+	}
+	return m
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func colon(prefix string) string {
+	if prefix == "" {
+		return ""
+	}
+	return prefix + ": "
+}
+
+func dot(prefix, name string) string {
+	if prefix == "" {
+		return name
+	}
+	return prefix + "." + name
+}
+
+// kind names the shape of a node for error messages.
+func kind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.DocumentNode:
+		return "a document"
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			return "nothing (null)"
+		case "!!int":
+			return "the number " + n.Value
+		case "!!float":
+			return "the number " + n.Value
+		case "!!bool":
+			return "the boolean " + n.Value
+		}
+		return strconv.Quote(n.Value)
+	}
+	return "nothing"
+}
+
+// str reads a scalar as text, as envoyproxy/ratelimit does (value: 123 is
+// the string "123"). A null reads as "".
+func (p *parser) str(n *yaml.Node, path, name string) (string, bool) {
+	if n.Kind != yaml.ScalarNode {
+		p.errorf(n, path, "%s: want a string, got %s", name, kind(n))
+		return "", false
+	}
+	if n.ShortTag() == "!!null" {
+		return "", true
+	}
+	return n.Value, true
+}
+
+// boolean reads true or false, and, as envoyproxy/ratelimit's YAML 1.1
+// parser does, the unquoted words yes, no, on, off, y and n.
+func (p *parser) boolean(n *yaml.Node, path, name string) (bool, bool) {
+	if n.Kind == yaml.ScalarNode {
+		var b bool
+		if n.ShortTag() == "!!bool" && n.Decode(&b) == nil {
+			return b, true
+		}
+		if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
+			switch n.Value {
+			case "y", "Y", "yes", "Yes", "YES", "on", "On", "ON":
+				return true, true
+			case "n", "N", "no", "No", "NO", "off", "Off", "OFF":
+				return false, true
+			}
+		}
+	}
+	p.errorf(n, path, "%s: want true or false, got %s", name, kind(n))
+	return false, false
+}
+
+// didYouMean suggests the valid name closest to a misspelt one, if any is
+// close: "did you mean \"unit\"? ".
+func didYouMean(name string, valid []string) string {
+	best, bestDist := "", 3
+	for _, v := range valid {
+		if d := editDistance(name, v); d < bestDist {
+			best, bestDist = v, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf("did you mean %q? ", best)
+}
+
+// editDistance is the Levenshtein distance between short ASCII names.
+func editDistance(a, b string) int {
+	if len(a) > 64 || len(b) > 64 {
+		return 64
+	}
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// positive reads a whole number of at least 1.
+func (p *parser) positive(n *yaml.Node, path, name string) (int64, bool) {
+	var v int64
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil {
+		p.errorf(n, path, "%s: want a whole number, got %s", name, kind(n))
+		return 0, false
+	}
+	if v < 1 {
+		p.errorf(n, path, "%s: must be at least 1, got %d", name, v)
+		return 0, false
+	}
+	return v, true
+}
+
+// descriptors reads a list of descriptors at the given depth.
+func (p *parser) descriptors(n *yaml.Node, parent, name string, depth int) []*desc {
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		p.errorf(n, parent, "%s: want a list of descriptors, got %s", name, kind(n))
+		return nil
+	}
+	if depth > MaxDepth {
+		p.errorf(n, parent, "%s: nested deeper than %d levels", name, MaxDepth)
+		return nil
+	}
+	type level struct{ key, value string }
+	seen := make(map[level]*desc, len(n.Content))
+	var out []*desc
+	for _, item := range n.Content {
+		if !p.plain(item, parent) {
+			continue
+		}
+		d := p.descriptor(item, parent, depth)
+		if d == nil {
+			continue
+		}
+		l := level{d.key, d.value}
+		if first, dup := seen[l]; dup {
+			p.probs.add(p.file, d.line, d.col, d.path, "duplicate descriptor: same key and value as line %d", first.line)
+			continue
+		}
+		seen[l] = d
+		out = append(out, d)
+	}
+	return out
+}
+
+// descriptor reads one descriptor. It returns nil when the descriptor cannot
+// take part in the tree (no usable key); its other problems are reported and
+// it is returned.
+func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
+	d := &desc{line: n.Line, col: n.Column}
+	// Name the descriptor in every message, even about the fields before key.
+	key, hasKey := peek(n, "key")
+	value, _ := peek(n, "value")
+	d.path = joinPath(parent, pathPart(key, value))
+	if !hasKey || key == "" {
+		d.path = joinPath(parent, "(no key)")
+	}
+	fields := p.fields(n, d.path, "", descriptorFields)
+	if fields == nil {
+		return nil
+	}
+	ok := true
+	if f, has := fields["key"]; has {
+		d.line, d.col = f.key.Line, f.key.Column
+		if s, good := p.str(f.val, d.path, "key"); !good {
+			ok = false
+		} else if s == "" {
+			p.errorf(f.val, d.path, "key: must not be empty")
+			ok = false
+		} else {
+			d.key = s
+		}
+	} else {
+		p.errorf(n, d.path, "key: missing (every descriptor has a key)")
+		ok = false
+	}
+	if f, has := fields["value"]; has {
+		if s, good := p.str(f.val, d.path, "value"); good {
+			d.value = s
+		}
+	}
+
+	var shadow, detailed bool
+	if f, has := fields["shadow_mode"]; has {
+		shadow, _ = p.boolean(f.val, d.path, "shadow_mode")
+	}
+	if f, has := fields["detailed_metric"]; has {
+		detailed, _ = p.boolean(f.val, d.path, "detailed_metric")
+	}
+	rl, hasRule := fields["rate_limit"]
+	if hasRule {
+		d.rule = p.rateLimit(rl, d)
+	}
+	if f, has := fields["replaces"]; has {
+		switch {
+		case !hasRule:
+			p.errorf(f.key, d.path, "replaces: only a descriptor with a rate_limit can replace another rule")
+		case d.rule != nil && d.replacesPos != nil:
+			p.errorf(f.key, d.path, "replaces: given both here and in rate_limit; keep one")
+		case d.rule != nil:
+			d.rule.Replaces, d.replacesPos = p.replaces(f.val, d.path, "replaces")
+		}
+	}
+	if d.rule != nil {
+		d.rule.ShadowMode = shadow
+		d.rule.DetailedMetric = detailed
+	}
+	if f, has := fields["descriptors"]; has {
+		d.children = p.descriptors(f.val, d.path, "descriptors", depth+1)
+	}
+	if !ok {
+		return nil
+	}
+	return d
+}
+
+// rateLimit reads a descriptor's rate_limit block into a Rule. It returns nil
+// when the block has problems (all reported).
+func (p *parser) rateLimit(f field, d *desc) *Rule {
+	const pre = "rate_limit"
+	if f.val.Kind == yaml.ScalarNode && f.val.ShortTag() == "!!null" {
+		p.errorf(f.val, d.path, "%s: empty: give unit and requests_per_unit, or unlimited: true", pre)
+		return nil
+	}
+	fields := p.fields(f.val, d.path, pre, rateLimitFields)
+	if fields == nil {
+		return nil
+	}
+	r := &Rule{Domain: p.domain, Path: d.path, File: p.file, Line: d.line}
+	ok := true
+	if g, has := fields["name"]; has {
+		if s, good := p.str(g.val, d.path, dot(pre, "name")); !good {
+			ok = false
+		} else if s == "" {
+			p.errorf(g.val, d.path, "%s: must not be empty (leave it out instead)", dot(pre, "name"))
+			ok = false
+		} else {
+			r.Name = s
+			d.nameLine, d.nameCol = g.val.Line, g.val.Column
+		}
+	}
+	if g, has := fields["replaces"]; has {
+		r.Replaces, d.replacesPos = p.replaces(g.val, d.path, dot(pre, "replaces"))
+		if d.replacesPos == nil {
+			d.replacesPos = []pos{} // present, for the check against a descriptor-level replaces
+		}
+	}
+	if g, has := fields["unlimited"]; has {
+		var good bool
+		if r.Unlimited, good = p.boolean(g.val, d.path, dot(pre, "unlimited")); !good {
+			ok = false
+		}
+	}
+	if r.Unlimited {
+		for _, name := range []string{"unit", "requests_per_unit", "burst", "unit_multiplier"} {
+			if g, has := fields[name]; has {
+				p.errorf(g.key, d.path, "%s: not allowed with unlimited: true (an unlimited rule has no bucket)", dot(pre, name))
+				ok = false
+			}
+		}
+		if !ok {
+			return nil
+		}
+		return r
+	}
+
+	if g, has := fields["unit"]; has {
+		s, good := p.str(g.val, d.path, dot(pre, "unit"))
+		if good {
+			r.Unit = parseUnit(s)
+			if r.Unit == 0 {
+				p.errorf(g.val, d.path, "%s: unknown unit %q (want %s)", dot(pre, "unit"), s, unitChoices)
+			}
+		}
+		if r.Unit == 0 {
+			ok = false
+		}
+	} else {
+		p.errorf(f.key, d.path, "%s: missing (want %s)", dot(pre, "unit"), unitChoices)
+		ok = false
+	}
+	var count, burst int64
+	r.UnitMultiplier = 1
+	if g, has := fields["requests_per_unit"]; has {
+		var good bool
+		if count, good = p.requestsPerUnit(g.val, d.path); !good {
+			ok = false
+		}
+	} else {
+		p.errorf(f.key, d.path, "%s: missing (or set unlimited: true)", dot(pre, "requests_per_unit"))
+		ok = false
+	}
+	if g, has := fields["burst"]; has {
+		var good bool
+		if burst, good = p.positive(g.val, d.path, dot(pre, "burst")); !good {
+			ok = false
+		}
+	}
+	if g, has := fields["unit_multiplier"]; has {
+		var good bool
+		if r.UnitMultiplier, good = p.positive(g.val, d.path, dot(pre, "unit_multiplier")); !good {
+			ok = false
+		}
+	}
+	if !ok {
+		return nil
+	}
+	if burst == 0 {
+		burst = count
+	}
+	unit := r.Unit.Duration()
+	if r.UnitMultiplier > math.MaxInt64/int64(unit) {
+		p.errorf(f.key, d.path, "%s: %d %ss is too long a period", pre, r.UnitMultiplier, r.Unit)
+		return nil
+	}
+	r.Limit.Count, r.Limit.Period, r.Limit.Burst = count, time.Duration(r.UnitMultiplier)*unit, burst
+	if err := r.Limit.Validate(); err != nil {
+		p.errorf(f.key, d.path, "%s: %v", pre, err)
+		return nil
+	}
+	return r
+}
+
+// requestsPerUnit reads requests_per_unit, explaining the one value that
+// envoyproxy/ratelimit accepts and ratelimitd does not.
+func (p *parser) requestsPerUnit(n *yaml.Node, path string) (int64, bool) {
+	const name = "rate_limit.requests_per_unit"
+	var v int64
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!int" && n.Decode(&v) == nil && v == 0 {
+		p.errorf(n, path, "%s: must be at least 1, got 0 (envoyproxy/ratelimit reads 0 as \"deny every request\"; ratelimitd has no such rule)", name)
+		return 0, false
+	}
+	return p.positive(n, path, name)
+}
+
+// replaces reads a list of {name: …} entries.
+func (p *parser) replaces(n *yaml.Node, path, name string) ([]string, []pos) {
+	if n.Kind != yaml.SequenceNode {
+		p.errorf(n, path, "%s: want a list of {name: …}, got %s", name, kind(n))
+		return nil, nil
+	}
+	var names []string
+	var at []pos
+	for _, item := range n.Content {
+		if !p.plain(item, path) {
+			continue
+		}
+		fields := p.fields(item, path, name, replacesFields)
+		if fields == nil {
+			continue
+		}
+		f, has := fields["name"]
+		if !has {
+			p.errorf(item, path, "%s: entry without a name", name)
+			continue
+		}
+		s, good := p.str(f.val, path, name+".name")
+		if !good {
+			continue
+		}
+		if s == "" {
+			p.errorf(f.val, path, "%s.name: must not be empty", name)
+			continue
+		}
+		names = append(names, s)
+		at = append(at, pos{f.val.Line, f.val.Column})
+	}
+	return names, at
+}
+
+const unitChoices = "second, minute, hour, day, week, month or year"
+
+// parseUnit reads a unit name in any ASCII case ("minute", "MINUTE"), as
+// envoyproxy/ratelimit does. It returns 0 for an unknown name.
+func parseUnit(s string) Unit {
+	for u := Second; u <= Year; u++ {
+		if asciiEqualFold(s, u.String()) {
+			return u
+		}
+	}
+	return 0
+}
+
+func asciiEqualFold(s, lower string) bool {
+	if len(s) != len(lower) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
+}

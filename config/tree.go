@@ -1,0 +1,405 @@
+package config
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Set is a loaded, validated configuration: every domain's descriptor tree,
+// compiled for Lookup. A Set is immutable and safe for concurrent use; the
+// Rules and Domains it returns are shared and must not be modified. A nil
+// *Set has no domains.
+//
+// # Matching
+//
+// Lookup walks the request's entries in order, one tree level per entry.
+// At each level, among the descriptors whose key is the entry's key, it takes
+//
+//  1. the descriptor whose value equals the entry's value exactly, else
+//  2. the first descriptor whose value is a wildcard pattern matching the
+//     entry's value, else
+//  3. the key-only descriptor (no value, or value ""), which applies to every
+//     value (each value still gets its own bucket: see Rule.AppendKey).
+//
+// A '*' in a descriptor's value matches any run of bytes, including none,
+// anywhere in the value ("gpt-4*", "*-mini", "a*b*c", "*"); a request value
+// is always literal. When several patterns match, the most specific wins:
+// the one with more literal (non-'*') bytes, then the one with fewer '*',
+// then the one first in file order. (envoyproxy/ratelimit supports only a
+// trailing '*' and takes the first in file order.)
+//
+// There is no backtracking: once an entry has chosen a descriptor, a later
+// entry that finds nothing below it means no rule, even if a less specific
+// choice would have led further. If any entry finds no descriptor, or the
+// descriptor reached by the last entry has no rate_limit (it only groups
+// nested descriptors), no rule applies.
+type Set struct {
+	domains map[string]*domainTree
+	list    []*Domain // sorted by name
+	hash    string
+}
+
+type domainTree struct {
+	domain *Domain
+	root   *node
+}
+
+// node is one descriptor of the compiled tree.
+type node struct {
+	key, value string // value "" for a key-only descriptor
+	path       string
+	file       string
+	line, col  int
+	rule       *Rule            // nil for a descriptor without rate_limit
+	children   map[string]*kids // by key
+	nameLine   int
+	nameCol    int
+	replaces   []pos
+}
+
+// kids are the children of a node that share one key.
+type kids struct {
+	exact   map[string]*node // by value
+	wild    []*node          // values with '*', most specific first
+	keyOnly *node
+}
+
+// child finds the descriptor below n that the entry (key, value) selects.
+// It must not allocate.
+func (n *node) child(key, value string) (*node, matchKind) {
+	k := n.children[key]
+	if k == nil {
+		return nil, noKey
+	}
+	if c := k.exact[value]; c != nil {
+		return c, exactMatch
+	}
+	for _, c := range k.wild {
+		if glob(c.value, value) {
+			return c, wildMatch
+		}
+	}
+	if k.keyOnly != nil {
+		return k.keyOnly, keyOnlyMatch
+	}
+	return nil, noValue
+}
+
+type matchKind int
+
+const (
+	noKey matchKind = iota + 1
+	noValue
+	exactMatch
+	wildMatch
+	keyOnlyMatch
+)
+
+// Lookup returns the rule that applies to a request descriptor of domain, or
+// nil if none does (unknown domain, an entry that matches no descriptor, a
+// descriptor without rate_limit, or no entries). See Set for the matching
+// rules. Lookup does not allocate.
+func (s *Set) Lookup(domain string, entries []Entry) *Rule {
+	if s == nil || len(entries) == 0 {
+		return nil
+	}
+	t := s.domains[domain]
+	if t == nil {
+		return nil
+	}
+	n := t.root
+	for i := range entries {
+		if n, _ = n.child(entries[i].Key, entries[i].Value); n == nil {
+			return nil
+		}
+	}
+	return n.rule
+}
+
+// Explain describes, one line per step, how Lookup walks the tree of domain
+// for entries, and what it finds: for people (a future "ratelimitd explain"),
+// not for parsing.
+func (s *Set) Explain(domain string, entries []Entry) []string {
+	var t *domainTree
+	if s != nil {
+		t = s.domains[domain]
+	}
+	if t == nil {
+		return []string{fmt.Sprintf("unknown domain %s: no rule", quoteIfNeeded(domain))}
+	}
+	lines := []string{fmt.Sprintf("domain %s (%s)", quoteIfNeeded(domain), strings.Join(t.domain.Files, ", "))}
+	if len(entries) == 0 {
+		return append(lines, "no entries: no rule")
+	}
+	n := t.root
+	for _, e := range entries {
+		part := pathPart(e.Key, e.Value)
+		c, how := n.child(e.Key, e.Value)
+		switch how {
+		case noKey:
+			if len(n.children) == 0 {
+				return append(lines, fmt.Sprintf("no rule for %s under %s: it has no nested descriptors", part, n.path))
+			}
+			return append(lines, fmt.Sprintf("no rule for %s under %s: no descriptor has key %s (keys here: %s)",
+				part, n.path, quoteIfNeeded(e.Key), strings.Join(n.keys(), ", ")))
+		case noValue:
+			return append(lines, fmt.Sprintf("no rule for %s under %s: no descriptor with this value, no wildcard matches it, and no key-only descriptor for %s",
+				part, n.path, quoteIfNeeded(e.Key)))
+		case exactMatch:
+			lines = append(lines, fmt.Sprintf("%s: exact value matched (%s)", part, c.where()))
+		case wildMatch:
+			lines = append(lines, fmt.Sprintf("%s: wildcard value %q matched (%s)", part, c.value, c.where()))
+		case keyOnlyMatch:
+			what := "key-only descriptor matched"
+			if c.rule != nil {
+				what = "key-only rule matched (own bucket per value)"
+			}
+			lines = append(lines, fmt.Sprintf("%s: %s (%s)", part, what, c.where()))
+		}
+		n = c
+	}
+	if n.rule == nil {
+		return append(lines, fmt.Sprintf("%s has no rate_limit (it only groups nested descriptors): no rule", n.path))
+	}
+	return append(lines, "rule "+n.rule.describe())
+}
+
+func (n *node) where() string {
+	return fmt.Sprintf("%s:%d", n.file, n.line)
+}
+
+func (n *node) keys() []string {
+	keys := make([]string, 0, len(n.children))
+	for k := range n.children {
+		keys = append(keys, quoteIfNeeded(k))
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// describe sums a rule up in one line.
+func (r *Rule) describe() string {
+	var b strings.Builder
+	b.WriteString(r.Path)
+	if r.Name != "" {
+		fmt.Fprintf(&b, " (name %q)", r.Name)
+	}
+	b.WriteString(": ")
+	if r.Unlimited {
+		b.WriteString("unlimited")
+	} else {
+		fmt.Fprintf(&b, "%d per ", r.Limit.Count)
+		if r.UnitMultiplier > 1 {
+			fmt.Fprintf(&b, "%d %ss", r.UnitMultiplier, r.Unit)
+		} else {
+			b.WriteString(r.Unit.String())
+		}
+		fmt.Fprintf(&b, ", burst %d", r.Limit.Burst)
+	}
+	if r.ShadowMode {
+		b.WriteString(", shadow mode (never denies)")
+	}
+	if r.DetailedMetric {
+		b.WriteString(", detailed metric")
+	}
+	if len(r.Replaces) > 0 {
+		fmt.Fprintf(&b, ", replaces %s", strings.Join(r.Replaces, ", "))
+	}
+	return b.String()
+}
+
+// Domains returns every domain of the set, sorted by name. The slice is the
+// caller's; the Domains are shared.
+func (s *Set) Domains() []*Domain {
+	if s == nil {
+		return nil
+	}
+	return slices.Clone(s.list)
+}
+
+// Hash identifies the files the set was loaded from: the hex SHA-256 of their
+// names and contents, sorted by name. Equal files give equal hashes whatever
+// order they were given in.
+func (s *Set) Hash() string {
+	if s == nil {
+		return ""
+	}
+	return s.hash
+}
+
+// glob reports whether value matches pattern, in which '*' matches any run
+// of bytes. It runs in O(len(pattern)·len(value)) at worst and does not
+// allocate.
+func glob(pattern, value string) bool {
+	px, vx := 0, 0
+	starPx, starVx := -1, 0
+	for px < len(pattern) || vx < len(value) {
+		if px < len(pattern) {
+			if c := pattern[px]; c == '*' {
+				starPx, starVx = px, vx+1
+				px++
+				continue
+			} else if vx < len(value) && value[vx] == c {
+				px++
+				vx++
+				continue
+			}
+		}
+		if starPx >= 0 && starVx <= len(value) {
+			px, vx = starPx+1, starVx
+			starVx++
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// moreSpecific orders wildcard patterns: more literal bytes first, then
+// fewer stars; equal patterns keep file order (the sort is stable).
+func moreSpecific(a, b *node) int {
+	sa, sb := strings.Count(a.value, "*"), strings.Count(b.value, "*")
+	return cmp.Or(cmp.Compare(len(b.value)-sb, len(a.value)-sa), cmp.Compare(sa, sb))
+}
+
+// builder assembles the domains of a Set from parsed files.
+type builder struct {
+	probs   *problems
+	domains map[string]*domainTree
+}
+
+// add merges one file's descriptors into its domain. Files of one domain may
+// share descriptors (the same key and value at the same place) as long as
+// at most one of them gives a shared descriptor a rate_limit.
+func (b *builder) add(ft *fileTree) {
+	t := b.domains[ft.domain]
+	if t == nil {
+		t = &domainTree{
+			domain: &Domain{Name: ft.domain},
+			root:   &node{path: quoteIfNeeded(ft.domain), file: ft.name},
+		}
+		b.domains[ft.domain] = t
+	}
+	t.domain.Files = append(t.domain.Files, ft.name)
+	for _, d := range ft.descs {
+		b.insert(t, t.root, d, ft.name)
+	}
+}
+
+func (b *builder) insert(t *domainTree, parent *node, d *desc, file string) {
+	if parent.children == nil {
+		parent.children = make(map[string]*kids)
+	}
+	k := parent.children[d.key]
+	if k == nil {
+		k = &kids{}
+		parent.children[d.key] = k
+	}
+	var n *node
+	switch {
+	case d.value == "":
+		n = k.keyOnly
+	case strings.Contains(d.value, "*"):
+		for _, w := range k.wild {
+			if w.value == d.value {
+				n = w
+			}
+		}
+	default:
+		n = k.exact[d.value]
+	}
+	if n == nil {
+		n = &node{key: d.key, value: d.value, path: d.path, file: file, line: d.line, col: d.col}
+		switch {
+		case d.value == "":
+			k.keyOnly = n
+		case strings.Contains(d.value, "*"):
+			k.wild = append(k.wild, n)
+		default:
+			if k.exact == nil {
+				k.exact = make(map[string]*node)
+			}
+			k.exact[d.value] = n
+		}
+	} else if n.rule != nil && d.rule != nil {
+		b.probs.add(file, d.line, d.col, d.path,
+			"rate_limit: this descriptor already has one at %s:%d:%d (files of one domain may share a descriptor only if at most one gives it a rate_limit)",
+			n.rule.File, n.line, n.col)
+		d.rule = nil
+	}
+	if d.rule != nil {
+		n.rule = d.rule
+		n.file, n.line, n.col = file, d.line, d.col
+		n.nameLine, n.nameCol, n.replaces = d.nameLine, d.nameCol, d.replacesPos
+		t.domain.Rules = append(t.domain.Rules, d.rule)
+	}
+	for _, c := range d.children {
+		b.insert(t, n, c, file)
+	}
+}
+
+// check runs the checks that need a whole domain: rule names are unique, and
+// replaces names an existing rule. It also orders wildcards.
+func (b *builder) check(t *domainTree) {
+	named := make(map[string]*node)
+	var rules []*node
+	walk(t.root, func(n *node) {
+		if n.rule != nil {
+			rules = append(rules, n)
+		}
+	})
+	// rules are in tree order; report against file order.
+	slices.SortStableFunc(rules, func(x, y *node) int {
+		return cmp.Or(strings.Compare(x.file, y.file), cmp.Compare(x.line, y.line), cmp.Compare(x.col, y.col))
+	})
+	for _, n := range rules {
+		name := n.rule.Name
+		if name == "" {
+			continue
+		}
+		if first, dup := named[name]; dup {
+			b.probs.add(n.file, n.nameLine, n.nameCol, n.path,
+				"rate_limit.name: %q already names the rule %s at %s:%d:%d", name, first.path, first.file, first.line, first.col)
+			continue
+		}
+		named[name] = n
+	}
+	for _, n := range rules {
+		for i, name := range n.rule.Replaces {
+			at := pos{n.line, n.col}
+			if i < len(n.replaces) {
+				at = n.replaces[i]
+			}
+			switch {
+			case name == n.rule.Name:
+				b.probs.add(n.file, at.line, at.col, n.path, "replaces: %q is this rule's own name", name)
+			case named[name] == nil:
+				b.probs.add(n.file, at.line, at.col, n.path, "replaces: no rule named %q in domain %s", name, quoteIfNeeded(t.domain.Name))
+			}
+		}
+	}
+	walk(t.root, func(n *node) {
+		for _, k := range n.children {
+			slices.SortStableFunc(k.wild, moreSpecific)
+		}
+	})
+}
+
+// walk visits n and every node below it, depth first. Map order does not
+// matter to its callers.
+func walk(n *node, visit func(*node)) {
+	visit(n)
+	for _, k := range n.children {
+		for _, c := range k.exact {
+			walk(c, visit)
+		}
+		for _, c := range k.wild {
+			walk(c, visit)
+		}
+		if k.keyOnly != nil {
+			walk(k.keyOnly, visit)
+		}
+	}
+}
