@@ -21,7 +21,7 @@ import (
 // names them. The zero Unit is invalid.
 type Unit int
 
-// The units of a rate, in the order of Envoy's enum.
+// The units of a rate.
 const (
 	Second Unit = iota + 1
 	Minute

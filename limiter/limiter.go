@@ -68,6 +68,12 @@ func (l Limit) Validate() error {
 	return nil
 }
 
+// FillTime is how long an empty bucket takes to fill: Burst·Period/Count,
+// rounded up to the microsecond.
+func (l Limit) FillTime() time.Duration {
+	return l.fillTime().ceilDuration()
+}
+
 // String gives the limit in the form "10/1m0s burst 20".
 func (l Limit) String() string {
 	return fmt.Sprintf("%d/%v burst %d", l.Count, l.Period, l.Burst)

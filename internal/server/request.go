@@ -1,0 +1,203 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// check returns what is wrong with req, or nil.
+func (l RequestLimits) check(req *rlsv3.RateLimitRequest) error {
+	domain := req.GetDomain()
+	switch {
+	case domain == "":
+		return fmt.Errorf("domain is empty")
+	case len(domain) > l.MaxDomainBytes:
+		return fmt.Errorf("domain is %d bytes, more than the %d allowed", len(domain), l.MaxDomainBytes)
+	case len(req.GetDescriptors()) == 0:
+		return fmt.Errorf("no descriptors: a request needs at least one")
+	case len(req.GetDescriptors()) > l.MaxDescriptors:
+		return fmt.Errorf("%d descriptors, more than the %d allowed", len(req.GetDescriptors()), l.MaxDescriptors)
+	}
+	for i, d := range req.GetDescriptors() {
+		entries := d.GetEntries()
+		switch {
+		case len(entries) == 0:
+			return fmt.Errorf("descriptors[%d] has no entries", i)
+		case len(entries) > l.MaxEntries:
+			return fmt.Errorf("descriptors[%d] has %d entries, more than the %d allowed", i, len(entries), l.MaxEntries)
+		case d.GetHitsAddend() != nil && d.GetHitsAddend().GetValue() > l.MaxHits:
+			return fmt.Errorf("descriptors[%d].hits_addend %d is more than the %d allowed", i, d.GetHitsAddend().GetValue(), l.MaxHits)
+		case d.GetIsNegativeHits():
+			return fmt.Errorf("descriptors[%d].is_negative_hits: refunds are not supported", i)
+		}
+		for j, e := range entries {
+			switch {
+			case e.GetKey() == "":
+				return fmt.Errorf("descriptors[%d].entries[%d] has an empty key", i, j)
+			case len(e.GetKey()) > l.MaxKeyBytes:
+				return fmt.Errorf("descriptors[%d].entries[%d].key is %d bytes, more than the %d allowed", i, j, len(e.GetKey()), l.MaxKeyBytes)
+			case len(e.GetValue()) > l.MaxValueBytes:
+				return fmt.Errorf("descriptors[%d].entries[%d] (key %q) value is %d bytes, more than the %d allowed", i, j, e.GetKey(), len(e.GetValue()), l.MaxValueBytes)
+			}
+		}
+	}
+	if uint64(req.GetHitsAddend()) > l.MaxHits {
+		return fmt.Errorf("hits_addend %d is more than the %d allowed", req.GetHitsAddend(), l.MaxHits)
+	}
+	return nil
+}
+
+// plan is what a request asks of the store, descriptor by descriptor.
+type plan struct {
+	items []item
+	takes []limiter.Request
+}
+
+// item is one request descriptor and the limit that applies to it.
+type item struct {
+	// rule is the matched rule, or one made for a request's limit override;
+	// nil when no rule matched.
+	rule *config.Rule
+	// limited is false when nothing is taken for the descriptor: no rule,
+	// an unlimited rule, or a rule another one replaces.
+	limited  bool
+	replaced bool
+	limit    limiter.Limit
+	unit     config.Unit
+	mult     int64
+	// take indexes plan.takes when limited.
+	take int
+}
+
+// planRequest matches each descriptor of a checked request to its rule and
+// lists the buckets to take from.
+func planRequest(set *config.Set, req *rlsv3.RateLimitRequest) (plan, error) {
+	domain := req.GetDomain()
+	descs := req.GetDescriptors()
+	p := plan{items: make([]item, len(descs))}
+	var entries []config.Entry
+	replacing := false
+	for i, d := range descs {
+		entries = toEntries(entries[:0], d)
+		it := item{rule: set.Lookup(domain, entries)}
+		if it.rule != nil {
+			it.limited = !it.rule.Unlimited
+			it.limit, it.unit, it.mult = it.rule.Limit, it.rule.Unit, it.rule.UnitMultiplier
+			replacing = replacing || len(it.rule.Replaces) > 0
+		}
+		if o := d.GetLimit(); o != nil {
+			if err := it.override(domain, entries, o); err != nil {
+				return plan{}, fmt.Errorf("descriptors[%d].limit: %w", i, err)
+			}
+		}
+		p.items[i] = it
+	}
+	if replacing {
+		markReplaced(p.items)
+	}
+	var key []byte
+	for i, d := range descs {
+		it := &p.items[i]
+		if !it.limited {
+			continue
+		}
+		entries = toEntries(entries[:0], d)
+		key = it.rule.AppendKey(key[:0], entries)
+		it.take = len(p.takes)
+		p.takes = append(p.takes, limiter.Request{Key: string(key), Limit: it.limit, Hits: hitsOf(req, d)})
+	}
+	return p, nil
+}
+
+func toEntries(dst []config.Entry, d *ratelimitv3.RateLimitDescriptor) []config.Entry {
+	for _, e := range d.GetEntries() {
+		dst = append(dst, config.Entry{Key: e.GetKey(), Value: e.GetValue()})
+	}
+	return dst
+}
+
+// hitsOf is how many tokens descriptor d takes: its own hits_addend when
+// present (0 checks without taking), else the request's, where 0 means 1.
+func hitsOf(req *rlsv3.RateLimitRequest, d *ratelimitv3.RateLimitDescriptor) int64 {
+	if h := d.GetHitsAddend(); h != nil {
+		return int64(h.GetValue())
+	}
+	return int64(max(req.GetHitsAddend(), 1))
+}
+
+// overrideUnits maps Envoy's units to config's.
+var overrideUnits = map[typev3.RateLimitUnit]config.Unit{
+	typev3.RateLimitUnit_SECOND: config.Second,
+	typev3.RateLimitUnit_MINUTE: config.Minute,
+	typev3.RateLimitUnit_HOUR:   config.Hour,
+	typev3.RateLimitUnit_DAY:    config.Day,
+	typev3.RateLimitUnit_MONTH:  config.Month,
+	typev3.RateLimitUnit_YEAR:   config.Year,
+}
+
+// override applies a descriptor's limit override (from Envoy's route
+// metadata): it replaces the configured rate, with a burst of one unit's
+// worth, and applies even where no rule matched (as envoyproxy/ratelimit
+// does). The bucket stays the one the rule would use.
+func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) error {
+	unit, ok := overrideUnits[o.GetUnit()]
+	if !ok {
+		return fmt.Errorf("unit %v is not a unit of time", o.GetUnit())
+	}
+	mult := int64(1)
+	if m := o.GetUnitMultiplier(); m != nil {
+		mult = int64(m.GetValue())
+	}
+	if mult < 1 {
+		return fmt.Errorf("unit_multiplier must be at least 1")
+	}
+	l := limiter.Limit{
+		Count:  int64(o.GetRequestsPerUnit()),
+		Period: time.Duration(mult) * unit.Duration(),
+		Burst:  int64(o.GetRequestsPerUnit()),
+	}
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	if it.rule == nil {
+		it.rule = &config.Rule{Domain: domain, Path: overridePath(domain, entries)}
+	}
+	it.limited, it.limit, it.unit, it.mult = true, l, unit, mult
+	return nil
+}
+
+func overridePath(domain string, entries []config.Entry) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	for _, e := range entries {
+		fmt.Fprintf(&b, " > %s=%s", e.Key, e.Value)
+	}
+	b.WriteString(" (limit override)")
+	return b.String()
+}
+
+// markReplaced drops the limit of every item whose rule another matched
+// rule replaces (envoyproxy/ratelimit's `replaces`).
+func markReplaced(items []item) {
+	replaced := map[string]bool{}
+	for _, it := range items {
+		if it.rule != nil {
+			for _, name := range it.rule.Replaces {
+				replaced[name] = true
+			}
+		}
+	}
+	for i := range items {
+		if r := items[i].rule; r != nil && r.Name != "" && replaced[r.Name] {
+			items[i].limited, items[i].replaced = false, true
+		}
+	}
+}

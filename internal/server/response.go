@@ -1,0 +1,173 @@
+package server
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// answerOptions are the Options that shape an answer.
+type answerOptions struct {
+	retryAfter RetryAfter
+	headers    RateLimitHeaders
+}
+
+// responseUnits maps config's units to Envoy's.
+var responseUnits = map[config.Unit]rlsv3.RateLimitResponse_RateLimit_Unit{
+	config.Second: rlsv3.RateLimitResponse_RateLimit_SECOND,
+	config.Minute: rlsv3.RateLimitResponse_RateLimit_MINUTE,
+	config.Hour:   rlsv3.RateLimitResponse_RateLimit_HOUR,
+	config.Day:    rlsv3.RateLimitResponse_RateLimit_DAY,
+	config.Week:   rlsv3.RateLimitResponse_RateLimit_WEEK,
+	config.Month:  rlsv3.RateLimitResponse_RateLimit_MONTH,
+	config.Year:   rlsv3.RateLimitResponse_RateLimit_YEAR,
+}
+
+// Dynamic metadata keys, read by access logs under
+// envoy.filters.http.ratelimit.
+const (
+	metaMatched      = "ratelimitd.matched"       // rules that matched, in descriptor order
+	metaDeniedBy     = "ratelimitd.denied_by"     // rules that denied
+	metaShadowDenied = "ratelimitd.shadow_denied" // shadow-mode rules that would have denied
+	metaExceedsBurst = "ratelimitd.exceeds_burst" // rules asked for more than their burst
+)
+
+// buildResponse turns a plan and the store's decisions (one per plan.takes)
+// into Envoy's answer. It is pure: the same inputs give the same answer.
+func buildResponse(p plan, decisions []limiter.Decision, opts answerOptions) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(p.items)),
+	}
+	var (
+		matched, deniedBy, shadow, exceeds []any
+		retry                              time.Duration // longest wait among denials
+		denier, least                      = -1, -1      // the longest denial; the least remaining
+	)
+	for i, it := range p.items {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		if it.rule != nil {
+			matched = append(matched, ruleID(it.rule))
+		}
+		if !it.limited {
+			continue
+		}
+		d := decisions[it.take]
+		st.CurrentLimit = currentLimit(it)
+		st.LimitRemaining = clampUint32(d.Remaining)
+		wait := d.ResetAfter
+		if !d.Allowed {
+			wait = d.RetryAfter
+			if d.ExceedsBurst {
+				// Retrying cannot help; say how long a full bucket takes.
+				wait = it.limit.FillTime()
+				exceeds = append(exceeds, ruleID(it.rule))
+			}
+		}
+		st.DurationUntilReset = &durationpb.Duration{Seconds: ceilSeconds(wait)}
+		if least < 0 || st.LimitRemaining < resp.Statuses[least].LimitRemaining {
+			least = i
+		}
+		switch {
+		case d.Allowed:
+		case it.rule.ShadowMode:
+			shadow = append(shadow, ruleID(it.rule))
+		default:
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			deniedBy = append(deniedBy, ruleID(it.rule))
+			if denier < 0 || wait > retry {
+				denier, retry = i, wait
+			}
+		}
+	}
+	over := resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT
+	if over && opts.retryAfter == RetryAfterSend {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			&corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(max(1, ceilSeconds(retry)), 10)},
+			&corev3.HeaderValue{Key: "cache-control", Value: "no-store"})
+	}
+	if pick := least; opts.headers == RateLimitHeadersDraft03 && pick >= 0 {
+		if over {
+			pick = denier
+		}
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(p.items[pick], resp.Statuses[pick])...)
+	}
+	if len(matched) > 0 {
+		fields := map[string]*structpb.Value{metaMatched: structpb.NewListValue(&structpb.ListValue{Values: values(matched)})}
+		for k, v := range map[string][]any{metaDeniedBy: deniedBy, metaShadowDenied: shadow, metaExceedsBurst: exceeds} {
+			if len(v) > 0 {
+				fields[k] = structpb.NewListValue(&structpb.ListValue{Values: values(v)})
+			}
+		}
+		resp.DynamicMetadata = &structpb.Struct{Fields: fields}
+	}
+	return resp
+}
+
+func values(xs []any) []*structpb.Value {
+	out := make([]*structpb.Value, len(xs))
+	for i, x := range xs {
+		out[i] = structpb.NewStringValue(x.(string))
+	}
+	return out
+}
+
+// ruleID names a rule in metadata and logs: its name, else its path.
+func ruleID(r *config.Rule) string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return r.Path
+}
+
+func currentLimit(it item) *rlsv3.RateLimitResponse_RateLimit {
+	cl := &rlsv3.RateLimitResponse_RateLimit{
+		Name:            it.rule.Name,
+		RequestsPerUnit: clampUint32(it.limit.Count),
+		Unit:            responseUnits[it.unit],
+	}
+	if it.mult > 1 {
+		cl.UnitMultiplier = wrapperspb.UInt32(clampUint32(it.mult))
+	}
+	return cl
+}
+
+// rateLimitHeaders are the draft-03 X-RateLimit-* headers for one status.
+func rateLimitHeaders(it item, st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	window := int64(it.unit.Duration()/time.Second) * it.mult
+	policy := strconv.FormatUint(uint64(st.CurrentLimit.RequestsPerUnit), 10)
+	limit := policy + ", " + policy + ";w=" + strconv.FormatInt(window, 10)
+	if it.rule.Name != "" {
+		limit += `;name="` + it.rule.Name + `"`
+	}
+	return []*corev3.HeaderValue{
+		{Key: "x-ratelimit-limit", Value: limit},
+		{Key: "x-ratelimit-remaining", Value: strconv.FormatUint(uint64(st.LimitRemaining), 10)},
+		{Key: "x-ratelimit-reset", Value: strconv.FormatInt(st.DurationUntilReset.GetSeconds(), 10)},
+	}
+}
+
+// ceilSeconds rounds d up to whole seconds: Envoy truncates nanos, and a
+// client told to come back early is denied again.
+func ceilSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
+	}
+	return s
+}
+
+func clampUint32(v int64) uint32 {
+	return uint32(max(0, min(v, math.MaxUint32)))
+}

@@ -1,0 +1,193 @@
+// Package server implements Envoy's envoy.service.ratelimit.v3
+// RateLimitService over a config.Set and a limiter.Store: it turns each
+// ShouldRateLimit call into one all-or-nothing Store.Take and the decisions
+// into the answer Envoy reads (statuses, headers, dynamic metadata).
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// RetryAfter says whether OVER_LIMIT answers carry a Retry-After header.
+// The zero value is invalid.
+type RetryAfter int
+
+const (
+	// RetryAfterSend adds Retry-After (whole seconds, rounded up, at least 1)
+	// and Cache-Control: no-store to OVER_LIMIT answers. Most deployed Envoys
+	// do not emit Retry-After themselves.
+	RetryAfterSend RetryAfter = iota + 1
+	// RetryAfterOmit leaves Retry-After to Envoy (enable_retry_after_header).
+	RetryAfterOmit
+)
+
+// RateLimitHeaders says whether the service adds X-RateLimit-* headers
+// itself. The zero value is invalid.
+type RateLimitHeaders int
+
+const (
+	// RateLimitHeadersOff leaves them to Envoy
+	// (enable_x_ratelimit_headers), which picks the limit with the least
+	// remaining, even if it is not the one that denied.
+	RateLimitHeadersOff RateLimitHeaders = iota + 1
+	// RateLimitHeadersDraft03 adds X-RateLimit-Limit, -Remaining and -Reset
+	// (draft 03) computed from the limit that denied, or when admitted from
+	// the one with the least remaining.
+	RateLimitHeadersDraft03
+)
+
+// RequestLimits bound what one request may ask, so that no caller can make
+// the server use unbounded memory or time. Zero fields take the defaults.
+type RequestLimits struct {
+	MaxDomainBytes  int    // default 256
+	MaxDescriptors  int    // default 64
+	MaxEntries      int    // per descriptor; default 32
+	MaxKeyBytes     int    // per entry key; default 256
+	MaxValueBytes   int    // per entry value; default 4096
+	MaxHits         uint64 // per descriptor; default 1e9
+}
+
+func (l RequestLimits) withDefaults() RequestLimits {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxDomainBytes, 256)
+	def(&l.MaxDescriptors, 64)
+	def(&l.MaxEntries, 32)
+	def(&l.MaxKeyBytes, 256)
+	def(&l.MaxValueBytes, 4096)
+	if l.MaxHits == 0 {
+		l.MaxHits = 1_000_000_000
+	}
+	l.MaxHits = min(l.MaxHits, limiter.MaxTokens)
+	return l
+}
+
+// Options configures a Server. Store is required; the zero value of every
+// other field means its documented default.
+type Options struct {
+	// Store keeps the buckets.
+	Store limiter.Store
+	// Now is the clock; default time.Now. It is read once per request.
+	Now func() time.Time
+	// Logger receives debug lines per request and warnings; default discards.
+	Logger *slog.Logger
+	// Limits bound the size of requests.
+	Limits RequestLimits
+	// RetryAfter defaults to RetryAfterSend.
+	RetryAfter RetryAfter
+	// RateLimitHeaders defaults to RateLimitHeadersOff.
+	RateLimitHeaders RateLimitHeaders
+}
+
+// Server answers ShouldRateLimit. It is safe for concurrent use; the config
+// it decides with is swapped atomically by SetConfig.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	store   limiter.Store
+	now     func() time.Time
+	log     *slog.Logger
+	limits  RequestLimits
+	answer  answerOptions
+	current atomic.Pointer[config.Set]
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
+
+// New returns a Server with no config: it answers UNAVAILABLE until
+// SetConfig is called.
+func New(opts Options) (*Server, error) {
+	if opts.Store == nil {
+		return nil, errors.New("server: Options.Store is required")
+	}
+	s := &Server{
+		store:  opts.Store,
+		now:    opts.Now,
+		log:    opts.Logger,
+		limits: opts.Limits.withDefaults(),
+		answer: answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders},
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.answer.retryAfter == 0 {
+		s.answer.retryAfter = RetryAfterSend
+	}
+	if s.answer.headers == 0 {
+		s.answer.headers = RateLimitHeadersOff
+	}
+	if s.answer.retryAfter != RetryAfterSend && s.answer.retryAfter != RetryAfterOmit {
+		return nil, fmt.Errorf("server: invalid RetryAfter %d", s.answer.retryAfter)
+	}
+	if s.answer.headers != RateLimitHeadersOff && s.answer.headers != RateLimitHeadersDraft03 {
+		return nil, fmt.Errorf("server: invalid RateLimitHeaders %d", s.answer.headers)
+	}
+	return s, nil
+}
+
+// SetConfig makes set the config for every request that starts after it.
+func (s *Server) SetConfig(set *config.Set) { s.current.Store(set) }
+
+// Config returns the config in force, or nil before the first SetConfig.
+func (s *Server) Config() *config.Set { return s.current.Load() }
+
+// ShouldRateLimit implements rlsv3.RateLimitServiceServer.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if err := s.limits.check(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	set := s.current.Load()
+	if set == nil {
+		return nil, status.Error(codes.Unavailable, "no rate limit configuration loaded yet")
+	}
+	now := s.now()
+	plan, err := planRequest(set, req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	var decisions []limiter.Decision
+	if len(plan.takes) > 0 {
+		decisions, err = s.store.Take(ctx, now, plan.takes)
+		if err != nil {
+			s.log.WarnContext(ctx, "backend failed", "domain", req.GetDomain(), "err", err)
+			return nil, statusFromError(err)
+		}
+	}
+	resp := buildResponse(plan, decisions, s.answer)
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.DebugContext(ctx, "decided", "domain", req.GetDomain(), "descriptors", len(req.GetDescriptors()),
+			"code", resp.GetOverallCode().String())
+	}
+	return resp, nil
+}
+
+// statusFromError maps a Store error to the gRPC status Envoy sees. A
+// backend failure is UNAVAILABLE, so that Envoy's failure_mode_deny decides.
+func statusFromError(err error) error {
+	switch {
+	case errors.Is(err, limiter.ErrInvalidRequest):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	default:
+		return status.Error(codes.Unavailable, err.Error())
+	}
+}

@@ -1,0 +1,511 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// clock is a hand-set clock for the server.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+const testConfig = `
+domain: api
+descriptors:
+  - key: model
+    value: gpt-4o
+    rate_limit: {unit: minute, requests_per_unit: 5, name: gpt-4o}
+  - key: model
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 20}
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per-client}
+  - key: internal
+    rate_limit: {unlimited: true}
+  - key: shadow
+    rate_limit: {unit: minute, requests_per_unit: 1, name: shadowed}
+    shadow_mode: true
+  - key: plan
+    value: free
+    rate_limit: {unit: hour, requests_per_unit: 1, name: free-plan}
+  - key: plan
+    value: trial
+    rate_limit: {unit: hour, requests_per_unit: 100, name: trial-plan, unit_multiplier: 2}
+    replaces: [{name: free-plan}]
+`
+
+func mustParse(t testing.TB, yaml string) *config.Set {
+	t.Helper()
+	set, err := config.Parse([]config.File{{Name: "test.yaml", Data: []byte(yaml)}})
+	if err != nil {
+		t.Fatalf("config.Parse: %v", err)
+	}
+	return set
+}
+
+// startServer runs a Server behind a real gRPC server on a loopback port
+// and returns a client built from the go-control-plane types.
+func startServer(t testing.TB, opts server.Options, set *config.Set) (rlsv3.RateLimitServiceClient, *server.Server) {
+	t.Helper()
+	if opts.Store == nil {
+		opts.Store = limiter.NewMemoryStore(limiter.MemoryOptions{})
+	}
+	srv, err := server.New(opts)
+	if err != nil {
+		t.Fatalf("server.New: %v", err)
+	}
+	if set != nil {
+		srv.SetConfig(set)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	gs := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("grpc.NewClient: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn), srv
+}
+
+func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func withHits(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLimitDescriptor {
+	d.HitsAddend = wrapperspb.UInt64(n)
+	return d
+}
+
+func request(domain string, descs ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: descs}
+}
+
+func header(resp *rlsv3.RateLimitResponse, name string) string {
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		if h.GetKey() == name {
+			return h.GetValue()
+		}
+	}
+	return ""
+}
+
+func call(t *testing.T, c rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	t.Helper()
+	resp, err := c.ShouldRateLimit(context.Background(), req)
+	if err != nil {
+		t.Fatalf("ShouldRateLimit(%v): %v", req, err)
+	}
+	if len(resp.GetStatuses()) != len(req.GetDescriptors()) {
+		t.Fatalf("ShouldRateLimit gave %d statuses for %d descriptors", len(resp.GetStatuses()), len(req.GetDescriptors()))
+	}
+	return resp
+}
+
+func TestFivePerMinuteCountsDownThenDenies(t *testing.T) {
+	clk := newClock()
+	c, _ := startServer(t, server.Options{Now: clk.Now}, mustParse(t, testConfig))
+	req := request("api", desc("model", "gpt-4o"))
+	for i, want := range []uint32{4, 3, 2, 1, 0} {
+		resp := call(t, c, req)
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != want {
+			t.Fatalf("call %d: overall %v, remaining %d; want OK, %d", i+1, resp.GetOverallCode(), st.GetLimitRemaining(), want)
+		}
+		cl := st.GetCurrentLimit()
+		if cl.GetName() != "gpt-4o" || cl.GetRequestsPerUnit() != 5 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+			t.Errorf("call %d: current_limit = %v, want gpt-4o 5/MINUTE", i+1, cl)
+		}
+		if got, want := st.GetDurationUntilReset().AsDuration(), time.Duration(i+1)*12*time.Second; got != want {
+			t.Errorf("call %d: duration_until_reset = %v, want %v (until full)", i+1, got, want)
+		}
+		if header(resp, "retry-after") != "" {
+			t.Errorf("call %d: OK answer carries Retry-After", i+1)
+		}
+	}
+	resp := call(t, c, req)
+	st := resp.GetStatuses()[0]
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("6th call: %v / %v, want OVER_LIMIT", resp.GetOverallCode(), st.GetCode())
+	}
+	if st.GetLimitRemaining() != 0 || st.GetDurationUntilReset().AsDuration() != 12*time.Second {
+		t.Errorf("6th call: remaining %d, reset %v; want 0, 12s", st.GetLimitRemaining(), st.GetDurationUntilReset().AsDuration())
+	}
+	if got := header(resp, "retry-after"); got != "12" {
+		t.Errorf("Retry-After = %q, want 12", got)
+	}
+	if got := header(resp, "cache-control"); got != "no-store" {
+		t.Errorf("Cache-Control = %q, want no-store", got)
+	}
+	denied := resp.GetDynamicMetadata().GetFields()["ratelimitd.denied_by"].GetListValue().GetValues()
+	if len(denied) != 1 || denied[0].GetStringValue() != "gpt-4o" {
+		t.Errorf("dynamic metadata denied_by = %v, want [gpt-4o]", denied)
+	}
+	clk.Advance(11*time.Second + 500*time.Millisecond)
+	resp = call(t, c, req)
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || header(resp, "retry-after") != "1" {
+		t.Errorf("at +11.5s: %v Retry-After %q, want OVER_LIMIT and 1 (rounded up)", resp.GetOverallCode(), header(resp, "retry-after"))
+	}
+	clk.Advance(500 * time.Millisecond)
+	if resp := call(t, c, req); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("at +12s: %v, want OK", resp.GetOverallCode())
+	}
+}
+
+func TestHitsAddend(t *testing.T) {
+	// per-client: 2 per minute, burst 2.
+	tests := []struct {
+		name          string
+		requestHits   uint32
+		descHits      *uint64
+		wantRemaining []uint32 // remaining after each of three calls
+		wantCodes     []rlsv3.RateLimitResponse_Code
+	}{
+		{"request 0 means 1", 0, nil, []uint32{1, 0, 0}, codes3(ok, ok, over)},
+		{"request 2 takes both", 2, nil, []uint32{0, 0, 0}, codes3(ok, over, over)},
+		{"request 3 exceeds the burst", 3, nil, []uint32{0, 0, 0}, codes3(over, over, over)},
+		{"descriptor 0 only checks", 5, ptr(uint64(0)), []uint32{2, 2, 2}, codes3(ok, ok, ok)},
+		{"descriptor wins over request", 2, ptr(uint64(1)), []uint32{1, 0, 0}, codes3(ok, ok, over)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+			for i := range 3 {
+				d := desc("client", "bob")
+				if tt.descHits != nil {
+					d = withHits(d, *tt.descHits)
+				}
+				req := request("api", d)
+				req.HitsAddend = tt.requestHits
+				resp := call(t, c, req)
+				st := resp.GetStatuses()[0]
+				if st.GetCode() != tt.wantCodes[i] || st.GetLimitRemaining() != tt.wantRemaining[i] {
+					t.Errorf("call %d: %v remaining %d, want %v remaining %d", i+1, st.GetCode(), st.GetLimitRemaining(), tt.wantCodes[i], tt.wantRemaining[i])
+				}
+			}
+		})
+	}
+}
+
+const (
+	ok   = rlsv3.RateLimitResponse_OK
+	over = rlsv3.RateLimitResponse_OVER_LIMIT
+)
+
+func codes3(a, b, c rlsv3.RateLimitResponse_Code) []rlsv3.RateLimitResponse_Code {
+	return []rlsv3.RateLimitResponse_Code{a, b, c}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestDeniedRequestSpendsFromNoDescriptor(t *testing.T) {
+	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	// per-client allows 2; free-plan allows 1.
+	both := request("api", desc("client", "ann"), desc("plan", "free"))
+	if resp := call(t, c, both); resp.GetOverallCode() != ok {
+		t.Fatalf("first call: %v, want OK", resp.GetOverallCode())
+	}
+	resp := call(t, c, both)
+	if resp.GetOverallCode() != over || resp.GetStatuses()[0].GetCode() != ok || resp.GetStatuses()[1].GetCode() != over {
+		t.Fatalf("second call: %v %v, want OVER_LIMIT with [OK, OVER_LIMIT]", resp.GetOverallCode(), resp.GetStatuses())
+	}
+	if got := resp.GetStatuses()[0].GetLimitRemaining(); got != 1 {
+		t.Errorf("second call: the admitted descriptor reports %d remaining, want 1 (not charged)", got)
+	}
+	// The client's bucket still has one token: the denied call took nothing.
+	if resp := call(t, c, request("api", desc("client", "ann"))); resp.GetOverallCode() != ok || resp.GetStatuses()[0].GetLimitRemaining() != 0 {
+		t.Errorf("client alone: %v remaining %d, want OK remaining 0", resp.GetOverallCode(), resp.GetStatuses()[0].GetLimitRemaining())
+	}
+}
+
+func TestDescriptorsWithoutLimit(t *testing.T) {
+	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	tests := []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+	}{
+		{"unknown domain", request("nope", desc("model", "gpt-4o"))},
+		{"no rule", request("api", desc("color", "red"))},
+		{"deeper than the tree", request("api", desc("model", "gpt-4o", "user", "x"))},
+		{"unlimited", request("api", desc("internal", "batch"))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for range 30 {
+				resp := call(t, c, tt.req)
+				st := resp.GetStatuses()[0]
+				if resp.GetOverallCode() != ok || st.GetCode() != ok || st.GetCurrentLimit() != nil {
+					t.Fatalf("%v: %v, status %v; want OK with no current_limit", tt.req, resp.GetOverallCode(), st)
+				}
+			}
+		})
+	}
+}
+
+func TestShadowModeNeverDenies(t *testing.T) {
+	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	req := request("api", desc("shadow", "x"))
+	call(t, c, req)
+	resp := call(t, c, req)
+	if resp.GetOverallCode() != ok || resp.GetStatuses()[0].GetCode() != ok {
+		t.Fatalf("shadow rule over its limit: %v, want OK", resp.GetOverallCode())
+	}
+	if header(resp, "retry-after") != "" {
+		t.Errorf("shadow denial carries Retry-After")
+	}
+	sd := resp.GetDynamicMetadata().GetFields()["ratelimitd.shadow_denied"].GetListValue().GetValues()
+	if len(sd) != 1 || sd[0].GetStringValue() != "shadowed" {
+		t.Errorf("shadow_denied metadata = %v, want [shadowed]", sd)
+	}
+}
+
+func TestReplaces(t *testing.T) {
+	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	// trial-plan replaces free-plan: with both, free-plan's 1/hour is not applied.
+	req := request("api", desc("plan", "free"), desc("plan", "trial"))
+	for i := range 3 {
+		resp := call(t, c, req)
+		if resp.GetOverallCode() != ok {
+			t.Fatalf("call %d: %v, want OK (free-plan is replaced)", i+1, resp.GetOverallCode())
+		}
+		if resp.GetStatuses()[0].GetCurrentLimit() != nil {
+			t.Errorf("replaced descriptor has current_limit %v", resp.GetStatuses()[0].GetCurrentLimit())
+		}
+		cl := resp.GetStatuses()[1].GetCurrentLimit()
+		if cl.GetName() != "trial-plan" || cl.GetUnitMultiplier().GetValue() != 2 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR {
+			t.Errorf("trial current_limit = %v, want trial-plan 100 per 2 HOUR", cl)
+		}
+	}
+}
+
+func TestLimitOverride(t *testing.T) {
+	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	override := func(d *ratelimitv3.RateLimitDescriptor, n uint32) *ratelimitv3.RateLimitDescriptor {
+		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_HOUR}
+		return d
+	}
+	// gpt-4o is configured at 5/minute; the override says 2/hour.
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, over} {
+		resp := call(t, c, request("api", override(desc("model", "gpt-4o"), 2)))
+		st := resp.GetStatuses()[0]
+		if st.GetCode() != want || st.GetCurrentLimit().GetRequestsPerUnit() != 2 || st.GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR {
+			t.Errorf("overridden call %d: %v %v, want %v at 2/HOUR", i+1, st.GetCode(), st.GetCurrentLimit(), want)
+		}
+	}
+	// An override applies where no rule matches.
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, over} {
+		resp := call(t, c, request("api", override(desc("color", "red"), 1)))
+		if got := resp.GetStatuses()[0].GetCode(); got != want {
+			t.Errorf("override without rule, call %d: %v, want %v", i+1, got, want)
+		}
+	}
+}
+
+func TestHitsAboveBurstAreDeniedForGood(t *testing.T) {
+	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	resp := call(t, c, request("api", withHits(desc("model", "gpt-4o"), 6)))
+	if resp.GetOverallCode() != over {
+		t.Fatalf("6 hits on a burst of 5: %v, want OVER_LIMIT", resp.GetOverallCode())
+	}
+	eb := resp.GetDynamicMetadata().GetFields()["ratelimitd.exceeds_burst"].GetListValue().GetValues()
+	if len(eb) != 1 || eb[0].GetStringValue() != "gpt-4o" {
+		t.Errorf("exceeds_burst metadata = %v, want [gpt-4o]", eb)
+	}
+	if got := header(resp, "retry-after"); got != "60" {
+		t.Errorf("Retry-After = %q, want 60 (a full bucket's fill time)", got)
+	}
+	// Nothing was spent.
+	if resp := call(t, c, request("api", desc("model", "gpt-4o"))); resp.GetStatuses()[0].GetLimitRemaining() != 4 {
+		t.Errorf("after the denied call, remaining %d, want 4", resp.GetStatuses()[0].GetLimitRemaining())
+	}
+}
+
+func TestRateLimitHeadersNameTheDenyingLimit(t *testing.T) {
+	c, _ := startServer(t, server.Options{Now: newClock().Now, RateLimitHeaders: server.RateLimitHeadersDraft03, RetryAfter: server.RetryAfterOmit},
+		mustParse(t, testConfig))
+	// The key-only model rule (10/s burst 20) has plenty left; per-client (2/min) runs out.
+	req := request("api", desc("model", "llama"), desc("client", "cid"))
+	resp := call(t, c, req)
+	if got := header(resp, "x-ratelimit-remaining"); got != "1" {
+		t.Errorf("admitted: X-RateLimit-Remaining = %q, want 1 (the least remaining)", got)
+	}
+	call(t, c, req)
+	resp = call(t, c, req)
+	if resp.GetOverallCode() != over {
+		t.Fatalf("third call: %v, want OVER_LIMIT", resp.GetOverallCode())
+	}
+	want := map[string]string{
+		"x-ratelimit-limit":     `2, 2;w=60;name="per-client"`,
+		"x-ratelimit-remaining": "0",
+		"x-ratelimit-reset":     "30",
+		"retry-after":           "",
+	}
+	for k, v := range want {
+		if got := header(resp, k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+}
+
+func TestInvalidArgument(t *testing.T) {
+	c, _ := startServer(t, server.Options{Limits: server.RequestLimits{MaxDescriptors: 3, MaxEntries: 2, MaxValueBytes: 8, MaxHits: 1000}},
+		mustParse(t, testConfig))
+	long := strings.Repeat("x", 9)
+	tests := []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want string
+	}{
+		{"empty domain", request("", desc("a", "b")), "domain is empty"},
+		{"no descriptors", request("api"), "no descriptors"},
+		{"descriptor without entries", request("api", desc()), "descriptors[0] has no entries"},
+		{"empty key", request("api", desc("a", "b"), desc("", "v")), "descriptors[1].entries[0] has an empty key"},
+		{"too many descriptors", request("api", desc("a", "b"), desc("a", "b"), desc("a", "b"), desc("a", "b")), "4 descriptors, more than the 3"},
+		{"too many entries", request("api", desc("a", "b", "c", "d", "e", "f")), "3 entries, more than the 2"},
+		{"value too long", request("api", desc("a", long)), "value is 9 bytes, more than the 8"},
+		{"absurd descriptor hits", request("api", withHits(desc("a", "b"), 1<<40)), "hits_addend 1099511627776 is more than the 1000"},
+		{"absurd request hits", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("a", "b")}, HitsAddend: 5000}, "hits_addend 5000"},
+		{"negative hits", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries, IsNegativeHits: true}), "refunds are not supported"},
+		{"override without unit", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries,
+			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5}}), "descriptors[0].limit: unit UNKNOWN"},
+		{"override of zero", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries,
+			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{Unit: typev3.RateLimitUnit_SECOND}}), "count 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := c.ShouldRateLimit(context.Background(), tt.req)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tt.want) {
+				t.Errorf("ShouldRateLimit = %v, want InvalidArgument containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// failingStore is a Store whose backend is down.
+type failingStore struct{ err error }
+
+func (f failingStore) Take(context.Context, time.Time, []limiter.Request) ([]limiter.Decision, error) {
+	return nil, f.err
+}
+
+func TestBackendFailureIsUnavailable(t *testing.T) {
+	down := fmt.Errorf("redis take: %w: connection refused", limiter.ErrUnavailable)
+	c, _ := startServer(t, server.Options{Store: failingStore{down}}, mustParse(t, testConfig))
+	_, err := c.ShouldRateLimit(context.Background(), request("api", desc("model", "gpt-4o")))
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("backend down: %v, want Unavailable (never an UNKNOWN overall code)", err)
+	}
+	// A request that matches no rule does not need the backend.
+	if _, err := c.ShouldRateLimit(context.Background(), request("api", desc("color", "red"))); err != nil {
+		t.Errorf("no rule, backend down: %v, want OK", err)
+	}
+}
+
+func TestNoConfigIsUnavailable(t *testing.T) {
+	c, srv := startServer(t, server.Options{}, nil)
+	_, err := c.ShouldRateLimit(context.Background(), request("api", desc("model", "gpt-4o")))
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("before config: %v, want Unavailable", err)
+	}
+	srv.SetConfig(mustParse(t, testConfig))
+	if _, err := c.ShouldRateLimit(context.Background(), request("api", desc("model", "gpt-4o"))); err != nil {
+		t.Errorf("after SetConfig: %v", err)
+	}
+}
+
+func TestConcurrentCallsAdmitExactlyTheBurst(t *testing.T) {
+	set := mustParse(t, `
+domain: api
+descriptors:
+  - key: hot
+    rate_limit: {unit: hour, requests_per_unit: 1, burst: 100}
+`)
+	c, _ := startServer(t, server.Options{}, set) // real clock: 1/hour adds nothing meanwhile
+	var admitted, denied atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Go(func() {
+			for range 20 {
+				resp, err := c.ShouldRateLimit(context.Background(), request("api", desc("hot", "k")))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if resp.GetOverallCode() == ok {
+					admitted.Add(1)
+				} else {
+					denied.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if admitted.Load() != 100 || denied.Load() != 540 {
+		t.Errorf("640 concurrent calls: %d admitted, %d denied; want 100 and 540", admitted.Load(), denied.Load())
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	store := limiter.NewMemoryStore(limiter.MemoryOptions{})
+	for _, opts := range []server.Options{
+		{},
+		{Store: store, RetryAfter: 9},
+		{Store: store, RateLimitHeaders: 9},
+	} {
+		if _, err := server.New(opts); err == nil {
+			t.Errorf("New(%+v) = nil error", opts)
+		}
+	}
+	if _, err := server.New(server.Options{Store: store}); errors.Unwrap(err) != nil {
+		t.Errorf("New with defaults: %v", err)
+	}
+}
