@@ -51,12 +51,12 @@ const (
 // RequestLimits bound what one request may ask, so that no caller can make
 // the server use unbounded memory or time. Zero fields take the defaults.
 type RequestLimits struct {
-	MaxDomainBytes  int    // default 256
-	MaxDescriptors  int    // default 64
-	MaxEntries      int    // per descriptor; default 32
-	MaxKeyBytes     int    // per entry key; default 256
-	MaxValueBytes   int    // per entry value; default 4096
-	MaxHits         uint64 // per descriptor; default 1e9
+	MaxDomainBytes int    // default 256
+	MaxDescriptors int    // default 64
+	MaxEntries     int    // per descriptor; default 32
+	MaxKeyBytes    int    // per entry key; default 256
+	MaxValueBytes  int    // per entry value; default 4096
+	MaxHits        uint64 // per descriptor; default 1e9
 }
 
 func (l RequestLimits) withDefaults() RequestLimits {
