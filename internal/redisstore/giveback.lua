@@ -1,0 +1,121 @@
+-- ratelimitd give-back: undoes what take.lua wrote for one hash slot when
+-- another slot of the same Take denied it (Store.giveBack in store.go). The
+-- arithmetic is limiter/bucket.go's (instant.sub, instant.less, State.Full),
+-- as in take.lua.
+--
+-- KEYS[j]   a bucket take.lua wrote.
+-- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
+-- ARGV[2]   the now take.lua used, in Unix microseconds.
+-- ARGV[3+6(j-1)..8+6(j-1)]  for KEYS[j]: count (of the last request on it),
+--           stored present (0/1), stored TAT µs, stored frac (what take.lua
+--           read), written TAT µs, written frac (what it wrote).
+--
+-- For each key:
+--   - missing, or the written TAT already passed: the bucket is full, or
+--     would have been without the take: nothing to give back;
+--   - holding exactly what take.lua wrote: put back what it read;
+--   - holding something else (other takes chained on ours since): move the
+--     TAT back by exactly what the take added.
+-- A bucket moved back to (or before) now is deleted: full.
+-- Returns the number of buckets given back.
+
+local function divmod(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q, r = q - 1, r + b
+  elseif r >= b then
+    q, r = q + 1, r - b
+  end
+  return q, r
+end
+
+-- mirrors instant.less
+local function less(aus, afr, bus, bfr)
+  return aus < bus or (aus == bus and afr < bfr)
+end
+
+-- mirrors instant.sub
+local function sub(aus, afr, bus, bfr, count)
+  local us, fr = aus - bus, afr - bfr
+  if fr < 0 then
+    fr = fr + count
+    us = us - 1
+  end
+  return us, fr
+end
+
+-- mirrors State.Full
+local function full(us, fr, now)
+  return us < now or (us == now and fr == 0)
+end
+
+local server_clock = ARGV[1] == ''
+local now
+if server_clock then
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local taken = tonumber(ARGV[2])
+
+-- store writes TAT:Frac expiring when full, as take.lua does.
+local function store(key, us, fr)
+  if full(us, fr, now) then
+    redis.call('DEL', key)
+    return
+  end
+  local c = us
+  if fr > 0 then
+    c = c + 1
+  end
+  if server_clock then
+    redis.call('SET', key, string.format('%.0f:%.0f', us, fr))
+    redis.call('PEXPIREAT', key, (divmod(c + 999, 1000)))
+  else
+    redis.call('SET', key, string.format('%.0f:%.0f', us, fr), 'PX', (divmod(c - now + 999, 1000)))
+  end
+end
+
+local given = 0
+for j, key in ipairs(KEYS) do
+  local a = 2 + 6 * (j - 1)
+  local count = tonumber(ARGV[a + 1])
+  local s0present = ARGV[a + 2] == '1'
+  local s0us, s0fr = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local s1us, s1fr = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+  local v = redis.call('GET', key)
+  if v and not full(s1us, s1fr, now) then
+    local cs, fs = string.match(v, '^(-?%d+):(%d+)$')
+    if not cs then
+      return error('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac')
+    end
+    local cus, cfr = tonumber(cs), tonumber(fs)
+    if cus == s1us and cfr == s1fr then
+      if s0present then
+        store(key, s0us, s0fr)
+      else
+        redis.call('DEL', key)
+      end
+    else
+      -- What the take added: written − max(stored, its now), as in Decide.
+      local bus, bfr = s0us, math.min(s0fr, count - 1)
+      if less(bus, bfr, taken, 0) then
+        bus, bfr = taken, 0
+      end
+      local dus, dfr = sub(s1us, s1fr, bus, bfr, count)
+      cfr = math.min(cfr, count - 1)
+      if less(cus, cfr, dus, dfr) then
+        redis.call('DEL', key)
+      else
+        store(key, sub(cus, cfr, dus, dfr, count))
+      end
+    end
+    given = given + 1
+  end
+end
+return given

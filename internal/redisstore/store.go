@@ -1,0 +1,396 @@
+// Package redisstore is a limiter.Store kept in Redis, so that every replica
+// of ratelimitd draws from the same buckets.
+//
+// Each bucket is one Redis string, "TAT:Frac" (limiter.State: the
+// theoretical arrival time in Unix microseconds plus Frac/Count of one),
+// expiring when the bucket is full again: a missing key is a full bucket. One
+// Lua script (take.lua) reads every bucket of a Take, decides with exactly
+// the arithmetic of limiter.Decide and limiter.DecideAll, and writes back only
+// if every request is admitted; Redis runs it atomically.
+//
+// On Redis Cluster the keys of one Take may live in several hash slots, which
+// one script cannot touch. The Store then runs the script once per slot, in
+// parallel, and if any slot denies, gives back what the others took (see
+// Store.Take for the window this leaves).
+//
+// Decisions use the Redis server's clock by default (ServerClock), so
+// replicas whose clocks disagree still share one bucket correctly.
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+var (
+	//go:embed take.lua
+	takeSource string
+	//go:embed giveback.lua
+	giveBackSource string
+)
+
+// Client is what a Store needs from Redis: running Lua scripts.
+// *redis.Client (standalone or Sentinel failover), *redis.ClusterClient,
+// *redis.Ring and any redis.UniversalClient satisfy it.
+type Client interface {
+	redis.Scripter
+}
+
+// Clock says whose clock decides.
+type Clock int
+
+const (
+	// ServerClock, the default, decides at the time the Redis server holding
+	// the bucket reads with TIME; the now passed to Take is ignored. Replicas
+	// with skewed clocks then agree. No monotonic guard is kept: a bucket is
+	// always read against the clock of the one server that holds it, and if
+	// that clock steps back the bucket looks emptier, never fuller
+	// (limiter.Decide).
+	ServerClock Clock = iota
+	// CallerClock decides at the now passed to Take, for tests with exact
+	// values. Keys still expire on the server's clock (after the time until
+	// full, counted from the write), so callers' clocks must advance at
+	// least as fast as the server's.
+	CallerClock
+)
+
+// String returns the constant's name.
+func (c Clock) String() string {
+	switch c {
+	case ServerClock:
+		return "ServerClock"
+	case CallerClock:
+		return "CallerClock"
+	}
+	return fmt.Sprintf("Clock(%d)", int(c))
+}
+
+// Options configures a Store. The zero value means the defaults.
+type Options struct {
+	// Prefix starts every key. It must not contain '{' or '}'. Default
+	// DefaultPrefix, "ratelimitd:".
+	Prefix string
+	// Clock chooses whose clock decides. Default ServerClock.
+	Clock Clock
+}
+
+// Store is a limiter.Store in Redis. The zero Store is not usable; call New.
+// It is safe for concurrent use.
+type Store struct {
+	client   Client
+	prefix   string
+	clock    Clock
+	group    func(keys []string) [][]int // nil: one script call for all keys
+	take     *redis.Script
+	giveBack *redis.Script
+}
+
+var _ limiter.Store = (*Store)(nil)
+
+// New returns a Store keeping its buckets through c.
+//
+// How a Take is split depends on c's concrete type: a *redis.ClusterClient
+// gets one script call per hash slot, a *redis.Ring one per bucket (each
+// bucket is its own hash tag, which is what a Ring shards by), and anything
+// else (a *redis.Client, standalone or through Sentinel) one call for all.
+func New(c Client, opts Options) (*Store, error) {
+	if c == nil {
+		return nil, errors.New("redisstore: nil Client")
+	}
+	s := &Store{
+		client:   c,
+		prefix:   opts.Prefix,
+		clock:    opts.Clock,
+		take:     redis.NewScript(takeSource),
+		giveBack: redis.NewScript(giveBackSource),
+	}
+	if s.prefix == "" {
+		s.prefix = DefaultPrefix
+	}
+	if err := checkPrefix(s.prefix); err != nil {
+		return nil, err
+	}
+	switch s.clock {
+	case ServerClock, CallerClock:
+	default:
+		return nil, fmt.Errorf("redisstore: Options.Clock %v: want ServerClock or CallerClock", s.clock)
+	}
+	switch c.(type) {
+	case *redis.ClusterClient:
+		s.group = groupBy(slot)
+	case *redis.Ring:
+		s.group = groupBy(func(key string) string { return key })
+	}
+	return s, nil
+}
+
+// Key returns the Redis key that holds the bucket named bucket:
+// the prefix, then the bucket's bytes in unpadded URL-safe base64 between
+// braces (the Redis Cluster hash tag), e.g. "ratelimitd:{djEFYWktZ3c}".
+func (s *Store) Key(bucket string) string {
+	return redisKey(s.prefix, bucket)
+}
+
+// groupBy returns a function that groups request indexes by part(key), in
+// order of first appearance.
+func groupBy[P comparable](part func(string) P) func([]string) [][]int {
+	return func(keys []string) [][]int {
+		var parts []P
+		var groups [][]int
+		for i, k := range keys {
+			p := part(k)
+			j := slices.Index(parts, p)
+			if j < 0 {
+				j = len(parts)
+				parts = append(parts, p)
+				groups = append(groups, nil)
+			}
+			groups[j] = append(groups[j], i)
+		}
+		return groups
+	}
+}
+
+// Take implements limiter.Store: it applies reqs all-or-nothing, deciding
+// exactly as limiter.DecideAll at the time of the Redis server (ServerClock)
+// or at now (CallerClock). Backend failures, including ctx's deadline,
+// are returned wrapping limiter.ErrUnavailable; invalid requests wrapping
+// limiter.ErrInvalidRequest.
+//
+// When the keys span several Redis Cluster hash slots (or Ring shards), the
+// slots are taken in parallel, and if one denies, a second script gives back
+// what the others took: it restores a bucket exactly if nothing wrote to it
+// meanwhile, and otherwise moves its TAT back by exactly what this Take
+// added. This is not one atomic step, and it leaves a window of one round
+// trip (the take, then the give-back):
+//   - during it, other requests see those buckets emptier than they are, and
+//     may be denied when they should not be;
+//   - a request that takes from such a bucket during the window while it
+//     also refills builds on the raised TAT; moving the TAT back afterwards
+//     can leave the bucket fuller than it would be had the denied Take never
+//     run, by at most what refills during the window;
+//   - if the give-back fails (the node is lost, the process dies), the
+//     tokens stay spent until they refill: such a Take can only deny more,
+//     never admit more. Take then returns the error.
+//
+// A standalone or Sentinel-managed Redis has no slots: one script call
+// covers every key and none of this applies.
+func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	for i, r := range reqs {
+		if err := r.Validate(); err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	if len(reqs) == 0 {
+		return []limiter.Decision{}, nil
+	}
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = s.Key(r.Key)
+	}
+	var groups [][]int
+	if s.group != nil {
+		groups = s.group(keys)
+	}
+	if len(groups) <= 1 {
+		res, err := s.run(ctx, now, keys, reqs, false)
+		if err != nil {
+			return nil, unavailable(err)
+		}
+		return res.decisions, nil
+	}
+	return s.takeGroups(ctx, now, keys, reqs, groups)
+}
+
+func unavailable(err error) error {
+	return fmt.Errorf("redis take: %w: %w", limiter.ErrUnavailable, err)
+}
+
+// takeResult is what one run of take.lua answered.
+type takeResult struct {
+	now       int64 // the time it decided at, Unix µs
+	allowed   bool
+	decisions []limiter.Decision
+	// With extras only:
+	checks   []limiter.Decision // a check (hits 0) on each stored state
+	giveBack []giveBackRecord   // one per request; written false for most
+}
+
+// giveBackRecord is what giveback.lua needs to undo one written bucket.
+type giveBackRecord struct {
+	written                 bool
+	storedPresent           bool
+	storedTAT, storedFrac   int64
+	writtenTAT, writtenFrac int64
+}
+
+// run runs take.lua on keys and their requests (all in one slot, or on a
+// server without slots).
+func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
+	args := make([]any, 2, 2+4*len(reqs))
+	args[0] = ""
+	if s.clock == CallerClock {
+		args[0] = now.UnixMicro()
+	}
+	args[1] = 0
+	if extras {
+		args[1] = 1
+	}
+	for _, r := range reqs {
+		args = append(args, r.Limit.Count, r.Limit.Period.Microseconds(), r.Limit.Burst, r.Hits)
+	}
+	reply, err := s.take.Run(ctx, s.client, keys, args...).Int64Slice()
+	if err != nil {
+		return takeResult{}, err
+	}
+	return decodeTake(reply, len(reqs), extras)
+}
+
+// decodeTake reads take.lua's reply (its header comment gives the layout).
+func decodeTake(reply []int64, n int, extras bool) (takeResult, error) {
+	per := 5
+	if extras {
+		per = 5 + 5 + 6
+	}
+	if len(reply) != 2+per*n {
+		return takeResult{}, fmt.Errorf("take script returned %d integers, want %d", len(reply), 2+per*n)
+	}
+	res := takeResult{now: reply[0], allowed: reply[1] == 1, decisions: make([]limiter.Decision, n)}
+	if extras {
+		res.checks = make([]limiter.Decision, n)
+		res.giveBack = make([]giveBackRecord, n)
+	}
+	for i := range n {
+		v := reply[2+per*i:]
+		res.decisions[i] = decision(v[:5])
+		if extras {
+			res.checks[i] = decision(v[5:10])
+			g := v[10:16]
+			res.giveBack[i] = giveBackRecord{
+				written: g[0] == 1, storedPresent: g[1] == 1,
+				storedTAT: g[2], storedFrac: g[3],
+				writtenTAT: g[4], writtenFrac: g[5],
+			}
+		}
+	}
+	return res, nil
+}
+
+// decision reads {allowed, exceeds, remaining, retry µs, reset µs}.
+func decision(v []int64) limiter.Decision {
+	return limiter.Decision{
+		Allowed:      v[0] == 1,
+		ExceedsBurst: v[1] == 1,
+		Remaining:    v[2],
+		RetryAfter:   time.Duration(v[3]) * time.Microsecond,
+		ResetAfter:   time.Duration(v[4]) * time.Microsecond,
+	}
+}
+
+// takeGroups takes each group (one hash slot) in parallel, and if one
+// denies or fails, gives back what the others took. See Take.
+func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, groups [][]int) ([]limiter.Decision, error) {
+	results := make([]takeResult, len(groups))
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for g, idx := range groups {
+		gkeys := make([]string, len(idx))
+		greqs := make([]limiter.Request, len(idx))
+		for j, i := range idx {
+			gkeys[j], greqs[j] = keys[i], reqs[i]
+		}
+		wg.Go(func() {
+			results[g], errs[g] = s.run(ctx, now, gkeys, greqs, true)
+		})
+	}
+	wg.Wait()
+
+	allowed := true
+	var failed []error
+	for g := range groups {
+		if errs[g] != nil {
+			failed = append(failed, errs[g])
+			allowed = false
+		} else if !results[g].allowed {
+			allowed = false
+		}
+	}
+	decisions := make([]limiter.Decision, len(reqs))
+	for g, idx := range groups {
+		res := results[g]
+		for j, i := range idx {
+			switch {
+			case errs[g] != nil:
+			case allowed || !res.allowed:
+				// Admitted everywhere, or this slot denied: it already
+				// answered as DecideAll does.
+				decisions[i] = res.decisions[j]
+			default:
+				// Admitted here, denied elsewhere: as DecideAll, report a
+				// check on the stored state.
+				decisions[i] = res.checks[j]
+			}
+		}
+	}
+	if allowed {
+		return decisions, nil
+	}
+	if err := s.giveBackGroups(context.WithoutCancel(ctx), now, keys, reqs, groups, results, errs); err != nil {
+		failed = append(failed, err)
+	}
+	if len(failed) > 0 {
+		return nil, unavailable(errors.Join(failed...))
+	}
+	return decisions, nil
+}
+
+// giveBackGroups runs giveback.lua on every group that admitted and wrote.
+// It does not stop at ctx's deadline (the caller passes a context without
+// one): leaving tokens spent is the worse outcome; the client's read and
+// write timeouts bound it.
+func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, groups [][]int, results []takeResult, errs []error) error {
+	gerrs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for g, idx := range groups {
+		res := results[g]
+		if errs[g] != nil || !res.allowed {
+			continue
+		}
+		var gkeys []string
+		args := []any{"", res.now}
+		if s.clock == CallerClock {
+			args[0] = now.UnixMicro()
+		}
+		for j, i := range idx {
+			r := res.giveBack[j]
+			if !r.written {
+				continue
+			}
+			gkeys = append(gkeys, keys[i])
+			present := 0
+			if r.storedPresent {
+				present = 1
+			}
+			args = append(args, reqs[i].Limit.Count, present, r.storedTAT, r.storedFrac, r.writtenTAT, r.writtenFrac)
+		}
+		if len(gkeys) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			if err := s.giveBack.Run(ctx, s.client, gkeys, args...).Err(); err != nil {
+				gerrs[g] = fmt.Errorf("give back %d buckets: %w", len(gkeys), err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(gerrs...)
+}

@@ -1,0 +1,446 @@
+// Package redistest starts throwaway Redis servers for tests: a standalone
+// server, a cluster of masters, or a master watched by a sentinel. Every
+// server listens on a free loopback port, keeps its files in its own
+// temporary directory, persists nothing, and is killed when the test ends.
+// Nothing here touches a Redis it did not start.
+//
+// It needs redis-server (and redis-cli for clusters) on PATH; without them
+// the test fails loudly with the install hint rather than being skipped.
+package redistest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startTimeout bounds how long a server may take to answer PING.
+const startTimeout = 10 * time.Second
+
+// bindAttempts is how many free ports are tried before giving up: a port
+// found free may be taken by another process before the server binds it.
+const bindAttempts = 5
+
+// Server is one redis-server process on 127.0.0.1. Its methods are safe for
+// concurrent use.
+type Server struct {
+	// Addr is host:port of the server, for redis.Options.Addr.
+	Addr string
+	// Port is the port of Addr.
+	Port int
+
+	dir  string   // temporary directory, the server's working dir
+	conf string   // config file given first, or ""
+	args []string // arguments after --port
+	bin  string
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when cmd has been waited for
+	stderr  *bytes.Buffer
+	clients []*redis.Client
+}
+
+// Start starts a standalone redis-server and registers its shutdown with
+// t.Cleanup. It fails the test if redis-server is missing or does not start.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s, err := NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// NewServer starts a standalone redis-server. The caller must Close it; in
+// tests prefer Start. It is meant for a server shared by a whole test binary
+// (started lazily, closed in TestMain).
+func NewServer() (*Server, error) {
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, fmt.Errorf("redistest: %w", err)
+	}
+	s, err := startServer(dir, "", nil)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// lookPath finds a Redis binary or explains how to install it.
+func lookPath(name string) (string, error) {
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s not found: install it (apt-get install -y redis-server)", name)
+	}
+	return p, nil
+}
+
+// startServer starts redis-server in dir with an optional config file and
+// extra arguments; extra may contain "{bus}", replaced by a second free port
+// (the cluster bus).
+func startServer(dir, conf string, extra []string) (*Server, error) {
+	bin, err := lookPath("redis-server")
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range bindAttempts {
+		ports, err := freePorts(2)
+		if err != nil {
+			return nil, err
+		}
+		args := []string{
+			"--bind", "127.0.0.1",
+			"--save", "",
+			"--appendonly", "no",
+			"--dir", dir,
+			"--daemonize", "no",
+			"--protected-mode", "no",
+		}
+		for _, a := range extra {
+			args = append(args, strings.ReplaceAll(a, "{bus}", strconv.Itoa(ports[1])))
+		}
+		s := &Server{
+			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
+			Port: ports[0],
+			dir:  dir,
+			conf: conf,
+			args: args,
+			bin:  bin,
+		}
+		if lastErr = s.start(); lastErr == nil {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("redistest: redis-server did not start after %d attempts: %w", bindAttempts, lastErr)
+}
+
+// freePorts returns n distinct loopback ports that were free a moment ago.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("redistest: find a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// start runs the process on s.Port and waits until it answers PING.
+func (s *Server) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return fmt.Errorf("redistest: server %s already running", s.Addr)
+	}
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf) // redis-server wants the config file first
+	}
+	args = append(args, "--port", strconv.Itoa(s.Port))
+	args = append(args, s.args...)
+	cmd := exec.Command(s.bin, args...)
+	cmd.Dir = s.dir
+	var stderr bytes.Buffer
+	cmd.Stdout = &stderr // redis-server logs to stdout
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("redistest: start redis-server: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
+	s.cmd, s.exited, s.stderr = cmd, exited, &stderr
+
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer c.Close()
+	for {
+		select {
+		case <-exited:
+			s.cmd = nil
+			return fmt.Errorf("redistest: redis-server on %s exited: %s", s.Addr, lastLines(stderr.String()))
+		default:
+		}
+		if err := c.Ping(ctx).Err(); err == nil {
+			return nil
+		} else if ctx.Err() != nil {
+			s.killLocked()
+			return fmt.Errorf("redistest: redis-server on %s did not answer PING within %v: %w", s.Addr, startTimeout, err)
+		}
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func lastLines(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// killLocked kills the process and waits for it; s.mu is held.
+func (s *Server) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	<-s.exited
+	s.cmd = nil
+}
+
+// Client returns a new client of the server, closed when the server is.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	s.mu.Lock()
+	s.clients = append(s.clients, c)
+	s.mu.Unlock()
+	return c
+}
+
+// Stop kills the server (SIGKILL: no shutdown save, like a crash). Its data
+// is lost. Stop on a stopped server does nothing.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+}
+
+// Restart starts a stopped server again on the same port, empty, and waits
+// until it answers PING. A cluster node keeps its identity and slots (they
+// live in nodes.conf). Restart on a running server stops it first.
+func (s *Server) Restart() error {
+	s.Stop()
+	var err error
+	for range bindAttempts { // the port may linger briefly
+		if err = s.start(); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
+}
+
+// Close stops the server, closes the clients handed out, and removes its
+// directory.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	clients := s.clients
+	s.clients = nil
+	s.killLocked()
+	s.mu.Unlock()
+	var errs []error
+	for _, c := range clients {
+		if err := c.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, os.RemoveAll(s.dir))
+	return errors.Join(errs...)
+}
+
+// Cluster is a Redis Cluster of masters without replicas, all on 127.0.0.1.
+type Cluster struct {
+	// Addrs are the masters' addresses, for redis.ClusterOptions.Addrs.
+	Addrs []string
+	// Nodes are the masters (for fault tests: Stop, Restart).
+	Nodes []*Server
+
+	mu      sync.Mutex
+	clients []*redis.ClusterClient
+}
+
+// StartCluster starts a cluster of masters (at least 3, as redis-cli
+// requires), shares the 16384 slots among them, waits until every node
+// reports cluster_state:ok, and registers its shutdown with t.Cleanup.
+func StartCluster(t testing.TB, masters int) *Cluster {
+	t.Helper()
+	c, err := NewCluster(masters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// NewCluster is StartCluster without a test: the caller must Close it.
+func NewCluster(masters int) (*Cluster, error) {
+	if masters < 3 {
+		return nil, fmt.Errorf("redistest: cluster of %d masters: redis-cli --cluster create needs at least 3", masters)
+	}
+	cli, err := lookPath("redis-cli")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{}
+	for i := range masters {
+		dir, err := os.MkdirTemp("", fmt.Sprintf("redistest-cluster%d-", i))
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
+		s, err := startServer(dir, "", []string{
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "5000",
+			"--cluster-port", "{bus}",
+		})
+		if err != nil {
+			os.RemoveAll(dir)
+			c.Close()
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, s)
+		c.Addrs = append(c.Addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("redistest: redis-cli --cluster create: %w: %s", err, lastLines(string(out)))
+	}
+	if err := c.waitOK(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// waitOK waits until every node says cluster_state:ok and knows every other.
+func (c *Cluster) waitOK(ctx context.Context) error {
+	for _, n := range c.Nodes {
+		rc := redis.NewClient(&redis.Options{Addr: n.Addr})
+		for {
+			info, err := rc.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") &&
+				strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d\r", len(c.Nodes))) {
+				break
+			}
+			if ctx.Err() != nil {
+				rc.Close()
+				return fmt.Errorf("redistest: cluster node %s not ok: %v %q", n.Addr, err, info)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		rc.Close()
+	}
+	return nil
+}
+
+// Client returns a new cluster client, closed when the cluster is.
+func (c *Cluster) Client() *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	c.mu.Lock()
+	c.clients = append(c.clients, cc)
+	c.mu.Unlock()
+	return cc
+}
+
+// Close stops every node and closes the clients handed out.
+func (c *Cluster) Close() error {
+	c.mu.Lock()
+	clients := c.clients
+	c.clients = nil
+	c.mu.Unlock()
+	var errs []error
+	for _, cc := range clients {
+		if err := cc.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	for _, n := range c.Nodes {
+		errs = append(errs, n.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Sentinel is a master watched by one sentinel under MasterName.
+type Sentinel struct {
+	// MasterName is the name the sentinel monitors the master under.
+	MasterName string
+	// Master is the monitored redis-server.
+	Master *Server
+	// Sentinel is the redis-server --sentinel process.
+	Sentinel *Server
+	// SentinelAddrs are the sentinels' addresses, for
+	// redis.FailoverOptions.SentinelAddrs.
+	SentinelAddrs []string
+}
+
+// StartSentinel starts a master and one sentinel monitoring it as
+// masterName (quorum 1), waits until the sentinel reports the master, and
+// registers their shutdown with t.Cleanup.
+func StartSentinel(t testing.TB, masterName string) *Sentinel {
+	t.Helper()
+	master := Start(t)
+	dir := t.TempDir()
+	conf := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 5000\n",
+		masterName, master.Port, masterName)
+	// The sentinel rewrites its config file, so it lives in the sentinel's
+	// own writable directory.
+	if err := os.WriteFile(filepath.Join(dir, "sentinel.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := startServer(dir, filepath.Join(dir, "sentinel.conf"), []string{"--sentinel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	sn := &Sentinel{MasterName: masterName, Master: master, Sentinel: s, SentinelAddrs: []string{s.Addr}}
+
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
+	defer sc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	for {
+		addr, err := sc.GetMasterAddrByName(ctx, masterName).Result()
+		if err == nil && len(addr) == 2 && net.JoinHostPort(addr[0], addr[1]) == master.Addr {
+			return sn
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("redistest: sentinel %s does not report master %s: %v %v", s.Addr, masterName, addr, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Client returns a failover client that finds the master through the
+// sentinel; it is closed when the test ends.
+func (s *Sentinel) Client(t testing.TB) *redis.Client {
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
