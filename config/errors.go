@@ -52,15 +52,25 @@ func (e *Error) Error() string {
 }
 
 // maxErrors bounds how many problems one Parse reports, so that a hostile or
-// badly broken file does not produce megabytes of errors.
-const maxErrors = 100
+// badly broken file does not produce megabytes of errors. Problems are found
+// mostly in file order, so keeping the first keepErrors is enough to report
+// the first maxErrors by position.
+const (
+	maxErrors  = 100
+	keepErrors = 10 * maxErrors
+)
 
 // problems collects the errors of one Parse.
 type problems struct {
-	list []*Error
+	list    []*Error
+	dropped int
 }
 
 func (p *problems) add(file string, line, col int, path, format string, args ...any) {
+	if len(p.list) >= keepErrors {
+		p.dropped++
+		return
+	}
 	p.list = append(p.list, &Error{File: file, Line: line, Column: col, Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
@@ -73,9 +83,9 @@ func (p *problems) err() error {
 		return cmp.Or(strings.Compare(a.File, b.File), cmp.Compare(a.Line, b.Line), cmp.Compare(a.Column, b.Column))
 	})
 	list := p.list
-	var more int
+	more := p.dropped
 	if len(list) > maxErrors {
-		more = len(list) - maxErrors
+		more += len(list) - maxErrors
 		list = list[:maxErrors]
 	}
 	errs := make([]error, 0, len(list)+1)

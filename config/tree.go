@@ -64,6 +64,7 @@ type kids struct {
 	exact   map[string]*node // by value
 	wild    []*node          // values with '*', most specific first
 	keyOnly *node
+	pattern map[string]*node // wild by value, for building
 }
 
 // child finds the descriptor below n that the entry (key, value) selects.
@@ -148,15 +149,15 @@ func (s *Set) Explain(domain string, entries []Entry) []string {
 			return append(lines, fmt.Sprintf("no rule for %s under %s: no descriptor with this value, no wildcard matches it, and no key-only descriptor for %s",
 				part, n.path, quoteIfNeeded(e.Key)))
 		case exactMatch:
-			lines = append(lines, fmt.Sprintf("%s: exact value matched (%s)", part, c.where()))
+			lines = append(lines, fmt.Sprintf("%s: exact value matched [%s]", part, c.where()))
 		case wildMatch:
-			lines = append(lines, fmt.Sprintf("%s: wildcard value %q matched (%s)", part, c.value, c.where()))
+			lines = append(lines, fmt.Sprintf("%s: wildcard value %q matched [%s]", part, c.value, c.where()))
 		case keyOnlyMatch:
 			what := "key-only descriptor matched"
 			if c.rule != nil {
 				what = "key-only rule matched (own bucket per value)"
 			}
-			lines = append(lines, fmt.Sprintf("%s: %s (%s)", part, what, c.where()))
+			lines = append(lines, fmt.Sprintf("%s: %s [%s]", part, what, c.where()))
 		}
 		n = c
 	}
@@ -302,11 +303,7 @@ func (b *builder) insert(t *domainTree, parent *node, d *desc, file string) {
 	case d.value == "":
 		n = k.keyOnly
 	case strings.Contains(d.value, "*"):
-		for _, w := range k.wild {
-			if w.value == d.value {
-				n = w
-			}
-		}
+		n = k.pattern[d.value]
 	default:
 		n = k.exact[d.value]
 	}
@@ -316,6 +313,10 @@ func (b *builder) insert(t *domainTree, parent *node, d *desc, file string) {
 		case d.value == "":
 			k.keyOnly = n
 		case strings.Contains(d.value, "*"):
+			if k.pattern == nil {
+				k.pattern = make(map[string]*node)
+			}
+			k.pattern[d.value] = n
 			k.wild = append(k.wild, n)
 		default:
 			if k.exact == nil {
@@ -383,6 +384,7 @@ func (b *builder) check(t *domainTree) {
 	walk(t.root, func(n *node) {
 		for _, k := range n.children {
 			slices.SortStableFunc(k.wild, moreSpecific)
+			k.pattern = nil
 		}
 	})
 }
