@@ -27,8 +27,10 @@ import (
 // anywhere in the value ("gpt-4*", "*-mini", "a*b*c", "*"); a request value
 // is always literal. When several patterns match, the most specific wins:
 // the one with more literal (non-'*') bytes, then the one with fewer '*',
-// then the one first in file order. (envoyproxy/ratelimit supports only a
-// trailing '*' and takes the first in file order.)
+// then the one first in file order. Patterns are tried one after another,
+// so a level with thousands of them is slow to miss. (envoyproxy/ratelimit
+// treats only a trailing '*' as a wildcard, reads "a*b" literally, and takes
+// the first matching pattern in file order.)
 //
 // There is no backtracking: once an entry has chosen a descriptor, a later
 // entry that finds nothing below it means no rule, even if a less specific
