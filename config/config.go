@@ -92,9 +92,13 @@ type Rule struct {
 	Name string
 	// Unlimited rules admit everything and keep no bucket.
 	Unlimited bool
+	// DenyAll rules (requests_per_unit: 0, envoyproxy/ratelimit's way to
+	// block a value) deny every request and keep no bucket. Limit is zero;
+	// Unit and UnitMultiplier are as written.
+	DenyAll bool
 	// Limit is the bucket: Count = requests_per_unit, Period =
 	// unit_multiplier × unit, Burst = burst (default requests_per_unit).
-	// Zero when Unlimited.
+	// Zero when Unlimited or DenyAll.
 	Limit limiter.Limit
 	// Unit and UnitMultiplier are the rate as written, for Envoy's
 	// current_limit.

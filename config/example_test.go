@@ -14,13 +14,13 @@ descriptors:
     value: gpt-4o
     rate_limit:
       unit: minutes
-      requests_per_unit: 0
+      requests_per_unit: -5
       burts: 50
 `)}})
 	fmt.Println(err)
 	// Output:
 	// limits/ai.yaml:7:13: ai-gateway > model=gpt-4o: rate_limit.unit: unknown unit "minutes" (want second, minute, hour, day, week, month or year)
-	// limits/ai.yaml:8:26: ai-gateway > model=gpt-4o: rate_limit.requests_per_unit: must be at least 1, got 0 (envoyproxy/ratelimit reads 0 as "deny every request"; ratelimitd has no such rule)
+	// limits/ai.yaml:8:26: ai-gateway > model=gpt-4o: rate_limit.requests_per_unit: must be at least 1, got -5
 	// limits/ai.yaml:9:7: ai-gateway > model=gpt-4o: rate_limit: unknown field "burts" (did you mean "burst"? valid: unit, requests_per_unit, unlimited, name, replaces, burst, unit_multiplier)
 }
 

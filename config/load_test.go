@@ -21,7 +21,7 @@ func TestIncumbentExamples(t *testing.T) {
 	for _, d := range s.Domains() {
 		names = append(names, d.Name)
 	}
-	want := []string{"example4", "example6", "example7", "example8", "example9", "internal", "messaging", "mongo_cps"}
+	want := []string{"edge_proxy_per_ip", "example4", "example6", "example7", "example8", "example9", "internal", "messaging", "mongo_cps"}
 	if !slices.Equal(names, want) {
 		t.Errorf("Domains() = %q, want %q", names, want)
 	}
@@ -31,6 +31,8 @@ func TestIncumbentExamples(t *testing.T) {
 		want    string // Rule.Path, "" for none
 		check   func(*Rule) bool
 	}{
+		{"edge_proxy_per_ip", e("remote_address", "50.0.0.5"), "edge_proxy_per_ip > remote_address=50.0.0.5", func(r *Rule) bool { return r.DenyAll && r.Unit == Second }},
+		{"edge_proxy_per_ip", e("remote_address", "10.0.0.1"), "edge_proxy_per_ip > remote_address", func(r *Rule) bool { return !r.DenyAll && r.Limit.Count == 10 }},
 		{"mongo_cps", e("database", "users"), "mongo_cps > database=users", func(r *Rule) bool { return r.Limit.Count == 500 && r.Unit == Second }},
 		{"mongo_cps", e("database", "other"), "", nil},
 		{"messaging", e("message_type", "marketing", "to_number", "2061111111"), "messaging > message_type=marketing > to_number", func(r *Rule) bool { return r.Limit.Count == 5 && r.Unit == Day }},

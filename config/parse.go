@@ -546,6 +546,14 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 			ok = false
 		}
 	}
+	if count == 0 && ok {
+		if g, has := fields["burst"]; has {
+			p.errorf(g.key, d.path, "%s: not allowed with requests_per_unit: 0 (a rule that denies every request has no bucket)", dot(pre, "burst"))
+			return nil
+		}
+		r.DenyAll = true
+		return r
+	}
 	if !ok {
 		return nil
 	}
@@ -565,14 +573,13 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 	return r
 }
 
-// requestsPerUnit reads requests_per_unit, explaining the one value that
-// envoyproxy/ratelimit accepts and ratelimitd does not.
+// requestsPerUnit reads requests_per_unit: a positive count, or 0, which
+// (as in envoyproxy/ratelimit) denies every request.
 func (p *parser) requestsPerUnit(n *yaml.Node, path string) (int64, bool) {
 	const name = "rate_limit.requests_per_unit"
 	var v int64
 	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!int" && n.Decode(&v) == nil && v == 0 {
-		p.errorf(n, path, "%s: must be at least 1, got 0 (envoyproxy/ratelimit reads 0 as \"deny every request\"; ratelimitd has no such rule)", name)
-		return 0, false
+		return 0, true
 	}
 	return p.positive(n, path, name)
 }

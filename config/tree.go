@@ -190,9 +190,12 @@ func (r *Rule) describe() string {
 		fmt.Fprintf(&b, " (name %q)", r.Name)
 	}
 	b.WriteString(": ")
-	if r.Unlimited {
+	switch {
+	case r.Unlimited:
 		b.WriteString("unlimited")
-	} else {
+	case r.DenyAll:
+		b.WriteString("denies every request (requests_per_unit: 0)")
+	default:
 		fmt.Fprintf(&b, "%d per ", r.Limit.Count)
 		if r.UnitMultiplier > 1 {
 			fmt.Fprintf(&b, "%d %ss", r.UnitMultiplier, r.Unit)

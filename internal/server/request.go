@@ -70,9 +70,12 @@ type item struct {
 	// an unlimited rule, or a rule another one replaces.
 	limited  bool
 	replaced bool
-	limit    limiter.Limit
-	unit     config.Unit
-	mult     int64
+	// denyAll is set for a rule with requests_per_unit: 0 (and no
+	// override): the descriptor is denied without asking the store.
+	denyAll bool
+	limit   limiter.Limit
+	unit    config.Unit
+	mult    int64
 	// take indexes plan.takes when limited.
 	take int
 }
@@ -89,7 +92,8 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest) (plan, error) {
 		entries = toEntries(entries[:0], d)
 		it := item{rule: set.Lookup(domain, entries)}
 		if it.rule != nil {
-			it.limited = !it.rule.Unlimited
+			it.limited = !it.rule.Unlimited && !it.rule.DenyAll
+			it.denyAll = it.rule.DenyAll
 			it.limit, it.unit, it.mult = it.rule.Limit, it.rule.Unit, it.rule.UnitMultiplier
 			replacing = replacing || len(it.rule.Replaces) > 0
 		}
@@ -103,6 +107,12 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest) (plan, error) {
 	if replacing {
 		markReplaced(p.items)
 	}
+	// A descriptor denied outright denies the request: the others are only
+	// checked, so that they report their state and spend nothing.
+	checkOnly := false
+	for _, it := range p.items {
+		checkOnly = checkOnly || it.denyAll && !it.replaced && !it.rule.ShadowMode
+	}
 	var key []byte
 	for i, d := range descs {
 		it := &p.items[i]
@@ -112,7 +122,11 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest) (plan, error) {
 		entries = toEntries(entries[:0], d)
 		key = it.rule.AppendKey(key[:0], entries)
 		it.take = len(p.takes)
-		p.takes = append(p.takes, limiter.Request{Key: string(key), Limit: it.limit, Hits: hitsOf(req, d)})
+		hits := hitsOf(req, d)
+		if checkOnly {
+			hits = 0
+		}
+		p.takes = append(p.takes, limiter.Request{Key: string(key), Limit: it.limit, Hits: hits})
 	}
 	return p, nil
 }
@@ -170,7 +184,7 @@ func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.R
 	if it.rule == nil {
 		it.rule = &config.Rule{Domain: domain, Path: overridePath(domain, entries)}
 	}
-	it.limited, it.limit, it.unit, it.mult = true, l, unit, mult
+	it.limited, it.denyAll, it.limit, it.unit, it.mult = true, false, l, unit, mult
 	return nil
 }
 
@@ -197,7 +211,7 @@ func markReplaced(items []item) {
 	}
 	for i := range items {
 		if r := items[i].rule; r != nil && r.Name != "" && replaced[r.Name] {
-			items[i].limited, items[i].replaced = false, true
+			items[i].limited, items[i].denyAll, items[i].replaced = false, false, true
 		}
 	}
 }

@@ -59,27 +59,35 @@ func buildResponse(p plan, decisions []limiter.Decision, opts answerOptions) *rl
 		if it.rule != nil {
 			matched = append(matched, ruleID(it.rule))
 		}
-		if !it.limited {
-			continue
-		}
-		d := decisions[it.take]
-		st.CurrentLimit = currentLimit(it)
-		st.LimitRemaining = clampUint32(d.Remaining)
-		wait := d.ResetAfter
-		if !d.Allowed {
-			wait = d.RetryAfter
+		var (
+			allowed bool
+			wait    time.Duration // denied: until it would pass; admitted: until full
+		)
+		switch {
+		case it.denyAll:
+			wait = time.Duration(it.mult) * it.unit.Duration()
+		case it.limited:
+			d := decisions[it.take]
+			st.LimitRemaining = clampUint32(d.Remaining)
+			allowed, wait = d.Allowed, d.ResetAfter
+			if !d.Allowed {
+				wait = d.RetryAfter
+			}
 			if d.ExceedsBurst {
 				// Retrying cannot help; say how long a full bucket takes.
 				wait = it.limit.FillTime()
 				exceeds = append(exceeds, ruleID(it.rule))
 			}
+		default:
+			continue
 		}
+		st.CurrentLimit = currentLimit(it)
 		st.DurationUntilReset = &durationpb.Duration{Seconds: ceilSeconds(wait)}
 		if least < 0 || st.LimitRemaining < resp.Statuses[least].LimitRemaining {
 			least = i
 		}
 		switch {
-		case d.Allowed:
+		case allowed:
 		case it.rule.ShadowMode:
 			shadow = append(shadow, ruleID(it.rule))
 		default:

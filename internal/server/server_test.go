@@ -67,6 +67,9 @@ descriptors:
     value: trial
     rate_limit: {unit: hour, requests_per_unit: 100, name: trial-plan, unit_multiplier: 2}
     replaces: [{name: free-plan}]
+  - key: ip
+    value: 10.0.0.66
+    rate_limit: {unit: minute, requests_per_unit: 0, name: blocked}
 `
 
 func mustParse(t testing.TB, yaml string) *config.Set {
@@ -318,6 +321,24 @@ func TestReplaces(t *testing.T) {
 		cl := resp.GetStatuses()[1].GetCurrentLimit()
 		if cl.GetName() != "trial-plan" || cl.GetUnitMultiplier().GetValue() != 2 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR {
 			t.Errorf("trial current_limit = %v, want trial-plan 100 per 2 HOUR", cl)
+		}
+	}
+}
+
+func TestZeroRateDeniesEverything(t *testing.T) {
+	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	req := request("api", desc("client", "eve"), desc("ip", "10.0.0.66"))
+	for i := range 3 {
+		resp := call(t, c, req)
+		st := resp.GetStatuses()[1]
+		if resp.GetOverallCode() != over || st.GetCode() != over || st.GetCurrentLimit().GetRequestsPerUnit() != 0 {
+			t.Fatalf("call %d: %v, status %v; want OVER_LIMIT by a 0-per-minute limit", i+1, resp.GetOverallCode(), st)
+		}
+		if got := header(resp, "retry-after"); got != "60" {
+			t.Errorf("call %d: Retry-After = %q, want 60 (one unit)", i+1, got)
+		}
+		if got := resp.GetStatuses()[0].GetLimitRemaining(); got != 2 {
+			t.Errorf("call %d: the client's descriptor reports %d remaining, want 2 (never charged)", i+1, got)
 		}
 	}
 }
