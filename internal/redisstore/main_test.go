@@ -1,9 +1,11 @@
 package redisstore_test
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -51,9 +53,14 @@ func cluster(t testing.TB) *redistest.Cluster {
 	return shared.cluster
 }
 
-// prefix is a key prefix unique to the test.
+// prefixes counts the prefixes handed out, so that tests run again
+// (-count) do not meet their earlier keys.
+var prefixes atomic.Int64
+
+// prefix is a key prefix unique to the test and this run of it.
 func prefix(t testing.TB) string {
-	return "test:" + strings.NewReplacer("{", "(", "}", ")").Replace(t.Name()) + ":"
+	name := strings.NewReplacer("{", "(", "}", ")").Replace(t.Name())
+	return fmt.Sprintf("test%d:%s:", prefixes.Add(1), name)
 }
 
 // newStore returns a Store over c with the test's prefix.
@@ -72,3 +79,6 @@ var (
 	_ redisstore.Client = (*redis.Ring)(nil)
 	_ redisstore.Client = redis.UniversalClient(nil)
 )
+
+// standaloneClientless is a Client for tests that never reach Redis.
+type standaloneClientless struct{ redis.Scripter }

@@ -236,7 +236,7 @@ type giveBackRecord struct {
 // run runs take.lua on keys and their requests (all in one slot, or on a
 // server without slots).
 func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
-	args := make([]any, 2, 2+4*len(reqs))
+	args := make([]any, 2, 2+6*len(reqs))
 	args[0] = ""
 	if s.clock == CallerClock {
 		args[0] = now.UnixMicro()
@@ -246,7 +246,10 @@ func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []li
 		args[1] = 1
 	}
 	for _, r := range reqs {
-		args = append(args, r.Limit.Count, r.Limit.Period.Microseconds(), r.Limit.Burst, r.Hits)
+		// As Limit.advance: Period = q·Count + r. q ≤ the fill time and
+		// r < Count stay below 2^53; the period itself may not.
+		p := r.Limit.Period.Microseconds()
+		args = append(args, r.Limit.Count, p/r.Limit.Count, p%r.Limit.Count, p, r.Limit.Burst, r.Hits)
 	}
 	reply, err := s.take.Run(ctx, s.client, keys, args...).Int64Slice()
 	if err != nil {

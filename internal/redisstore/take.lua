@@ -6,14 +6,18 @@
 -- Go side: internal/redisstore/store.go (Store.Take, decodeTake).
 --
 -- Lua numbers are doubles: every value below stays an integer under 2^53 for
--- a valid limiter.Limit (limiter.MaxTokens, MaxFill), and so does everything
--- returned (Redis truncates returned numbers to integers).
+-- a valid limiter.Limit (limiter.MaxTokens, MaxFill) and a now before the
+-- year 2155, and so does everything returned (Redis truncates returned
+-- numbers to integers). See decide for the one place where that takes care.
 --
 -- KEYS[i]   the bucket of request i; a key may repeat.
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
 -- ARGV[2]   "1" to add, per request, the check on the stored state and the
 --           give-back record (used when one Take spans several slots).
--- ARGV[3+4(i-1)..6+4(i-1)]  count, period (µs), burst, hits of request i.
+-- ARGV[3+6(i-1)..8+6(i-1)]  of request i: count, q and r (the period in µs
+--           is q·count + r, split in Go: the period itself may exceed 2^53),
+--           the period in µs rounded to a double (only to estimate, as Go's
+--           float64(p) does), burst, hits.
 --
 -- Returns {now, all admitted (0/1), then for each request:
 --   allowed (0/1), exceeds burst (0/1), remaining, retry after µs, reset after µs,
@@ -89,25 +93,30 @@ end
 
 -- mirrors Decide: returns the next state (us, frac) and the decision
 -- {allowed, exceeds, remaining, retry µs, reset µs}.
+-- It works in the frame of now: where Decide computes next = advance(tat,
+-- hits) and then used = next − now, this computes used = advance(tat − now,
+-- hits) directly, the same integers. It matters for doubles: a bucket with
+-- a 100-year fill denied a full burst has next up to now + 2·MaxFill, past
+-- 2^53 µs after the year 2055, while used stays below 2·MaxFill. A written
+-- TAT is at most now + MaxFill.
 local function decide(l, sus, sfr, now, hits)
-  local tus, tfr = sus, math.min(sfr, l.count - 1)
-  if less(tus, tfr, now, 0) then
-    tus, tfr = now, 0
+  local tus, tfr = sus - now, math.min(sfr, l.count - 1) -- tat − now
+  if less(tus, tfr, 0, 0) then
+    tus, tfr = 0, 0
   end
   local fus, ffr = advance(l, 0, 0, l.burst) -- tau, Limit.fillTime
   if hits > l.burst then
-    return sus, sfr, {0, 1, 0, 0, ceil_us(sub(tus, tfr, now, 0, l.count))}
+    return sus, sfr, {0, 1, 0, 0, ceil_us(tus, tfr)}
   end
-  local nus, nfr = advance(l, tus, tfr, hits)
-  local uus, ufr = sub(nus, nfr, now, 0, l.count) -- time until full again
+  local uus, ufr = advance(l, tus, tfr, hits) -- used: time until full again
   if less(fus, ffr, uus, ufr) then
-    return sus, sfr, {0, 0, 0, ceil_us(sub(uus, ufr, fus, ffr, l.count)), ceil_us(sub(tus, tfr, now, 0, l.count))}
+    return sus, sfr, {0, 0, 0, ceil_us(sub(uus, ufr, fus, ffr, l.count)), ceil_us(tus, tfr)}
   end
   local d = {1, 0, tokens_in(l, sub(fus, ffr, uus, ufr, l.count)), 0, ceil_us(uus, ufr)}
   if hits == 0 then
     return sus, sfr, d
   end
-  return nus, nfr, d
+  return now + uus, ufr, d -- next
 end
 
 -- The stored state: "TAT:Frac"; a missing key is a full bucket (State{}).
@@ -141,11 +150,15 @@ local n = #KEYS
 local limits, hits = {}, {}
 local stored = {} -- key → {present, us, frac}
 for i = 1, n do
-  local a = 2 + 4 * (i - 1)
-  local count, period = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local q, r = divmod(period, count)
-  limits[i] = {count = count, period = period, burst = tonumber(ARGV[a + 3]), q = q, r = r}
-  hits[i] = tonumber(ARGV[a + 4])
+  local a = 2 + 6 * (i - 1)
+  limits[i] = {
+    count = tonumber(ARGV[a + 1]),
+    q = tonumber(ARGV[a + 2]),
+    r = tonumber(ARGV[a + 3]),
+    period = tonumber(ARGV[a + 4]),
+    burst = tonumber(ARGV[a + 5]),
+  }
+  hits[i] = tonumber(ARGV[a + 6])
   local key = KEYS[i]
   if not stored[key] then
     local present, us, fr = load(key)

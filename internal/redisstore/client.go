@@ -1,0 +1,220 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of ClientOptions. A rate-limit check sits in the path of every
+// request Envoy forwards, and Envoy waits for it only briefly (its ratelimit
+// filter times out after 20ms by default, then fails open or closed as
+// configured). A Redis that does not answer within these limits is treated
+// as down at once, rather than piling up waiting requests.
+const (
+	// DefaultDialTimeout bounds opening a connection: a loopback or in-zone
+	// Redis connects in well under a millisecond, TLS in a few.
+	DefaultDialTimeout = 250 * time.Millisecond
+	// DefaultReadTimeout bounds waiting for a reply; the script runs in
+	// microseconds, so a slower reply means an overloaded or lost server.
+	DefaultReadTimeout = 100 * time.Millisecond
+	// DefaultWriteTimeout bounds sending a command.
+	DefaultWriteTimeout = 100 * time.Millisecond
+	// DefaultPoolTimeout bounds waiting for a free connection when all
+	// PoolSize are busy: better to fail one request than to queue them.
+	DefaultPoolTimeout = 50 * time.Millisecond
+)
+
+// ClientOptions says how to reach Redis. Exactly one of URL, SentinelMaster
+// (with SentinelAddrs) or ClusterAddrs must be set. Zero durations and sizes
+// mean the defaults.
+type ClientOptions struct {
+	// URL of a standalone server: redis://[user:password@]host:port[/db],
+	// or rediss:// for TLS (see redis.ParseURL for the query options).
+	URL string
+
+	// SentinelMaster is the name under which Sentinels monitor the master;
+	// SentinelAddrs are the Sentinels' host:port addresses.
+	SentinelMaster string
+	SentinelAddrs  []string
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels.
+	SentinelUsername string
+	SentinelPassword string
+
+	// ClusterAddrs are seed host:port addresses of a Redis Cluster; the
+	// client discovers the other nodes.
+	ClusterAddrs []string
+
+	// Username and Password authenticate to the Sentinel-managed master or
+	// to the cluster nodes (a URL carries its own).
+	Username string
+	Password string
+	// DB selects the database of a Sentinel-managed master (a URL carries
+	// its own; clusters have only 0).
+	DB int
+
+	// PoolSize is the number of connections per server. Default the URL's
+	// pool_size, else go-redis's 10 per GOMAXPROCS.
+	PoolSize int
+	// DialTimeout, ReadTimeout, WriteTimeout and PoolTimeout default to the
+	// URL's dial_timeout, read_timeout, write_timeout and pool_timeout if
+	// given, else to DefaultDialTimeout, DefaultReadTimeout,
+	// DefaultWriteTimeout and DefaultPoolTimeout. A context deadline shorter
+	// than these wins.
+	DialTimeout  time.Duration
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
+	PoolTimeout  time.Duration
+
+	// TLSConfig, when set, makes every connection use TLS with it. With URL
+	// it requires the rediss:// scheme (which alone enables TLS with
+	// defaults).
+	TLSConfig *tls.Config
+}
+
+// Dial returns a client for the Redis that opts describes: a *redis.Client
+// for a URL or Sentinel, a *redis.ClusterClient for a cluster. It does not
+// connect yet (the first command does). The client retries a command once on
+// a broken connection and respects context deadlines.
+func Dial(opts ClientOptions) (redis.UniversalClient, error) {
+	set := 0
+	if opts.URL != "" {
+		set++
+	}
+	if opts.SentinelMaster != "" || len(opts.SentinelAddrs) > 0 {
+		set++
+	}
+	if len(opts.ClusterAddrs) > 0 {
+		set++
+	}
+	if set != 1 {
+		return nil, errors.New("redisstore: set exactly one of URL, SentinelMaster (with SentinelAddrs) or ClusterAddrs")
+	}
+	var errs []error
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"DialTimeout", opts.DialTimeout}, {"ReadTimeout", opts.ReadTimeout}, {"WriteTimeout", opts.WriteTimeout}, {"PoolTimeout", opts.PoolTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("redisstore: %s %v: must not be negative", d.name, d.v))
+		}
+	}
+	if opts.PoolSize < 0 {
+		errs = append(errs, fmt.Errorf("redisstore: PoolSize %d: must not be negative", opts.PoolSize))
+	}
+	dial := orDefault(opts.DialTimeout, DefaultDialTimeout)
+	read := orDefault(opts.ReadTimeout, DefaultReadTimeout)
+	write := orDefault(opts.WriteTimeout, DefaultWriteTimeout)
+	pool := orDefault(opts.PoolTimeout, DefaultPoolTimeout)
+	const (
+		maxRetries    = 1 // one retry on a broken pooled connection
+		dialerRetries = 1
+	)
+
+	switch {
+	case opts.URL != "":
+		o, err := redis.ParseURL(opts.URL)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("redisstore: URL: %w", err))
+			return nil, errors.Join(errs...)
+		}
+		if opts.TLSConfig != nil {
+			if o.TLSConfig == nil {
+				errs = append(errs, errors.New("redisstore: TLSConfig is set but URL uses redis://: use rediss://"))
+			} else {
+				tc := opts.TLSConfig.Clone()
+				if tc.ServerName == "" {
+					tc.ServerName = o.TLSConfig.ServerName
+				}
+				o.TLSConfig = tc
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
+		// Options set here win over the URL's query, which wins over the
+		// defaults.
+		if opts.PoolSize != 0 {
+			o.PoolSize = opts.PoolSize
+		}
+		o.DialTimeout = pick(opts.DialTimeout, o.DialTimeout, dial)
+		o.ReadTimeout = pick(opts.ReadTimeout, o.ReadTimeout, read)
+		o.WriteTimeout = pick(opts.WriteTimeout, o.WriteTimeout, write)
+		o.PoolTimeout = pick(opts.PoolTimeout, o.PoolTimeout, pool)
+		o.ContextTimeoutEnabled = true
+		o.MaxRetries = maxRetries
+		o.DialerRetries = dialerRetries
+		return redis.NewClient(o), nil
+
+	case opts.SentinelMaster != "" || len(opts.SentinelAddrs) > 0:
+		if opts.SentinelMaster == "" {
+			errs = append(errs, errors.New("redisstore: SentinelAddrs is set but SentinelMaster is empty"))
+		}
+		if len(opts.SentinelAddrs) == 0 {
+			errs = append(errs, fmt.Errorf("redisstore: SentinelMaster %q is set but SentinelAddrs is empty", opts.SentinelMaster))
+		}
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            opts.SentinelMaster,
+			SentinelAddrs:         opts.SentinelAddrs,
+			SentinelUsername:      opts.SentinelUsername,
+			SentinelPassword:      opts.SentinelPassword,
+			Username:              opts.Username,
+			Password:              opts.Password,
+			DB:                    opts.DB,
+			PoolSize:              opts.PoolSize,
+			DialTimeout:           dial,
+			ReadTimeout:           read,
+			WriteTimeout:          write,
+			PoolTimeout:           pool,
+			ContextTimeoutEnabled: true,
+			MaxRetries:            maxRetries,
+			DialerRetries:         dialerRetries,
+			TLSConfig:             opts.TLSConfig,
+		}), nil
+
+	default:
+		if opts.DB != 0 {
+			errs = append(errs, fmt.Errorf("redisstore: DB %d: a cluster has only database 0", opts.DB))
+		}
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 opts.ClusterAddrs,
+			Username:              opts.Username,
+			Password:              opts.Password,
+			PoolSize:              opts.PoolSize,
+			DialTimeout:           dial,
+			ReadTimeout:           read,
+			WriteTimeout:          write,
+			PoolTimeout:           pool,
+			ContextTimeoutEnabled: true,
+			MaxRetries:            maxRetries,
+			DialerRetries:         dialerRetries,
+			TLSConfig:             opts.TLSConfig,
+		}), nil
+	}
+}
+
+// pick returns the first non-zero duration.
+func pick(ds ...time.Duration) time.Duration {
+	for _, d := range ds {
+		if d != 0 {
+			return d
+		}
+	}
+	return 0
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
