@@ -92,6 +92,8 @@ type Options struct {
 	RetryAfter RetryAfter
 	// RateLimitHeaders defaults to RateLimitHeadersOff.
 	RateLimitHeaders RateLimitHeaders
+	// Observer, when set, learns the outcome of every call.
+	Observer Observer
 }
 
 // Server answers ShouldRateLimit. It is safe for concurrent use; the config
@@ -99,12 +101,13 @@ type Options struct {
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	store   limiter.Store
-	now     func() time.Time
-	log     *slog.Logger
-	limits  RequestLimits
-	answer  answerOptions
-	current atomic.Pointer[config.Set]
+	store    limiter.Store
+	now      func() time.Time
+	log      *slog.Logger
+	limits   RequestLimits
+	answer   answerOptions
+	observer Observer
+	current  atomic.Pointer[config.Set]
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
@@ -116,11 +119,12 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("server: Options.Store is required")
 	}
 	s := &Server{
-		store:  opts.Store,
-		now:    opts.Now,
-		log:    opts.Logger,
-		limits: opts.Limits.withDefaults(),
-		answer: answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders},
+		store:    opts.Store,
+		now:      opts.Now,
+		log:      opts.Logger,
+		limits:   opts.Limits.withDefaults(),
+		answer:   answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders},
+		observer: opts.Observer,
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -151,32 +155,43 @@ func (s *Server) Config() *config.Set { return s.current.Load() }
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	if err := s.limits.check(req); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+	start := s.now()
+	p, decisions, resp, err := s.decide(ctx, req, start)
+	if s.observer != nil {
+		s.observe(req, start, p, decisions, resp, err)
 	}
-	set := s.current.Load()
-	if set == nil {
-		return nil, status.Error(codes.Unavailable, "no rate limit configuration loaded yet")
-	}
-	now := s.now()
-	plan, err := planRequest(set, req)
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, err
 	}
-	var decisions []limiter.Decision
-	if len(plan.takes) > 0 {
-		decisions, err = s.store.Take(ctx, now, plan.takes)
-		if err != nil {
-			s.log.WarnContext(ctx, "backend failed", "domain", req.GetDomain(), "err", err)
-			return nil, statusFromError(err)
-		}
-	}
-	resp := buildResponse(plan, decisions, s.answer)
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "decided", "domain", req.GetDomain(), "descriptors", len(req.GetDescriptors()),
 			"code", resp.GetOverallCode().String())
 	}
 	return resp, nil
+}
+
+// decide answers req at time now, or returns the gRPC error to answer.
+func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now time.Time) (plan, []limiter.Decision, *rlsv3.RateLimitResponse, error) {
+	if err := s.limits.check(req); err != nil {
+		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	set := s.current.Load()
+	if set == nil {
+		return plan{}, nil, nil, status.Error(codes.Unavailable, "no rate limit configuration loaded yet")
+	}
+	p, err := planRequest(set, req)
+	if err != nil {
+		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	var decisions []limiter.Decision
+	if len(p.takes) > 0 {
+		decisions, err = s.store.Take(ctx, now, p.takes)
+		if err != nil {
+			s.log.WarnContext(ctx, "backend failed", "domain", req.GetDomain(), "err", err)
+			return p, nil, nil, statusFromError(err)
+		}
+	}
+	return p, decisions, buildResponse(p, decisions, s.answer), nil
 }
 
 // statusFromError maps a Store error to the gRPC status Envoy sees. A

@@ -530,3 +530,51 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		t.Errorf("New with defaults: %v", err)
 	}
 }
+
+// recorder is an Observer that keeps a summary of each call.
+type recorder struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *recorder) ObserveCall(c server.Call) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %v %v:", c.Domain, c.Code, c.Overall)
+	for _, d := range c.Descriptors {
+		fmt.Fprintf(&b, " %v", d.Outcome)
+		if d.Charged {
+			fmt.Fprintf(&b, "(charged %d)", d.Hits)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, b.String())
+}
+
+func TestObserverSeesEveryOutcome(t *testing.T) {
+	rec := &recorder{}
+	c, _ := startServer(t, server.Options{Now: newClock().Now, Observer: rec}, mustParse(t, testConfig))
+	ctx := context.Background()
+	calls := []*rlsv3.RateLimitRequest{
+		request("api", desc("client", "a"), desc("color", "red"), desc("internal", "x")),
+		request("api", desc("client", "a"), desc("shadow", "s")),
+		request("api", desc("client", "a"), desc("shadow", "s")),
+		request("api", desc("plan", "free"), desc("plan", "trial")),
+		request(""),
+	}
+	for _, req := range calls {
+		c.ShouldRateLimit(ctx, req)
+	}
+	want := []string{
+		"api OK OK: within_limit(charged 1) no_rule unlimited",
+		"api OK OK: within_limit(charged 1) within_limit(charged 1)",
+		"api OK OVER_LIMIT: over_limit shadow_over_limit",
+		"api OK OK: replaced within_limit(charged 1)",
+		" InvalidArgument UNKNOWN:",
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if strings.Join(rec.calls, "\n") != strings.Join(want, "\n") {
+		t.Errorf("observed:\n%s\nwant:\n%s", strings.Join(rec.calls, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -1,0 +1,136 @@
+package server
+
+import (
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// Observer learns the outcome of every ShouldRateLimit call, for metrics,
+// pages and traces. ObserveCall is called once per call, on the call's
+// goroutine, after the answer is built: implementations must be safe for
+// concurrent use, quick, and must not keep the Call or its slices.
+type Observer interface {
+	ObserveCall(Call)
+}
+
+// Call is one ShouldRateLimit call as an Observer sees it.
+type Call struct {
+	// Domain is the request's domain (possibly invalid when Code is
+	// InvalidArgument).
+	Domain string
+	// Start is when the call began, by the server's clock, and Duration how
+	// long it took to answer.
+	Start    time.Time
+	Duration time.Duration
+	// Code is the gRPC status of the answer: OK, InvalidArgument,
+	// Unavailable (backend failure or no config), Canceled.
+	Code codes.Code
+	// Err is the error answered, nil when Code is OK.
+	Err error
+	// Overall is the answer's overall_code when Code is OK.
+	Overall rlsv3.RateLimitResponse_Code
+	// Descriptors has one entry per request descriptor, in order, when the
+	// call reached a decision (Code OK); nil otherwise.
+	Descriptors []DescriptorOutcome
+}
+
+// Outcome is what happened to one descriptor. The zero value is invalid.
+type Outcome int
+
+const (
+	// NoRule: no rule matched and no override applied.
+	NoRule Outcome = iota + 1
+	// Unlimited: an unlimited rule matched.
+	Unlimited
+	// Replaced: the matched rule was replaced by another (replaces).
+	Replaced
+	// WithinLimit: the descriptor's bucket had room.
+	WithinLimit
+	// OverLimit: the descriptor denied the request.
+	OverLimit
+	// ShadowOverLimit: a shadow-mode rule would have denied.
+	ShadowOverLimit
+)
+
+// String names the outcome as metrics label it.
+func (o Outcome) String() string {
+	switch o {
+	case NoRule:
+		return "no_rule"
+	case Unlimited:
+		return "unlimited"
+	case Replaced:
+		return "replaced"
+	case WithinLimit:
+		return "within_limit"
+	case OverLimit:
+		return "over_limit"
+	case ShadowOverLimit:
+		return "shadow_over_limit"
+	}
+	return "invalid"
+}
+
+// DescriptorOutcome is one descriptor of an observed Call.
+type DescriptorOutcome struct {
+	// Descriptor is the request's descriptor (read only).
+	Descriptor *ratelimitv3.RateLimitDescriptor
+	// Rule is the matched rule (or one made for a limit override); nil when
+	// Outcome is NoRule.
+	Rule *config.Rule
+	// Outcome is what happened.
+	Outcome Outcome
+	// Hits is the number of tokens asked for (0: a check).
+	Hits int64
+	// Limit is the bucket's shape and Decision its answer, when the
+	// descriptor had a bucket (Outcome WithinLimit, OverLimit or
+	// ShadowOverLimit, except for requests_per_unit: 0 rules).
+	Limit    limiter.Limit
+	Decision limiter.Decision
+	// Charged reports whether tokens were taken: the whole request was
+	// admitted and Hits > 0.
+	Charged bool
+}
+
+// observe builds the Call for an answered request and hands it over.
+func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, decisions []limiter.Decision, resp *rlsv3.RateLimitResponse, err error) {
+	call := Call{Domain: req.GetDomain(), Start: start, Duration: s.now().Sub(start), Code: codes.OK, Err: err}
+	if err != nil {
+		call.Code = status.Code(err)
+		s.observer.ObserveCall(call)
+		return
+	}
+	call.Overall = resp.GetOverallCode()
+	admitted := call.Overall == rlsv3.RateLimitResponse_OK
+	call.Descriptors = make([]DescriptorOutcome, len(p.items))
+	for i, it := range p.items {
+		o := DescriptorOutcome{Descriptor: req.GetDescriptors()[i], Rule: it.rule, Outcome: WithinLimit}
+		st := resp.GetStatuses()[i]
+		switch {
+		case it.rule == nil:
+			o.Outcome = NoRule
+		case it.replaced:
+			o.Outcome = Replaced
+		case it.rule.Unlimited && !it.limited:
+			o.Outcome = Unlimited
+		case st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+			o.Outcome = OverLimit
+		case it.rule.ShadowMode && (it.denyAll || it.limited && !decisions[it.take].Allowed):
+			o.Outcome = ShadowOverLimit
+		}
+		if it.limited {
+			o.Hits = p.takes[it.take].Hits
+			o.Limit, o.Decision = it.limit, decisions[it.take]
+			o.Charged = admitted && o.Hits > 0
+		}
+		call.Descriptors[i] = o
+	}
+	s.observer.ObserveCall(call)
+}
