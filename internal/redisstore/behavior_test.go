@@ -1,0 +1,317 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/limiter"
+	"github.com/ratelimitd/ratelimitd/limiter/limitertest"
+)
+
+var t0 = limitertest.T0
+
+func take(t *testing.T, s *redisstore.Store, now time.Time, reqs ...limiter.Request) []limiter.Decision {
+	t.Helper()
+	d, err := s.Take(context.Background(), now, reqs)
+	if err != nil {
+		t.Fatalf("Take(%v, %v): %v", now, reqs, err)
+	}
+	return d
+}
+
+func TestPTTLIsTimeUntilFull(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		l      limiter.Limit
+		hits   int64
+		wantMS int64
+	}{
+		{limiter.Limit{Count: 3, Period: time.Second, Burst: 3}, 1, 334},  // 333333⅓µs
+		{limiter.Limit{Count: 3, Period: time.Second, Burst: 3}, 3, 1000}, // exactly 1s
+		{limiter.Limit{Count: 1, Period: 1001 * time.Microsecond, Burst: 1}, 1, 2},
+		{limiter.Limit{Count: 10, Period: time.Hour, Burst: 10}, 4, 1_440_000},
+	} {
+		key := fmt.Sprintf("%v/%d", tc.l, tc.hits)
+		take(t, s, t0, limiter.Request{Key: key, Limit: tc.l, Hits: tc.hits})
+		pttl, err := c.PTTL(ctx, s.Key(key)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// PTTL counts down in real time: allow a few ms for the test itself.
+		if ms := pttl.Milliseconds(); ms > tc.wantMS || ms < tc.wantMS-5 && ms != -2 {
+			t.Errorf("after Take(%v, %d hits), PTTL = %dms, want %dms", tc.l, tc.hits, ms, tc.wantMS)
+		}
+	}
+}
+
+// TestFullBucketVanishes waits, once, for a short bucket to refill: its key
+// is then gone from Redis. It uses the server's clock, as production does.
+func TestFullBucketVanishes(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.ServerClock)
+	ctx := context.Background()
+	l := limiter.Limit{Count: 1, Period: 50 * time.Millisecond, Burst: 1}
+	d := take(t, s, time.Time{}, limiter.Request{Key: "short", Limit: l, Hits: 1})
+	if !d[0].Allowed || d[0].ResetAfter != 50*time.Millisecond {
+		t.Fatalf("Take = %+v, want allowed with ResetAfter 50ms", d[0])
+	}
+	key := s.Key("short")
+	if pttl := c.PTTL(ctx, key).Val(); pttl <= 0 || pttl > 51*time.Millisecond {
+		t.Fatalf("PTTL = %v, want at most 51ms (the TAT, rounded up to the ms)", pttl)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for c.Exists(ctx, key).Val() == 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still exists 2s after a 50ms bucket refilled", key)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d = take(t, s, time.Time{}, limiter.Request{Key: "short", Limit: l, Hits: 0})
+	if d[0] != (limiter.Decision{Allowed: true, Remaining: 1}) {
+		t.Errorf("check after the key expired = %+v, want a full bucket", d[0])
+	}
+}
+
+func TestScriptFlushFallsBackToEval(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	ctx := context.Background()
+	l := limiter.Limit{Count: 3, Period: time.Second, Burst: 3}
+	if d := take(t, s, t0, limiter.Request{Key: "a", Limit: l, Hits: 1}); d[0].Remaining != 2 {
+		t.Fatalf("first Take = %+v", d[0])
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d := take(t, s, t0, limiter.Request{Key: "a", Limit: l, Hits: 1})
+	if want := (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: 666667 * time.Microsecond}); d[0] != want {
+		t.Errorf("Take after SCRIPT FLUSH = %+v, want %+v", d[0], want)
+	}
+}
+
+// TestServerClockSharesOneBucket: two replicas whose clocks are seconds
+// apart share a bucket exactly, because the Redis server's clock decides.
+func TestServerClockSharesOneBucket(t *testing.T) {
+	srv := standalone(t)
+	p := prefix(t)
+	var stores [2]*redisstore.Store
+	for i := range stores {
+		s, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = s
+	}
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
+	skew := [2]time.Duration{0, 7 * time.Second}
+	admitted := 0
+	for i := range 30 {
+		r := i % 2
+		d := take(t, stores[r], time.Now().Add(skew[r]), limiter.Request{Key: "shared", Limit: l, Hits: 1})
+		if d[0].Allowed {
+			admitted++
+			// The server's clock barely moves between takes: the bucket is
+			// full after admitted hours, give or take the test's runtime.
+			if want := time.Duration(admitted) * time.Hour; d[0].ResetAfter > want || d[0].ResetAfter < want-time.Second {
+				t.Errorf("take %d: ResetAfter = %v, want about %v", i, d[0].ResetAfter, want)
+			}
+		}
+	}
+	if admitted != int(l.Burst) {
+		t.Errorf("30 takes from replicas with skewed clocks admitted %d, want exactly %d", admitted, l.Burst)
+	}
+}
+
+// twoSlots returns bucket names whose keys lie in different cluster slots.
+func twoSlots(t *testing.T, s *redisstore.Store) (string, string) {
+	for i := range 100 {
+		a, b := "a", fmt.Sprintf("b%d", i)
+		if redisstore.Slot(s.Key(a)) != redisstore.Slot(s.Key(b)) {
+			return a, b
+		}
+	}
+	t.Fatal("no two buckets in different slots")
+	return "", ""
+}
+
+func getState(t *testing.T, c redis.Cmdable, key string) (limiter.State, bool) {
+	t.Helper()
+	v, err := c.Get(context.Background(), key).Result()
+	if err == redis.Nil {
+		return limiter.State{}, false
+	}
+	if err != nil {
+		t.Fatalf("GET %s: %v", key, err)
+	}
+	return parseState(t, v), true
+}
+
+// TestClusterAcrossSlotsIsAllOrNothing: a request whose buckets lie in two
+// slots is admitted or charged in both; when one slot denies, the tokens the
+// other took are given back exactly.
+func TestClusterAcrossSlotsIsAllOrNothing(t *testing.T) {
+	c := cluster(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	a, b := twoSlots(t, s)
+	twoPerMin := limiter.Limit{Count: 2, Period: time.Minute, Burst: 2}
+	onePerMin := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
+	us := t0.UnixMicro()
+
+	// b is empty; a, never used, has no key: the denied Take must leave a
+	// without one.
+	take(t, s, t0, limiter.Request{Key: b, Limit: onePerMin, Hits: 1})
+	d := take(t, s, t0, limiter.Request{Key: a, Limit: twoPerMin, Hits: 1}, limiter.Request{Key: b, Limit: onePerMin, Hits: 1})
+	want := []limiter.Decision{
+		{Allowed: true, Remaining: 2}, // a check on a, as DecideAll reports it
+		{RetryAfter: time.Minute, ResetAfter: time.Minute},
+	}
+	for i := range want {
+		if d[i] != want[i] {
+			t.Errorf("denied Take [%d] = %+v, want %+v", i, d[i], want[i])
+		}
+	}
+	if st, ok := getState(t, c, s.Key(a)); ok {
+		t.Errorf("after a denied Take, %s holds %+v, want no key (full)", s.Key(a), st)
+	}
+
+	// a holds a state: a denied Take must leave exactly that state.
+	take(t, s, t0, limiter.Request{Key: a, Limit: twoPerMin, Hits: 1})
+	before, _ := getState(t, c, s.Key(a))
+	if wantA := (limiter.State{TAT: us + 30e6}); before != wantA {
+		t.Fatalf("a = %+v, want %+v", before, wantA)
+	}
+	pttlBefore := c.PTTL(context.Background(), s.Key(a)).Val()
+	take(t, s, t0, limiter.Request{Key: a, Limit: twoPerMin, Hits: 1}, limiter.Request{Key: b, Limit: onePerMin, Hits: 1})
+	if after, _ := getState(t, c, s.Key(a)); after != before {
+		t.Errorf("after a denied Take, a = %+v, want %+v as before", after, before)
+	}
+	// (With CallerClock the restored key's TTL counts again from the write.)
+	if pttl := c.PTTL(context.Background(), s.Key(a)).Val(); pttl > 30*time.Second || pttl < pttlBefore-time.Second {
+		t.Errorf("after a denied Take, PTTL a = %v, want about %v as before, at most 30s", pttl, pttlBefore)
+	}
+	// And a still has its last token.
+	if d := take(t, s, t0, limiter.Request{Key: a, Limit: twoPerMin, Hits: 1}); d[0] != (limiter.Decision{Allowed: true, ResetAfter: time.Minute}) {
+		t.Errorf("Take(a) after the give-back = %+v, want the last token", d[0])
+	}
+}
+
+// TestClusterConcurrentAcrossSlots: goroutines race requests spanning two
+// slots. Give-backs may deny some requests that a single Redis would admit,
+// but never admit more than the smaller bucket holds, and in the end each
+// bucket is charged exactly once per admitted request.
+func TestClusterConcurrentAcrossSlots(t *testing.T) {
+	c := cluster(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	a, b := twoSlots(t, s)
+	la := limiter.Limit{Count: 1, Period: time.Hour, Burst: 20}
+	lb := limiter.Limit{Count: 1, Period: time.Minute, Burst: 25}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for range 16 {
+		wg.Go(func() {
+			for range 10 {
+				d, err := s.Take(context.Background(), t0, []limiter.Request{{Key: a, Limit: la, Hits: 1}, {Key: b, Limit: lb, Hits: 1}})
+				if err != nil {
+					errs <- err
+					return
+				}
+				// Denied requests report the other bucket as a check
+				// would: allowed, but nothing charged.
+				if d[0].Allowed && d[1].Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	n := admitted.Load()
+	if n < 1 || n > la.Burst {
+		t.Fatalf("admitted %d, want between 1 and %d", n, la.Burst)
+	}
+	us := t0.UnixMicro()
+	if got, _ := getState(t, c, s.Key(a)); got != (limiter.State{TAT: us + n*time.Hour.Microseconds()}) {
+		t.Errorf("a = %+v, want charged exactly %d times", got, n)
+	}
+	if got, _ := getState(t, c, s.Key(b)); got != (limiter.State{TAT: us + n*time.Minute.Microseconds()}) {
+		t.Errorf("b = %+v, want charged exactly %d times", got, n)
+	}
+}
+
+func TestUnavailable(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb, err := redisstore.Dial(redisstore.ClientOptions{URL: "redis://" + srv.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	s := newStore(t, rdb, redisstore.ServerClock)
+	l := limiter.Limit{Count: 10, Period: time.Second, Burst: 10}
+	req := []limiter.Request{{Key: "k", Limit: l, Hits: 1}}
+	take(t, s, time.Time{}, req...)
+
+	// A server that does not answer: the context's deadline bounds Take.
+	if err := rdb.Do(context.Background(), "CLIENT", "PAUSE", "500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	checkUnavailable(t, s, req, 30*time.Millisecond)
+	rdb.Do(context.Background(), "CLIENT", "UNPAUSE")
+
+	// A server that is gone.
+	srv.Stop()
+	checkUnavailable(t, s, req, 200*time.Millisecond)
+
+	// Back again (empty): Take works again.
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if d := take(t, s, time.Time{}, req...); !d[0].Allowed || d[0].Remaining != 9 {
+		t.Errorf("Take after restart = %+v, want allowed, 9 left", d[0])
+	}
+}
+
+func checkUnavailable(t *testing.T, s *redisstore.Store, reqs []limiter.Request, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Take(ctx, time.Time{}, reqs)
+	elapsed := time.Since(start)
+	if !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Take = %v, want an error wrapping ErrUnavailable", err)
+	}
+	if elapsed > timeout+100*time.Millisecond {
+		t.Errorf("Take took %v with a %v deadline", elapsed, timeout)
+	}
+}
+
+func BenchmarkTake(b *testing.B) {
+	c := standalone(b).Client()
+	s, err := redisstore.New(c, redisstore.Options{Prefix: prefix(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	reqs := []limiter.Request{{Key: "v1\x0aai-gateway\x05model\x06gpt-4o", Limit: limiter.Limit{Count: 1e9, Period: time.Second, Burst: 1e9}, Hits: 1}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Take(ctx, time.Time{}, reqs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
