@@ -1,0 +1,140 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/server"
+)
+
+// serveConfig is everything the serve command reads from flags and the
+// environment, once, at start.
+type serveConfig struct {
+	configPath      string
+	grpcAddr        string
+	httpAddr        string
+	logLevel        slog.Level
+	logFormat       string
+	shutdownTimeout time.Duration
+	retryAfter      server.RetryAfter
+	rateLimitHeader server.RateLimitHeaders
+	limits          server.RequestLimits
+	maxMessageBytes int
+	redis           redisFlags
+}
+
+// redisFlags select and tune the Redis backend; all empty means in-memory.
+type redisFlags struct {
+	url            string
+	sentinelMaster string
+	sentinelAddrs  string
+	clusterAddrs   string
+	password       string
+	prefix         string
+	poolSize       int
+	dialTimeout    time.Duration
+	readTimeout    time.Duration
+	writeTimeout   time.Duration
+	poolTimeout    time.Duration
+}
+
+func (r redisFlags) enabled() bool {
+	return r.url != "" || r.sentinelMaster != "" || r.clusterAddrs != ""
+}
+
+// envName is the environment variable that sets flag name.
+func envName(name string) string {
+	return "RATELIMITD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer) (serveConfig, error) {
+	var c serveConfig
+	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.configPath, "config", "", "descriptor file, or directory of *.yaml files (required)")
+	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
+	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (/healthz, /readyz)")
+	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to drain in-flight calls on SIGTERM")
+	retryAfter := fs.String("retry-after", "send", "Retry-After on OVER_LIMIT answers: send, or omit (for Envoys with enable_retry_after_header)")
+	rlHeaders := fs.String("ratelimit-headers", "off", "X-RateLimit-* headers computed by the service: off (leave them to Envoy) or draft03")
+	fs.IntVar(&c.limits.MaxDescriptors, "max-descriptors", 64, "most descriptors in one request")
+	fs.IntVar(&c.limits.MaxEntries, "max-entries", 32, "most entries in one descriptor")
+	fs.IntVar(&c.limits.MaxKeyBytes, "max-key-bytes", 256, "longest descriptor entry key")
+	fs.IntVar(&c.limits.MaxValueBytes, "max-value-bytes", 4096, "longest descriptor entry value")
+	fs.IntVar(&c.limits.MaxDomainBytes, "max-domain-bytes", 256, "longest domain")
+	fs.Uint64Var(&c.limits.MaxHits, "max-hits", 1_000_000_000, "largest hits_addend")
+	fs.IntVar(&c.maxMessageBytes, "max-message-bytes", 1<<20, "largest gRPC request message")
+	fs.StringVar(&c.redis.url, "redis-url", "", "Redis backend: redis:// or rediss:// URL (user, password, db); empty means in-memory")
+	fs.StringVar(&c.redis.sentinelMaster, "redis-sentinel-master", "", "Redis backend through Sentinel: the master's name")
+	fs.StringVar(&c.redis.sentinelAddrs, "redis-sentinel-addrs", "", "comma-separated Sentinel addresses, with --redis-sentinel-master")
+	fs.StringVar(&c.redis.clusterAddrs, "redis-cluster-addrs", "", "Redis Cluster backend: comma-separated seed addresses")
+	fs.StringVar(&c.redis.password, "redis-password", "", "password for Sentinel or Cluster nodes (for a URL, put it in the URL)")
+	fs.StringVar(&c.redis.prefix, "redis-prefix", "ratelimitd:", "prefix of every Redis key")
+	fs.IntVar(&c.redis.poolSize, "redis-pool-size", 0, "connections per Redis node (0: 10 per CPU)")
+	fs.DurationVar(&c.redis.dialTimeout, "redis-dial-timeout", 0, "Redis dial timeout (0: the backend's default)")
+	fs.DurationVar(&c.redis.readTimeout, "redis-read-timeout", 0, "Redis read timeout (0: the backend's default)")
+	fs.DurationVar(&c.redis.writeTimeout, "redis-write-timeout", 0, "Redis write timeout (0: the backend's default)")
+	fs.DurationVar(&c.redis.poolTimeout, "redis-pool-timeout", 0, "how long a call waits for a free Redis connection (0: the backend's default)")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, usageError{errors.New("help requested")}
+		}
+		return c, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return c, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	if err := applyEnv(fs, getenv); err != nil {
+		return c, usageError{err}
+	}
+	if c.configPath == "" {
+		return c, usageError{fmt.Errorf("--config is required (or %s)", envName("config"))}
+	}
+	switch *retryAfter {
+	case "send":
+		c.retryAfter = server.RetryAfterSend
+	case "omit":
+		c.retryAfter = server.RetryAfterOmit
+	default:
+		return c, usageError{fmt.Errorf("--retry-after %q: want send or omit", *retryAfter)}
+	}
+	switch *rlHeaders {
+	case "off":
+		c.rateLimitHeader = server.RateLimitHeadersOff
+	case "draft03":
+		c.rateLimitHeader = server.RateLimitHeadersDraft03
+	default:
+		return c, usageError{fmt.Errorf("--ratelimit-headers %q: want off or draft03", *rlHeaders)}
+	}
+	if c.logFormat != "text" && c.logFormat != "json" {
+		return c, usageError{fmt.Errorf("--log-format %q: want text or json", c.logFormat)}
+	}
+	return c, nil
+}
+
+// applyEnv sets every flag not given on the command line from its
+// RATELIMITD_ variable, when that is set.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}

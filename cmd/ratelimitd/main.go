@@ -1,0 +1,73 @@
+// Command ratelimitd is an Envoy-compatible global rate-limit service: it
+// serves envoy.service.ratelimit.v3.RateLimitService over gRPC, deciding with
+// token buckets kept in memory or in Redis, from descriptor files in the
+// envoyproxy/ratelimit format.
+//
+//	ratelimitd --config DIR_OR_FILE [flags]   serve
+//	ratelimitd validate PATH                  check descriptor files
+//
+// Every flag can also be set from the environment as RATELIMITD_<FLAG>, with
+// dashes as underscores (--grpc-addr is RATELIMITD_GRPC_ADDR); a flag on the
+// command line wins.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	var usage usageError
+	switch {
+	case err == nil:
+	case errors.As(err, &usage):
+		fmt.Fprintln(os.Stderr, "ratelimitd:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "ratelimitd:", err)
+		os.Exit(1)
+	}
+}
+
+// usageError is an error in how the command was called (exit status 2).
+type usageError struct{ error }
+
+// run is the whole program: it returns when ctx is done (after a graceful
+// shutdown) or on a fatal error.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "validate":
+			return runValidate(args[1:], stdout, stderr)
+		case "serve":
+			args = args[1:]
+		case "help", "-h", "--help", "-help":
+			fmt.Fprint(stdout, usageText)
+			return nil
+		}
+	}
+	cfg, err := parseServeFlags(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, stderr)
+}
+
+const usageText = `ratelimitd: an Envoy-compatible global rate-limit service (token buckets).
+
+Usage:
+  ratelimitd [serve] --config DIR_OR_FILE [flags]   serve RateLimitService v3 over gRPC
+  ratelimitd validate PATH                          check descriptor files and exit
+  ratelimitd serve --help                           list the flags
+
+Every flag can also be given as an environment variable RATELIMITD_<FLAG>,
+e.g. RATELIMITD_GRPC_ADDR for --grpc-addr; the command line wins.
+`

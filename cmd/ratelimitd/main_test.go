@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+const fivePerMinute = `domain: api
+descriptors:
+  - key: model
+    value: gpt-4o
+    rate_limit: {unit: minute, requests_per_unit: 5, name: gpt-4o}
+`
+
+// writeConfig writes files into a fresh directory and returns it.
+func writeConfig(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// addrWatcher is a log writer that remembers where the server listens.
+type addrWatcher struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	ready chan [2]string
+}
+
+func newAddrWatcher() *addrWatcher { return &addrWatcher{ready: make(chan [2]string, 1)} }
+
+func (w *addrWatcher) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	sc := bufio.NewScanner(bytes.NewReader(p))
+	for sc.Scan() {
+		var line struct {
+			Msg      string `json:"msg"`
+			GRPCAddr string `json:"grpc_addr"`
+			HTTPAddr string `json:"http_addr"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "ratelimitd started" {
+			w.ready <- [2]string{line.GRPCAddr, line.HTTPAddr}
+		}
+	}
+	return len(p), nil
+}
+
+func (w *addrWatcher) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// startRun runs the whole program in-process on loopback ports and returns
+// its gRPC and HTTP addresses; cancel stops it and waitErr returns run's error.
+func startRun(t *testing.T, extra ...string) (grpcAddr, httpAddr string, cancel func(), waitErr func() error) {
+	t.Helper()
+	dir := writeConfig(t, map[string]string{"api.yaml": fivePerMinute})
+	args := append([]string{"--config", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, extra...)
+	ctx, cancelCtx := context.WithCancel(context.Background())
+	logs := newAddrWatcher()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, func(string) string { return "" }, io.Discard, logs) }()
+	select {
+	case addrs := <-logs.ready:
+		var once sync.Once
+		var err error
+		waitErr = func() error {
+			once.Do(func() { err = <-done })
+			return err
+		}
+		t.Cleanup(func() { cancelCtx(); waitErr() })
+		return addrs[0], addrs[1], cancelCtx, waitErr
+	case err := <-done:
+		cancelCtx()
+		t.Fatalf("run returned before serving: %v\nlogs:\n%s", err, logs)
+	case <-time.After(10 * time.Second):
+		cancelCtx()
+		t.Fatalf("server did not start in 10s; logs:\n%s", logs)
+	}
+	return
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func TestServeAnswersHealthAndLimits(t *testing.T) {
+	grpcAddr, httpAddr, cancel, waitErr := startRun(t)
+	conn := dial(t, grpcAddr)
+	ctx := context.Background()
+
+	hc := healthpb.NewHealthClient(conn)
+	for _, name := range []string{"", "ratelimit"} {
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health %q = %v, %v; want SERVING", name, resp.GetStatus(), err)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get("http://" + httpAddr + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s = %d, want 200", path, resp.StatusCode)
+		}
+	}
+
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "gpt-4o"}},
+	}}}
+	var remaining []uint32
+	for range 5 {
+		resp, err := rls.ShouldRateLimit(ctx, req)
+		if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("ShouldRateLimit = %v, %v; want OK", resp.GetOverallCode(), err)
+		}
+		remaining = append(remaining, resp.GetStatuses()[0].GetLimitRemaining())
+	}
+	if got := remaining; !slices.Equal(got, []uint32{4, 3, 2, 1, 0}) {
+		t.Errorf("limit_remaining = %v, want [4 3 2 1 0]", got)
+	}
+	resp, err := rls.ShouldRateLimit(ctx, req)
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("6th ShouldRateLimit = %v, %v; want OVER_LIMIT", resp.GetOverallCode(), err)
+	}
+	var retry string
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		if h.GetKey() == "retry-after" {
+			retry = h.GetValue()
+		}
+	}
+	if retry == "" || retry == "0" {
+		t.Errorf("Retry-After = %q, want at least 1", retry)
+	}
+
+	cancel()
+	if err := waitErr(); err != nil {
+		t.Errorf("run after cancel = %v, want nil", err)
+	}
+}
+
+func TestRunRejectsBadFlags(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"no config", nil, nil, "--config is required"},
+		{"bad retry-after", []string{"--config", "x", "--retry-after", "later"}, nil, `--retry-after "later"`},
+		{"bad env duration", []string{"--config", "x"}, map[string]string{"RATELIMITD_SHUTDOWN_TIMEOUT": "soon"}, "RATELIMITD_SHUTDOWN_TIMEOUT"},
+		{"missing config dir", []string{"--config", filepath.Join(t.TempDir(), "nope")}, nil, "nope"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			getenv := noEnv
+			if tt.env != nil {
+				getenv = func(k string) string { return tt.env[k] }
+			}
+			err := run(context.Background(), tt.args, getenv, io.Discard, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("run(%q) = %v, want an error containing %q", tt.args, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestEnvironmentSetsFlags(t *testing.T) {
+	env := map[string]string{"RATELIMITD_CONFIG": "/etc/rl", "RATELIMITD_GRPC_ADDR": "127.0.0.1:9999", "RATELIMITD_MAX_DESCRIPTORS": "7"}
+	c, err := parseServeFlags([]string{"--grpc-addr", "127.0.0.1:7777"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.configPath != "/etc/rl" || c.grpcAddr != "127.0.0.1:7777" || c.limits.MaxDescriptors != 7 {
+		t.Errorf("config %q, grpc %q, max descriptors %d; want /etc/rl, the flag's 127.0.0.1:7777, 7",
+			c.configPath, c.grpcAddr, c.limits.MaxDescriptors)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	good := writeConfig(t, map[string]string{"api.yaml": fivePerMinute})
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"validate", good}, os.Getenv, &out, &errOut); err != nil {
+		t.Fatalf("validate good config: %v\n%s", err, errOut.String())
+	}
+	if got, want := out.String(), "api: 1 rules from api.yaml\n"; got != want {
+		t.Errorf("validate output = %q, want %q", got, want)
+	}
+
+	bad := writeConfig(t, map[string]string{"api.yaml": "domain: api\ndescriptors:\n  - key: model\n    rate_limit: {unit: minutes, requests_per_unit: 5}\n"})
+	out.Reset()
+	errOut.Reset()
+	err := run(context.Background(), []string{"validate", bad}, os.Getenv, &out, &errOut)
+	if err == nil {
+		t.Fatal("validate bad config: nil error")
+	}
+	if msg := errOut.String(); !strings.Contains(msg, "api.yaml:4:") || !strings.Contains(msg, `"minutes"`) {
+		t.Errorf("validate bad config printed %q, want file:line and the bad unit", msg)
+	}
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// healthNames are the gRPC health service names ratelimitd answers for: the
+// whole server, the name envoyproxy/ratelimit deployments probe, and the
+// service's full name.
+var healthNames = []string{"", "ratelimit", rlsv3.RateLimitService_ServiceDesc.ServiceName}
+
+// backend is the limiter.Store in use and what the server needs to know of it.
+type backend struct {
+	store limiter.Store
+	name  string
+	// ready reports whether the backend answers; nil means always.
+	ready func(context.Context) error
+	// close releases it.
+	close func() error
+	// sweep, when set, is called now and then to drop idle buckets.
+	sweep func(time.Time)
+}
+
+func newLogger(c serveConfig, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.logLevel}
+	if c.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// serve runs the service until ctx is done, then shuts down gracefully.
+func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
+	log := newLogger(c, logw)
+	set, err := config.Load(c.configPath)
+	if err != nil {
+		return fmt.Errorf("load config %s:\n%w", c.configPath, err)
+	}
+	be, err := openBackend(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer be.close()
+
+	srv, err := server.New(server.Options{
+		Store:            be.store,
+		Logger:           log,
+		Limits:           c.limits,
+		RetryAfter:       c.retryAfter,
+		RateLimitHeaders: c.rateLimitHeader,
+	})
+	if err != nil {
+		return err
+	}
+	srv.SetConfig(set)
+
+	grpcLis, err := net.Listen("tcp", c.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("listen for gRPC: %w", err)
+	}
+	httpLis, err := net.Listen("tcp", c.httpAddr)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("listen for HTTP: %w", err)
+	}
+
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(c.maxMessageBytes))
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	hs := health.NewServer()
+	for _, name := range healthNames {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(gs, hs)
+
+	hsrv := &http.Server{
+		Handler:           httpHandler(srv, be),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+
+	domains := set.Domains()
+	rules := 0
+	for _, d := range domains {
+		rules += len(d.Rules)
+	}
+	log.Info("ratelimitd started",
+		"config", c.configPath, "config_hash", set.Hash(), "domains", len(domains), "rules", rules,
+		"backend", be.name, "grpc_addr", grpcLis.Addr().String(), "http_addr", httpLis.Addr().String())
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	wg.Go(func() {
+		if err := gs.Serve(grpcLis); err != nil {
+			errc <- fmt.Errorf("gRPC server: %w", err)
+		}
+	})
+	wg.Go(func() {
+		if err := hsrv.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("HTTP server: %w", err)
+		}
+	})
+	stopSweep := make(chan struct{})
+	if be.sweep != nil {
+		wg.Go(func() {
+			t := time.NewTicker(time.Minute)
+			defer t.Stop()
+			for {
+				select {
+				case <-stopSweep:
+					return
+				case now := <-t.C:
+					be.sweep(now)
+				}
+			}
+		})
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "timeout", c.shutdownTimeout)
+	case runErr = <-errc:
+		log.Error("server failed, shutting down", "err", runErr)
+	}
+	close(stopSweep)
+	// Tell health checkers first, so Envoy stops sending new calls here.
+	hs.Shutdown()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	drained := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-shutdownCtx.Done():
+		log.Warn("in-flight calls did not finish in time; closing them")
+		gs.Stop()
+		<-drained
+	}
+	if err := hsrv.Shutdown(shutdownCtx); err != nil {
+		hsrv.Close()
+	}
+	wg.Wait()
+	log.Info("stopped")
+	return runErr
+}
+
+// httpHandler serves liveness and readiness.
+func httpHandler(srv *server.Server, be backend) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if srv.Config() == nil {
+			http.Error(w, "no config loaded", http.StatusServiceUnavailable)
+			return
+		}
+		if be.ready != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+			defer cancel()
+			if err := be.ready(ctx); err != nil {
+				http.Error(w, fmt.Sprintf("backend %s: %v", be.name, err), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+// openBackend returns the store the flags select.
+func openBackend(ctx context.Context, c serveConfig) (backend, error) {
+	if !c.redis.enabled() {
+		m := limiter.NewMemoryStore(limiter.MemoryOptions{})
+		return backend{store: m, name: "memory", close: func() error { return nil }, sweep: m.Sweep}, nil
+	}
+	return openRedis(ctx, c.redis)
+}
