@@ -1,0 +1,98 @@
+package redisstore_test
+
+import (
+	"context"
+	"crypto/tls"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+func TestDialRejects(t *testing.T) {
+	for _, tc := range []struct {
+		opts redisstore.ClientOptions
+		want string // in the error
+	}{
+		{redisstore.ClientOptions{}, "exactly one of URL, SentinelMaster"},
+		{redisstore.ClientOptions{URL: "redis://x", ClusterAddrs: []string{"y:1"}}, "exactly one of"},
+		{redisstore.ClientOptions{URL: "redis://x", SentinelMaster: "m", SentinelAddrs: []string{"y:1"}}, "exactly one of"},
+		{redisstore.ClientOptions{URL: "http://x"}, "URL"},
+		{redisstore.ClientOptions{URL: "redis://x", TLSConfig: &tls.Config{}}, "rediss://"},
+		{redisstore.ClientOptions{SentinelAddrs: []string{"y:1"}}, "SentinelMaster is empty"},
+		{redisstore.ClientOptions{SentinelMaster: "m"}, "SentinelAddrs is empty"},
+		{redisstore.ClientOptions{ClusterAddrs: []string{"y:1"}, DB: 2}, "DB 2"},
+		{redisstore.ClientOptions{URL: "redis://x", ReadTimeout: -time.Second}, "ReadTimeout"},
+		{redisstore.ClientOptions{URL: "redis://x", PoolSize: -1}, "PoolSize"},
+	} {
+		c, err := redisstore.Dial(tc.opts)
+		if err == nil {
+			c.Close()
+			t.Errorf("Dial(%+v) succeeded, want an error mentioning %q", tc.opts, tc.want)
+		} else if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Dial(%+v) = %v, want an error mentioning %q", tc.opts, err, tc.want)
+		}
+	}
+}
+
+func TestDialDefaults(t *testing.T) {
+	c, err := redisstore.Dial(redisstore.ClientOptions{URL: "rediss://u:p@localhost:6380/3?read_timeout=2s", TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	o := c.(*redis.Client).Options()
+	if o.DialTimeout != redisstore.DefaultDialTimeout || o.ReadTimeout != 2*time.Second ||
+		o.WriteTimeout != redisstore.DefaultWriteTimeout || o.PoolTimeout != redisstore.DefaultPoolTimeout {
+		t.Errorf("timeouts dial %v read %v write %v pool %v, want the defaults but read 2s from the URL",
+			o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout)
+	}
+	if o.Username != "u" || o.Password != "p" || o.DB != 3 || !o.ContextTimeoutEnabled {
+		t.Errorf("options %+v: want user u, password p, DB 3, context timeouts", o)
+	}
+	if o.TLSConfig == nil || o.TLSConfig.MinVersion != tls.VersionTLS13 || o.TLSConfig.ServerName != "localhost" {
+		t.Errorf("TLSConfig = %+v, want the given one with ServerName localhost", o.TLSConfig)
+	}
+}
+
+// takeOnce checks that a store over c answers a Take spanning several keys.
+func takeOnce(t *testing.T, c redisstore.Client) {
+	t.Helper()
+	s := newStore(t, c, redisstore.ServerClock)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
+	reqs := []limiter.Request{{Key: "a", Limit: l, Hits: 1}, {Key: "b7", Limit: l, Hits: 2}}
+	d, err := s.Take(context.Background(), time.Time{}, reqs)
+	if err != nil {
+		t.Fatalf("Take: %v", err)
+	}
+	if !d[0].Allowed || d[0].Remaining != 1 || !d[1].Allowed || d[1].Remaining != 0 {
+		t.Errorf("Take = %+v, want both admitted with 1 and 0 left", d)
+	}
+}
+
+func TestDialSentinel(t *testing.T) {
+	sn := redistest.StartSentinel(t, "rl-master")
+	c, err := redisstore.Dial(redisstore.ClientOptions{SentinelMaster: sn.MasterName, SentinelAddrs: sn.SentinelAddrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	takeOnce(t, c)
+}
+
+func TestDialCluster(t *testing.T) {
+	c, err := redisstore.Dial(redisstore.ClientOptions{ClusterAddrs: cluster(t).Addrs[:1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, ok := c.(*redis.ClusterClient); !ok {
+		t.Fatalf("Dial(ClusterAddrs) = %T, want *redis.ClusterClient", c)
+	}
+	takeOnce(t, c)
+}
