@@ -77,8 +77,11 @@ type ClientOptions struct {
 
 // Dial returns a client for the Redis that opts describes: a *redis.Client
 // for a URL or Sentinel, a *redis.ClusterClient for a cluster. It does not
-// connect yet (the first command does). The client retries a command once on
-// a broken connection and respects context deadlines.
+// connect yet (the first command does). The client respects context
+// deadlines, dials once per attempt, and retries a command once on a broken
+// connection: should the connection break after Redis ran a take but before
+// its reply arrived, the retry charges the buckets twice (the store errs
+// toward denying, never toward admitting).
 func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 	set := 0
 	if opts.URL != "" {

@@ -198,12 +198,12 @@ func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, 
 
 func TestMatchesDecideAllStandalone(t *testing.T) {
 	c := standalone(t).Client()
-	testMatchesDecideAll(t, c, c, 1500)
+	testMatchesDecideAll(t, c, c, 3000)
 }
 
 func TestMatchesDecideAllCluster(t *testing.T) {
 	c := cluster(t).Client()
-	testMatchesDecideAll(t, c, c, 800)
+	testMatchesDecideAll(t, c, c, 1500)
 }
 
 // parseState reads a stored "TAT:Frac".

@@ -15,6 +15,9 @@
 //
 // Decisions use the Redis server's clock by default (ServerClock), so
 // replicas whose clocks disagree still share one bucket correctly.
+//
+// It needs Redis 3.2 or later (scripts that read TIME and then write, by
+// effects replication, the default since Redis 5); it is tested with 7.0.
 package redisstore
 
 import (
