@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 )
 
@@ -26,6 +27,7 @@ type serveConfig struct {
 	limits          server.RequestLimits
 	maxMessageBytes int
 	redis           redisFlags
+	failure         failover.Options
 }
 
 // redisFlags select and tune the Redis backend; all empty means in-memory.
@@ -82,6 +84,13 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&c.redis.readTimeout, "redis-read-timeout", 0, "Redis read timeout (0: the backend's default)")
 	fs.DurationVar(&c.redis.writeTimeout, "redis-write-timeout", 0, "Redis write timeout (0: the backend's default)")
 	fs.DurationVar(&c.redis.poolTimeout, "redis-pool-timeout", 0, "how long a call waits for a free Redis connection (0: the backend's default)")
+	onFailure := fs.String("on-backend-failure", "error", "answer while Redis fails: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow, deny, or local (in-process buckets)")
+	fs.DurationVar(&c.failure.Timeout, "backend-timeout", 5*time.Millisecond, "deadline of each Redis call")
+	fs.IntVar(&c.failure.FailureThreshold, "breaker-failures", 3, "consecutive Redis failures that open the circuit breaker")
+	fs.DurationVar(&c.failure.OpenFor, "breaker-open-for", 500*time.Millisecond, "how long the open breaker answers without Redis before one call probes it")
+	fs.Int64Var(&c.failure.ReplicasHint, "replicas-hint", 1, "local mode: each rate and burst is divided by this (the number of replicas)")
+	fs.DurationVar(&c.failure.Grace, "failure-grace", 0, "local mode: how long an outage is answered per --failure-grace-mode before limiting locally")
+	graceMode := fs.String("failure-grace-mode", "error", "local mode: the answer during --failure-grace: error, allow or deny")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -113,6 +122,13 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		c.rateLimitHeader = server.RateLimitHeadersDraft03
 	default:
 		return c, usageError{fmt.Errorf("--ratelimit-headers %q: want off or draft03", *rlHeaders)}
+	}
+	var err error
+	if c.failure.Mode, err = failover.ParseMode(*onFailure); err != nil {
+		return c, usageError{fmt.Errorf("--on-backend-failure: %w", err)}
+	}
+	if c.failure.GraceMode, err = failover.ParseMode(*graceMode); err != nil || c.failure.GraceMode == failover.Local {
+		return c, usageError{fmt.Errorf("--failure-grace-mode %q: want error, allow or deny", *graceMode)}
 	}
 	if c.logFormat != "text" && c.logFormat != "json" {
 		return c, usageError{fmt.Errorf("--log-format %q: want text or json", c.logFormat)}

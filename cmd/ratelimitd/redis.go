@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 
+	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 )
 
-// openRedis connects the Redis backend the flags describe. It does not
-// fail when Redis is down at start: /readyz says so, and calls answer
-// UNAVAILABLE until it answers.
-func openRedis(ctx context.Context, r redisFlags) (backend, error) {
+// openRedis connects the Redis backend the flags describe, behind the
+// failure handling of --on-backend-failure. It does not fail when Redis is
+// down at start: calls are answered per the failure mode until it answers.
+// onHealth is called each time Redis is found failing or working again.
+func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealth func(healthy bool)) (backend, error) {
 	opts := redisstore.ClientOptions{
 		URL:            r.url,
 		SentinelMaster: r.sentinelMaster,
@@ -43,12 +46,23 @@ func openRedis(ctx context.Context, r redisFlags) (backend, error) {
 	case r.sentinelMaster != "":
 		name = "redis-sentinel"
 	}
-	return backend{
-		store: store,
-		name:  name,
-		ready: func(ctx context.Context) error { return client.Ping(ctx).Err() },
-		close: client.Close,
-	}, nil
+	be := backend{name: name, close: client.Close, failureMode: failure.Mode}
+	failure.OnChange = func(healthy bool, err error) {
+		if healthy {
+			log.Info("backend answers again", "backend", name)
+		} else {
+			log.Error("backend failing; answering per --on-backend-failure", "backend", name, "mode", failure.Mode.String(), "err", err)
+		}
+		onHealth(healthy)
+	}
+	fs, err := failover.New(store, failure)
+	if err != nil {
+		client.Close()
+		return backend{}, err
+	}
+	be.store, be.sweep, be.healthy = fs, fs.Sweep, fs.Healthy
+	be.ready = func(ctx context.Context) error { return client.Ping(ctx).Err() }
+	return be, nil
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.

@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -36,6 +37,10 @@ type backend struct {
 	close func() error
 	// sweep, when set, is called now and then to drop idle buckets.
 	sweep func(time.Time)
+	// healthy, when set, reports whether the backend answered its last call;
+	// failureMode is then what is answered while it does not.
+	healthy     func() bool
+	failureMode failover.Mode
 }
 
 func newLogger(c serveConfig, w io.Writer) *slog.Logger {
@@ -53,7 +58,21 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("load config %s:\n%w", c.configPath, err)
 	}
-	be, err := openBackend(ctx, c)
+	hs := health.NewServer()
+	onHealth := func(healthy bool) {
+		// Only with --on-backend-failure error does a failing backend make
+		// this replica unable to answer: tell Envoy's health checks.
+		if c.failure.Mode == failover.Error {
+			st := healthpb.HealthCheckResponse_SERVING
+			if !healthy {
+				st = healthpb.HealthCheckResponse_NOT_SERVING
+			}
+			for _, name := range healthNames {
+				hs.SetServingStatus(name, st)
+			}
+		}
+	}
+	be, err := openBackend(c, log, onHealth)
 	if err != nil {
 		return err
 	}
@@ -83,7 +102,6 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(c.maxMessageBytes))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
-	hs := health.NewServer()
 	for _, name := range healthNames {
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
@@ -174,13 +192,24 @@ func httpHandler(srv *server.Server, be backend) http.Handler {
 			http.Error(w, "no config loaded", http.StatusServiceUnavailable)
 			return
 		}
-		if be.ready != nil {
+		var failing error
+		if be.healthy != nil && !be.healthy() {
+			failing = errors.New("its last call failed")
+		} else if be.ready != nil {
 			ctx, cancel := context.WithTimeout(r.Context(), time.Second)
-			defer cancel()
-			if err := be.ready(ctx); err != nil {
-				http.Error(w, fmt.Sprintf("backend %s: %v", be.name, err), http.StatusServiceUnavailable)
+			failing = be.ready(ctx)
+			cancel()
+		}
+		if failing != nil {
+			// Only in error mode does a failing backend stop this replica
+			// from answering; otherwise it answers, degraded.
+			msg := fmt.Sprintf("degraded: backend %s: %v; answering per --on-backend-failure %s", be.name, failing, be.failureMode)
+			if be.failureMode == failover.Error {
+				http.Error(w, msg, http.StatusServiceUnavailable)
 				return
 			}
+			fmt.Fprintln(w, msg)
+			return
 		}
 		fmt.Fprintln(w, "ready")
 	})
@@ -188,10 +217,10 @@ func httpHandler(srv *server.Server, be backend) http.Handler {
 }
 
 // openBackend returns the store the flags select.
-func openBackend(ctx context.Context, c serveConfig) (backend, error) {
+func openBackend(c serveConfig, log *slog.Logger, onHealth func(healthy bool)) (backend, error) {
 	if !c.redis.enabled() {
 		m := limiter.NewMemoryStore(limiter.MemoryOptions{})
 		return backend{store: m, name: "memory", close: func() error { return nil }, sweep: m.Sweep}, nil
 	}
-	return openRedis(ctx, c.redis)
+	return openRedis(c.redis, c.failure, log, onHealth)
 }

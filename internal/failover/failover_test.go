@@ -21,7 +21,9 @@ type backend struct {
 	mem   *limiter.MemoryStore
 }
 
-func newBackend() *backend { return &backend{state: "up", mem: limiter.NewMemoryStore(limiter.MemoryOptions{})} }
+func newBackend() *backend {
+	return &backend{state: "up", mem: limiter.NewMemoryStore(limiter.MemoryOptions{})}
+}
 
 func (b *backend) set(state string) {
 	b.mu.Lock()

@@ -108,6 +108,11 @@ type Server struct {
 	answer   answerOptions
 	observer Observer
 	current  atomic.Pointer[config.Set]
+
+	// lastFailureLog (Unix ns) and quietFailures keep backend failures to
+	// one log line a second.
+	lastFailureLog atomic.Int64
+	quietFailures  atomic.Int64
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
@@ -187,11 +192,25 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if len(p.takes) > 0 {
 		decisions, err = s.store.Take(ctx, now, p.takes)
 		if err != nil {
-			s.log.WarnContext(ctx, "backend failed", "domain", req.GetDomain(), "err", err)
+			s.logFailure(ctx, now, req.GetDomain(), err)
 			return p, nil, nil, statusFromError(err)
 		}
 	}
 	return p, decisions, buildResponse(p, decisions, s.answer), nil
+}
+
+// logFailure logs a backend failure, at most once a second, with the number
+// of failures not logged since the last line.
+func (s *Server) logFailure(ctx context.Context, now time.Time, domain string, err error) {
+	if errors.Is(err, limiter.ErrInvalidRequest) || errors.Is(err, context.Canceled) {
+		return
+	}
+	last := s.lastFailureLog.Load()
+	if now.UnixNano()-last < int64(time.Second) || !s.lastFailureLog.CompareAndSwap(last, now.UnixNano()) {
+		s.quietFailures.Add(1)
+		return
+	}
+	s.log.WarnContext(ctx, "backend failed", "domain", domain, "err", err, "unlogged_since_last", s.quietFailures.Swap(0))
 }
 
 // statusFromError maps a Store error to the gRPC status Envoy sees. A

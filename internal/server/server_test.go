@@ -1,9 +1,11 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -576,5 +578,26 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 	defer rec.mu.Unlock()
 	if strings.Join(rec.calls, "\n") != strings.Join(want, "\n") {
 		t.Errorf("observed:\n%s\nwant:\n%s", strings.Join(rec.calls, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestBackendFailuresAreLoggedOnceASecond(t *testing.T) {
+	var logs bytes.Buffer
+	clk := newClock()
+	down := fmt.Errorf("redis take: %w: connection refused", limiter.ErrUnavailable)
+	c, _ := startServer(t, server.Options{Store: failingStore{down}, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		mustParse(t, testConfig))
+	for range 3 {
+		for range 10 {
+			c.ShouldRateLimit(context.Background(), request("api", desc("model", "gpt-4o")))
+		}
+		clk.Advance(time.Second)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("30 failures over 3 s logged %d lines, want 3:\n%s", len(lines), logs.String())
+	}
+	if !strings.Contains(lines[1], "unlogged_since_last=9") {
+		t.Errorf("second line %q does not count the 9 failures it did not log", lines[1])
 	}
 }
