@@ -1,0 +1,427 @@
+// Package metrics exports what ratelimitd decides as Prometheus metrics. A
+// Metrics is a server.Observer: the server hands it every ShouldRateLimit
+// call, and it counts per domain and rule (and per value for rules with
+// detailed_metric, bounded) on its own prometheus.Registry, never the
+// global one.
+//
+// The descriptor counters count tokens (hits_addend), as envoyproxy/ratelimit's
+// statsd counters do, so ratios between them are shares of traffic; the
+// requests counter counts descriptors, whatever their hits_addend. The names
+// and the incumbent stats they replace:
+//
+//	ratelimitd_descriptor_hits_total           ratelimit.service.rate_limit.<domain>.<key>.total_hits
+//	ratelimitd_descriptor_within_limit_total   ratelimit.service.rate_limit.<domain>.<key>.within_limit
+//	ratelimitd_descriptor_near_limit_total     ratelimit.service.rate_limit.<domain>.<key>.near_limit
+//	ratelimitd_descriptor_over_limit_total     ratelimit.service.rate_limit.<domain>.<key>.over_limit
+//	ratelimitd_descriptor_shadow_mode_total    ratelimit.service.rate_limit.<domain>.<key>.shadow_mode
+//	ratelimitd_descriptor_requests_total       (none: descriptors by outcome)
+//	ratelimitd_descriptor_unmatched_total      (none: descriptors no rule matched)
+//	ratelimitd_request_duration_seconds        ratelimit_server.ShouldRateLimit.response_time
+//	ratelimitd_backend_errors_total            ratelimit.service.call.should_rate_limit.redis_error
+//	ratelimitd_config_reloads_total            ratelimit.service.config_load_success / config_load_error
+//	ratelimitd_config_info                     (none: the loaded config's hash)
+//	ratelimitd_failure_mode_activations_total  (none)
+package metrics
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc/codes"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+)
+
+// Label values that stand for more than one thing.
+const (
+	// OtherValue replaces a detailed_metric value, or a domain, past the
+	// per-rule (or per-server) bound: everything beyond the first N
+	// distinct ones is counted under it.
+	OtherValue = "_other"
+	// OverrideRule labels descriptors that no configured rule matched but a
+	// limit override (from Envoy's route metadata) limited: their paths
+	// contain request values, so they are not labelled one by one.
+	OverrideRule = "_override"
+)
+
+// Options configures Metrics. The zero value of each field means its
+// documented default.
+type Options struct {
+	// NearLimitRatio is the share of a bucket's burst in use above which an
+	// admitted descriptor also counts as near_limit: remaining tokens below
+	// (1 − NearLimitRatio) × burst. Default 0.8, as envoyproxy/ratelimit's
+	// NEAR_LIMIT_RATIO. Must be in (0, 1].
+	NearLimitRatio float64
+	// MaxValuesPerRule bounds the distinct values labelled per
+	// detailed_metric rule; later ones are counted as "_other". Default 100.
+	MaxValuesPerRule int
+	// MaxDomains bounds the distinct domain label values taken from
+	// requests (unmatched descriptors, limit overrides, request counts);
+	// later ones are counted as "_other". Default 100.
+	MaxDomains int
+	// Backend labels the latency histogram and backend errors ("memory",
+	// "redis"); default "unknown".
+	Backend string
+	// ProcessMetrics adds the Go runtime and process collectors.
+	ProcessMetrics bool
+}
+
+// Metrics counts calls, descriptors, backend errors and config reloads.
+// It is safe for concurrent use. Create it with New.
+type Metrics struct {
+	reg     *prometheus.Registry
+	opts    Options
+	backend string
+
+	hits, within, near, over, shadow *prometheus.CounterVec
+	requests                         *prometheus.CounterVec
+	unmatched                        *prometheus.CounterVec
+	calls                            *prometheus.CounterVec
+	latency                          *prometheus.HistogramVec
+	backendErrors                    *prometheus.CounterVec
+	reloads                          *prometheus.CounterVec
+	configInfo                       *prometheus.GaugeVec
+	failureMode                      *prometheus.CounterVec
+
+	// byCode holds the latency histogram's children, by gRPC code.
+	byCode [codes.Unauthenticated + 1]prometheus.Observer
+	// rules caches each configured rule's counters, keyed by *config.Rule;
+	// it is replaced by ConfigLoaded so that old rules do not pile up.
+	rules atomic.Pointer[sync.Map]
+	// overrides caches the counters of limit-override descriptors, by
+	// (bounded) domain.
+	overrides sync.Map
+	domains   boundedSet
+	hash      atomic.Pointer[string]
+}
+
+// New returns Metrics registered on a new registry.
+func New(opts Options) (*Metrics, error) {
+	if opts.NearLimitRatio == 0 {
+		opts.NearLimitRatio = 0.8
+	}
+	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
+		return nil, errors.New("metrics: NearLimitRatio must be in (0, 1]")
+	}
+	if opts.MaxValuesPerRule <= 0 {
+		opts.MaxValuesPerRule = 100
+	}
+	if opts.MaxDomains <= 0 {
+		opts.MaxDomains = 100
+	}
+	if opts.Backend == "" {
+		opts.Backend = "unknown"
+	}
+	descLabels := []string{"domain", "rule", "value"}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	}
+	m := &Metrics{
+		reg:     prometheus.NewRegistry(),
+		opts:    opts,
+		backend: opts.Backend,
+		hits: counter("ratelimitd_descriptor_hits_total",
+			"Tokens asked for (hits_addend) by descriptors that reached a bucket, by rule (incumbent: total_hits).", descLabels...),
+		within: counter("ratelimitd_descriptor_within_limit_total",
+			"Tokens asked for by descriptors whose bucket had room, near_limit included (incumbent: within_limit).", descLabels...),
+		near: counter("ratelimitd_descriptor_near_limit_total",
+			"Tokens asked for by admitted descriptors that left their bucket below (1 - near-limit ratio) of its burst (incumbent: near_limit).", descLabels...),
+		over: counter("ratelimitd_descriptor_over_limit_total",
+			"Tokens asked for by descriptors that denied their request (incumbent: over_limit).", descLabels...),
+		shadow: counter("ratelimitd_descriptor_shadow_mode_total",
+			"Tokens asked for by descriptors that a shadow-mode rule would have denied (incumbent: shadow_mode).", descLabels...),
+		requests: counter("ratelimitd_descriptor_requests_total",
+			"Descriptors that matched a rule, by outcome (within_limit, over_limit, shadow_over_limit, unlimited, replaced).",
+			"domain", "rule", "value", "outcome"),
+		unmatched: counter("ratelimitd_descriptor_unmatched_total",
+			"Descriptors that matched no rule and were answered OK without a limit.", "domain"),
+		calls: counter("ratelimitd_requests_total",
+			"ShouldRateLimit calls by domain, gRPC code and overall_code (empty unless the code is OK).",
+			"domain", "code", "overall_code"),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ratelimitd_request_duration_seconds",
+			Help:    "Time to answer ShouldRateLimit, by backend and gRPC code (Envoy's default timeout is 20 ms).",
+			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1},
+		}, []string{"backend", "code"}),
+		backendErrors: counter("ratelimitd_backend_errors_total",
+			"Backend failures by kind (timeout, unavailable, no_config, or what the backend reports); each is answered UNAVAILABLE.",
+			"backend", "kind"),
+		reloads: counter("ratelimitd_config_reloads_total",
+			"Config loads by result (ok, failed); a failed reload keeps the config in force.", "result"),
+		configInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratelimitd_config_info",
+			Help: "1, labelled with the SHA-256 of the config files in force.",
+		}, []string{"hash"}),
+		failureMode: counter("ratelimitd_failure_mode_activations_total",
+			"Times a failure mode took over from normal decisions, by mode.", "mode"),
+	}
+	m.domains.max = opts.MaxDomains
+	m.rules.Store(new(sync.Map))
+	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
+		m.calls, m.latency, m.backendErrors, m.reloads, m.configInfo, m.failureMode}
+	if opts.ProcessMetrics {
+		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	for _, c := range cs {
+		if err := m.reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for c := range m.byCode {
+		m.byCode[c] = m.latency.WithLabelValues(m.backend, codes.Code(c).String())
+	}
+	for _, r := range []string{"ok", "failed"} {
+		m.reloads.WithLabelValues(r)
+	}
+	return m, nil
+}
+
+// Registry returns the registry the metrics are on, for promhttp.HandlerFor
+// and for tests.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// ConfigLoaded records a config (re)load that took effect, and labels
+// ratelimitd_config_info with its hash (config.Set.Hash).
+func (m *Metrics) ConfigLoaded(hash string) {
+	m.reloads.WithLabelValues("ok").Inc()
+	if old := m.hash.Swap(&hash); old != nil && *old != hash {
+		m.configInfo.DeleteLabelValues(*old)
+	}
+	m.configInfo.WithLabelValues(hash).Set(1)
+	// The new config has new rules: drop the cached counters of the old.
+	m.rules.Store(new(sync.Map))
+}
+
+// ConfigRejected records a reload that failed (the config in force stays).
+func (m *Metrics) ConfigRejected(error) {
+	m.reloads.WithLabelValues("failed").Inc()
+}
+
+// FailureModeActivated records that a failure mode (for example a fallback
+// to the in-memory backend) took over. mode must come from a small fixed
+// set.
+func (m *Metrics) FailureModeActivated(mode string) {
+	m.failureMode.WithLabelValues(mode).Inc()
+}
+
+// BackendError records a backend failure of the given kind ("timeout",
+// "unavailable", …), which must come from a small fixed set. ObserveCall
+// already counts the calls answered UNAVAILABLE; backends call this for
+// failures they absorb themselves (retries, fallbacks).
+func (m *Metrics) BackendError(kind string) {
+	m.backendErrors.WithLabelValues(m.backend, kind).Inc()
+}
+
+// ObserveCall implements server.Observer.
+func (m *Metrics) ObserveCall(c server.Call) {
+	if int(c.Code) < len(m.byCode) {
+		m.byCode[c.Code].Observe(c.Duration.Seconds())
+	} else {
+		m.latency.WithLabelValues(m.backend, c.Code.String()).Observe(c.Duration.Seconds())
+	}
+	overall := ""
+	if c.Code == codes.OK {
+		overall = c.Overall.String()
+	}
+	domain := m.domains.get(c.Domain)
+	m.calls.WithLabelValues(domain, c.Code.String(), overall).Inc()
+	if c.Code == codes.Unavailable {
+		m.BackendError(errorKind(c.Err))
+	}
+	for i := range c.Descriptors {
+		m.observeDescriptor(domain, &c.Descriptors[i])
+	}
+}
+
+// errorKind classifies the error of an UNAVAILABLE answer.
+func errorKind(err error) string {
+	if err == nil {
+		return "unavailable"
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "no rate limit configuration"):
+		return "no_config"
+	case strings.Contains(msg, "deadline exceeded"), strings.Contains(msg, "timeout"), strings.Contains(msg, "i/o timeout"):
+		return "timeout"
+	}
+	return "unavailable"
+}
+
+func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome) {
+	if d.Rule == nil {
+		m.unmatched.WithLabelValues(domain).Inc()
+		return
+	}
+	rc := m.ruleCounters(d.Rule, domain)
+	vc := &rc.all
+	if rc.detailed {
+		vc = rc.value(d.Descriptor.GetEntries())
+	}
+	if int(d.Outcome) < len(vc.requests) && vc.requests[d.Outcome] != nil {
+		vc.requests[d.Outcome].Inc()
+	}
+	hits := float64(d.Hits)
+	switch d.Outcome {
+	case server.WithinLimit:
+		vc.hits.Add(hits)
+		vc.within.Add(hits)
+		if b := d.Limit.Burst; b > 0 && float64(d.Decision.Remaining) < (1-m.opts.NearLimitRatio)*float64(b) {
+			vc.near.Add(hits)
+		}
+	case server.OverLimit:
+		vc.hits.Add(hits)
+		vc.over.Add(hits)
+	case server.ShadowOverLimit:
+		vc.hits.Add(hits)
+		vc.shadow.Add(hits)
+	case server.Unlimited:
+		vc.hits.Add(hits)
+		vc.within.Add(hits)
+	}
+}
+
+// RuleLabel is the rule label of r in metrics, pages and logs: its name,
+// else its path.
+func RuleLabel(r *config.Rule) string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return r.Path
+}
+
+// ruleCounters returns the cached counters of r, creating them on first use.
+func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
+	if r.File == "" {
+		// Made for a limit override: one series per domain.
+		if rc, ok := m.overrides.Load(domain); ok {
+			return rc.(*ruleCounters)
+		}
+		rc, _ := m.overrides.LoadOrStore(domain, m.newRuleCounters(domain, OverrideRule, false))
+		return rc.(*ruleCounters)
+	}
+	rules := m.rules.Load()
+	if rc, ok := rules.Load(r); ok {
+		return rc.(*ruleCounters)
+	}
+	rc, _ := rules.LoadOrStore(r, m.newRuleCounters(r.Domain, RuleLabel(r), r.DetailedMetric))
+	return rc.(*ruleCounters)
+}
+
+// ruleCounters are one rule's resolved counters.
+type ruleCounters struct {
+	m            *Metrics
+	domain, rule string
+	detailed     bool
+	all          valueCounters // value "" (every value, for rules without detailed_metric)
+
+	mu     sync.Mutex
+	values map[string]*valueCounters // detailed_metric: at most MaxValuesPerRule + 1
+}
+
+// valueCounters are the counters of one (domain, rule, value).
+type valueCounters struct {
+	hits, within, near, over, shadow prometheus.Counter
+	requests                         [server.ShadowOverLimit + 1]prometheus.Counter
+}
+
+func (m *Metrics) newRuleCounters(domain, rule string, detailed bool) *ruleCounters {
+	rc := &ruleCounters{m: m, domain: domain, rule: rule, detailed: detailed}
+	if detailed {
+		rc.values = make(map[string]*valueCounters)
+	} else {
+		rc.all = m.newValueCounters(domain, rule, "")
+	}
+	return rc
+}
+
+func (m *Metrics) newValueCounters(domain, rule, value string) valueCounters {
+	vc := valueCounters{
+		hits:   m.hits.WithLabelValues(domain, rule, value),
+		within: m.within.WithLabelValues(domain, rule, value),
+		near:   m.near.WithLabelValues(domain, rule, value),
+		over:   m.over.WithLabelValues(domain, rule, value),
+		shadow: m.shadow.WithLabelValues(domain, rule, value),
+	}
+	for _, o := range []server.Outcome{server.WithinLimit, server.OverLimit, server.ShadowOverLimit, server.Unlimited, server.Replaced} {
+		vc.requests[o] = m.requests.WithLabelValues(domain, rule, value, o.String())
+	}
+	return vc
+}
+
+// value returns the counters for a detailed_metric descriptor's values,
+// or those of "_other" once the rule has MaxValuesPerRule values.
+func (rc *ruleCounters) value(entries []*ratelimitv3.RateLimitDescriptor_Entry) *valueCounters {
+	var buf [128]byte
+	v := appendValues(buf[:0], entries)
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if vc := rc.values[string(v)]; vc != nil {
+		return vc
+	}
+	label := string(v)
+	if len(rc.values) >= rc.m.opts.MaxValuesPerRule {
+		label = OtherValue
+		if vc := rc.values[label]; vc != nil {
+			return vc
+		}
+	}
+	vc := rc.m.newValueCounters(rc.domain, rc.rule, label)
+	rc.values[label] = &vc
+	return &vc
+}
+
+// appendValues appends a descriptor's entry values to b, separated by ","
+// with "," and "%" in values percent-escaped, so that distinct descriptors
+// give distinct labels.
+func appendValues(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry) []byte {
+	for i, e := range entries {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		for _, c := range []byte(e.GetValue()) {
+			switch c {
+			case ',':
+				b = append(b, "%2C"...)
+			case '%':
+				b = append(b, "%25"...)
+			default:
+				b = append(b, c)
+			}
+		}
+	}
+	return b
+}
+
+// boundedSet maps the first max distinct strings to themselves and every
+// later one to OtherValue.
+type boundedSet struct {
+	max  int
+	seen sync.Map // string → struct{}
+	n    atomic.Int64
+	mu   sync.Mutex
+}
+
+func (s *boundedSet) get(v string) string {
+	if _, ok := s.seen.Load(v); ok {
+		return v
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.seen.Load(v); ok {
+		return v
+	}
+	if s.n.Load() >= int64(s.max) {
+		return OtherValue
+	}
+	v = strings.Clone(v)
+	s.seen.Store(v, struct{}{})
+	s.n.Add(1)
+	return v
+}

@@ -1,0 +1,349 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+const testConfig = `
+domain: api
+descriptors:
+  - key: model
+    value: gpt-4o
+    rate_limit: {unit: minute, requests_per_unit: 5, name: gpt-4o}
+  - key: model
+    value: shadowed
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, name: shadowed}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: caller
+    value: internal
+    rate_limit: {unlimited: true, name: internal}
+`
+
+// newServer returns a server on the memory store, deciding at a fixed
+// instant, that reports to m.
+func newServer(t testing.TB, m server.Observer) *server.Server {
+	t.Helper()
+	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(testConfig)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	srv, err := server.New(server.Options{
+		Store:    limiter.NewMemoryStore(limiter.MemoryOptions{}),
+		Now:      func() time.Time { return now },
+		Observer: m,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(set)
+	return srv
+}
+
+func request(domain string, descs ...[]string) *rlsv3.RateLimitRequest {
+	req := &rlsv3.RateLimitRequest{Domain: domain}
+	for _, kv := range descs {
+		d := &ratelimitv3.RateLimitDescriptor{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	return req
+}
+
+// value returns the value of the series name{labels} in reg, and whether
+// it exists. Labels not given must be absent or empty.
+func value(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			for k, v := range got {
+				if labels[k] != v {
+					continue metrics
+				}
+			}
+			for k, v := range labels {
+				if got[k] != v {
+					continue metrics
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue(), true
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue(), true
+			case m.Histogram != nil:
+				return float64(m.GetHistogram().GetSampleCount()), true
+			}
+		}
+	}
+	return 0, false
+}
+
+func TestMetricsFollowScriptedCalls(t *testing.T) {
+	m, err := metrics.New(metrics.Options{Backend: "memory", MaxValuesPerRule: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(t, m)
+	ctx := context.Background()
+	call := func(req *rlsv3.RateLimitRequest) {
+		t.Helper()
+		if _, err := srv.ShouldRateLimit(ctx, req); err != nil {
+			t.Fatalf("ShouldRateLimit(%v): %v", req, err)
+		}
+	}
+	// gpt-4o: 5 admitted (the 5th leaves 0 of 5: near limit), then 2 denied.
+	for range 7 {
+		call(request("api", []string{"model", "gpt-4o"}))
+	}
+	// shadowed: 1 admitted, then 2 that shadow mode lets through.
+	for range 3 {
+		call(request("api", []string{"model", "shadowed"}))
+	}
+	// internal: unlimited; unknown model and unknown domain: no rule.
+	call(request("api", []string{"caller", "internal"}))
+	call(request("api", []string{"model", "llama"}))
+	call(request("elsewhere", []string{"model", "gpt-4o"}))
+	// user is detailed: ten users, but only 3 values are labelled.
+	for i := range 10 {
+		call(request("api", []string{"user", fmt.Sprintf("u%d", i)}))
+	}
+	// user a,b must not collide with a user "a,b".
+	call(request("api", []string{"user", "a,b"}))
+	// An invalid request.
+	if _, err := srv.ShouldRateLimit(ctx, request("")); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("empty request: %v, want InvalidArgument", err)
+	}
+	m.ConfigLoaded("abc")
+	m.ConfigLoaded("def")
+	m.ConfigRejected(errors.New("bad yaml"))
+	m.FailureModeActivated("allow")
+	m.BackendError("timeout")
+
+	reg := m.Registry()
+	tests := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "gpt-4o"}, 7},
+		{"ratelimitd_descriptor_within_limit_total", map[string]string{"domain": "api", "rule": "gpt-4o"}, 5},
+		{"ratelimitd_descriptor_near_limit_total", map[string]string{"domain": "api", "rule": "gpt-4o"}, 1},
+		{"ratelimitd_descriptor_over_limit_total", map[string]string{"domain": "api", "rule": "gpt-4o"}, 2},
+		{"ratelimitd_descriptor_shadow_mode_total", map[string]string{"domain": "api", "rule": "gpt-4o"}, 0},
+		{"ratelimitd_descriptor_requests_total", map[string]string{"domain": "api", "rule": "gpt-4o", "outcome": "over_limit"}, 2},
+		{"ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "shadowed"}, 3},
+		{"ratelimitd_descriptor_within_limit_total", map[string]string{"domain": "api", "rule": "shadowed"}, 1},
+		{"ratelimitd_descriptor_shadow_mode_total", map[string]string{"domain": "api", "rule": "shadowed"}, 2},
+		{"ratelimitd_descriptor_over_limit_total", map[string]string{"domain": "api", "rule": "shadowed"}, 0},
+		{"ratelimitd_descriptor_requests_total", map[string]string{"domain": "api", "rule": "shadowed", "outcome": "shadow_over_limit"}, 2},
+		{"ratelimitd_descriptor_requests_total", map[string]string{"domain": "api", "rule": "internal", "outcome": "unlimited"}, 1},
+		{"ratelimitd_descriptor_unmatched_total", map[string]string{"domain": "api"}, 1},
+		{"ratelimitd_descriptor_unmatched_total", map[string]string{"domain": "elsewhere"}, 1},
+		{"ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "api > user", "value": "u0"}, 1},
+		{"ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "api > user", "value": "u2"}, 1},
+		{"ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "api > user", "value": "_other"}, 8},
+		{"ratelimitd_requests_total", map[string]string{"domain": "api", "code": "OK", "overall_code": "OVER_LIMIT"}, 2},
+		{"ratelimitd_requests_total", map[string]string{"domain": "api", "code": "OK", "overall_code": "OK"}, 21},
+		{"ratelimitd_requests_total", map[string]string{"domain": "", "code": "InvalidArgument", "overall_code": ""}, 1},
+		{"ratelimitd_request_duration_seconds", map[string]string{"backend": "memory", "code": "OK"}, 24},
+		{"ratelimitd_config_reloads_total", map[string]string{"result": "ok"}, 2},
+		{"ratelimitd_config_reloads_total", map[string]string{"result": "failed"}, 1},
+		{"ratelimitd_config_info", map[string]string{"hash": "def"}, 1},
+		{"ratelimitd_failure_mode_activations_total", map[string]string{"mode": "allow"}, 1},
+		{"ratelimitd_backend_errors_total", map[string]string{"backend": "memory", "kind": "timeout"}, 1},
+	}
+	for _, tt := range tests {
+		got, ok := value(t, reg, tt.name, tt.labels)
+		if !ok || got != tt.want {
+			t.Errorf("%s%v = %v (present %v), want %v", tt.name, tt.labels, got, ok, tt.want)
+		}
+	}
+	if _, ok := value(t, reg, "ratelimitd_config_info", map[string]string{"hash": "abc"}); ok {
+		t.Errorf("ratelimitd_config_info{hash=abc} still present after loading def")
+	}
+	if _, ok := value(t, reg, "ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "api > user", "value": "u3"}); ok {
+		t.Errorf("a 4th detailed value was labelled; want it counted as _other")
+	}
+}
+
+func TestDetailedValuesAreBounded(t *testing.T) {
+	tests := []struct {
+		max, users int
+		wantSeries int
+	}{
+		{max: 1, users: 1, wantSeries: 1},
+		{max: 1, users: 50, wantSeries: 2},
+		{max: 100, users: 100, wantSeries: 100},
+		{max: 100, users: 5000, wantSeries: 101},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("max%d_users%d", tt.max, tt.users), func(t *testing.T) {
+			m, err := metrics.New(metrics.Options{MaxValuesPerRule: tt.max})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := newServer(t, m)
+			for i := range tt.users {
+				if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"user", fmt.Sprint(i)})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mfs, err := m.Registry().Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var series []*dto.Metric
+			var total float64
+			for _, mf := range mfs {
+				if mf.GetName() == "ratelimitd_descriptor_hits_total" {
+					series = mf.GetMetric()
+				}
+			}
+			for _, s := range series {
+				total += s.GetCounter().GetValue()
+			}
+			if len(series) != tt.wantSeries || total != float64(tt.users) {
+				t.Errorf("%d users, at most %d values: %d series totalling %v hits; want %d series totalling %d",
+					tt.users, tt.max, len(series), total, tt.wantSeries, tt.users)
+			}
+		})
+	}
+}
+
+func TestNewRejectsBadRatio(t *testing.T) {
+	for _, r := range []float64{-0.1, 1.5} {
+		if _, err := metrics.New(metrics.Options{NearLimitRatio: r}); err == nil {
+			t.Errorf("New(NearLimitRatio %v) = nil error, want one", r)
+		}
+	}
+}
+
+func TestNearLimitRatio(t *testing.T) {
+	// gpt-4o has a burst of 5: remaining after each of 5 calls is 4..0.
+	tests := []struct {
+		ratio float64
+		want  float64 // near_limit hits
+	}{
+		{0.8, 1},  // remaining < 1
+		{0.5, 3},  // remaining < 2.5: 2, 1, 0
+		{1, 0},    // remaining < 0: never
+		{0.01, 5}, // remaining < 4.95: all
+	}
+	for _, tt := range tests {
+		m, err := metrics.New(metrics.Options{NearLimitRatio: tt.ratio})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := newServer(t, m)
+		for range 5 {
+			if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"model", "gpt-4o"})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, _ := value(t, m.Registry(), "ratelimitd_descriptor_near_limit_total", map[string]string{"domain": "api", "rule": "gpt-4o"})
+		if got != tt.want {
+			t.Errorf("ratio %v: near_limit = %v, want %v", tt.ratio, got, tt.want)
+		}
+	}
+}
+
+func TestUnavailableCountsBackendError(t *testing.T) {
+	m, err := metrics.New(metrics.Options{Backend: "redis"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Observer: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No config yet: UNAVAILABLE.
+	if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"model", "x"})); status.Code(err) != codes.Unavailable {
+		t.Fatalf("ShouldRateLimit without config: %v, want Unavailable", err)
+	}
+	if got, _ := value(t, m.Registry(), "ratelimitd_backend_errors_total", map[string]string{"backend": "redis", "kind": "no_config"}); got != 1 {
+		t.Errorf("backend_errors{kind=no_config} = %v, want 1", got)
+	}
+}
+
+func TestHandlerServesText(t *testing.T) {
+	m, err := metrics.New(metrics.Options{ProcessMetrics: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(t, m)
+	if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"model", "gpt-4o"})); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(m.Registry(), promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{`ratelimitd_descriptor_hits_total{domain="api",rule="gpt-4o",value=""} 1`, "go_goroutines"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func BenchmarkObserveCall(b *testing.B) {
+	m, err := metrics.New(metrics.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(testConfig)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	gpt := set.Lookup("api", []config.Entry{{Key: "model", Value: "gpt-4o"}})
+	user := set.Lookup("api", []config.Entry{{Key: "user", Value: "u1"}})
+	req := request("api", []string{"model", "gpt-4o"}, []string{"user", "u1"})
+	call := server.Call{
+		Domain: "api", Start: time.Now(), Duration: time.Millisecond, Code: codes.OK, Overall: rlsv3.RateLimitResponse_OK,
+		Descriptors: []server.DescriptorOutcome{
+			{Descriptor: req.Descriptors[0], Rule: gpt, Outcome: server.WithinLimit, Hits: 1, Limit: gpt.Limit, Decision: limiter.Decision{Allowed: true, Remaining: 3}},
+			{Descriptor: req.Descriptors[1], Rule: user, Outcome: server.WithinLimit, Hits: 1, Limit: user.Limit, Decision: limiter.Decision{Allowed: true, Remaining: 90}},
+		},
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.ObserveCall(call)
+		}
+	})
+}
