@@ -1,0 +1,305 @@
+// Package reload keeps a config.Set in step with the files it was loaded
+// from: it watches the config path with fsnotify, waits for the changes to
+// settle (a debounce), loads and validates the files in full, and hands a
+// Set that differs from the one in force to a callback. A load that fails
+// leaves the last good Set in force and is reported to another callback.
+//
+// It handles the ways config files really change on disk: editors that write
+// a temporary file and rename it over the old one, Kubernetes ConfigMap
+// volumes (whose files are links through a "..data" link that is swapped
+// atomically), writes seen half-done (the half fails validation, the whole is
+// picked up when it lands), and the directory being deleted and created
+// again.
+package reload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/ratelimitd/ratelimitd/config"
+)
+
+// ErrWatch marks errors of the file watcher itself (not of the config), as
+// passed to Options.OnError.
+var ErrWatch = errors.New("watching config")
+
+// Watch says whether a Watcher watches the file system. The zero value
+// means WatchFiles.
+type Watch int
+
+const (
+	// WatchFiles reloads on file-system events and on Reload.
+	WatchFiles Watch = iota + 1
+	// WatchReloadOnly reloads only when Reload is called (on SIGHUP, say).
+	WatchReloadOnly
+)
+
+// Defaults of Options.
+const (
+	DefaultDebounce = 200 * time.Millisecond
+	DefaultMaxWait  = 2 * time.Second
+)
+
+// Options configures a Watcher. Path and OnLoad are required; the zero value
+// of every other field means its documented default.
+type Options struct {
+	// Path is the config file or directory, as given to config.Load.
+	Path string
+	// Current is the Set in force when the Watcher starts, if any. A load
+	// whose Set has the same Hash as the one in force is not reported.
+	Current *config.Set
+	// Load loads Path; default config.Load.
+	Load func(path string) (*config.Set, error)
+	// OnLoad is given every Set loaded that differs from the one in force;
+	// it becomes the one in force.
+	OnLoad func(*config.Set)
+	// OnError is told of every load that failed (the Set in force stays) and
+	// of watcher failures (those wrap ErrWatch); default ignores them.
+	OnError func(error)
+	// Watch defaults to WatchFiles.
+	Watch Watch
+	// Debounce is how long the files must stay quiet after a change before
+	// they are loaded; default DefaultDebounce (200 ms).
+	Debounce time.Duration
+	// MaxWait bounds the wait of a change when others keep following it:
+	// files that never stay quiet are still loaded at least this often while
+	// they change. Default DefaultMaxWait (2 s); never less than Debounce.
+	MaxWait time.Duration
+}
+
+// Watcher reloads a config path when it changes or when asked. Create one
+// with New and run it with Run; Reload may be called from any goroutine.
+// OnLoad and OnError are called from Run's goroutine, one at a time.
+type Watcher struct {
+	opts   Options
+	fsw    *fsnotify.Watcher // nil with WatchReloadOnly
+	dir    string            // the directory watched: Path, or Path's parent
+	parent string            // dir's parent, watched to see dir come back
+	file   string            // Path when it is a file, else ""
+	hash   string            // hash of the Set in force
+	kick   chan struct{}     // Reload requests, coalesced
+}
+
+// New returns a Watcher for opts.Path. With WatchFiles it starts watching
+// at once, so a change made after New returns is seen by Run; it fails if
+// the path cannot be watched.
+func New(opts Options) (*Watcher, error) {
+	if opts.Path == "" {
+		return nil, errors.New("reload: Options.Path is required")
+	}
+	if opts.OnLoad == nil {
+		return nil, errors.New("reload: Options.OnLoad is required")
+	}
+	if opts.Load == nil {
+		opts.Load = config.Load
+	}
+	if opts.OnError == nil {
+		opts.OnError = func(error) {}
+	}
+	if opts.Watch == 0 {
+		opts.Watch = WatchFiles
+	}
+	if opts.Watch != WatchFiles && opts.Watch != WatchReloadOnly {
+		return nil, fmt.Errorf("reload: invalid Watch %d", opts.Watch)
+	}
+	if opts.Debounce <= 0 {
+		opts.Debounce = DefaultDebounce
+	}
+	if opts.MaxWait <= 0 {
+		opts.MaxWait = DefaultMaxWait
+	}
+	opts.MaxWait = max(opts.MaxWait, opts.Debounce)
+	w := &Watcher{opts: opts, hash: opts.Current.Hash(), kick: make(chan struct{}, 1)}
+	if opts.Watch == WatchReloadOnly {
+		return w, nil
+	}
+	if err := w.watch(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// watch sets up the fsnotify watches: the config directory (or the file's
+// directory: editors and ConfigMaps replace files by rename, which a watch
+// on the file itself would lose) and that directory's parent, to notice
+// the directory being removed and created again.
+func (w *Watcher) watch() error {
+	abs, err := filepath.Abs(w.opts.Path)
+	if err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
+	w.dir = abs
+	st, err := os.Stat(abs)
+	if err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
+	if !st.IsDir() {
+		w.file, w.dir = abs, filepath.Dir(abs)
+	}
+	w.parent = filepath.Dir(w.dir)
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("reload: %w (start with file watching off, and reload with SIGHUP)", err)
+	}
+	if err := fsw.Add(w.dir); err != nil {
+		fsw.Close()
+		return fmt.Errorf("reload: watch %s: %w", w.dir, err)
+	}
+	if w.parent != w.dir {
+		if err := fsw.Add(w.parent); err != nil {
+			fsw.Close()
+			return fmt.Errorf("reload: watch %s: %w", w.parent, err)
+		}
+	}
+	w.fsw = fsw
+	return nil
+}
+
+// Reload asks Run to load the files now, without waiting for the debounce.
+// It does not block; requests made while one is pending are merged.
+func (w *Watcher) Reload() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run reloads as files change or Reload is called, until ctx is done; it
+// then stops watching and returns nil. Call it once.
+func (w *Watcher) Run(ctx context.Context) error {
+	if w.fsw == nil {
+		return w.loop(ctx, nil, nil)
+	}
+	defer w.fsw.Close()
+	changes := make(chan struct{})
+	errs := make(chan error)
+	done := make(chan struct{})
+	defer close(done)
+	go w.translate(changes, errs, done)
+	return w.loop(ctx, changes, errs)
+}
+
+// translate turns fsnotify's events into changes that matter for the
+// config, and follows the directory when it is created again.
+func (w *Watcher) translate(changes chan<- struct{}, errs chan<- error, done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case ev, ok := <-w.fsw.Events:
+			if !ok {
+				return
+			}
+			if !w.relevant(ev) {
+				continue
+			}
+			if ev.Name == w.dir && ev.Has(fsnotify.Create) {
+				// The directory is back (or another was renamed to its name):
+				// watch it. If it is already gone again, the next Create says so.
+				_ = w.fsw.Add(w.dir)
+			}
+			select {
+			case changes <- struct{}{}:
+			case <-done:
+				return
+			}
+		case err, ok := <-w.fsw.Errors:
+			if !ok {
+				return
+			}
+			select {
+			case errs <- err:
+			case <-done:
+				return
+			}
+		}
+	}
+}
+
+// relevant reports whether ev may change what Load reads.
+func (w *Watcher) relevant(ev fsnotify.Event) bool {
+	if ev.Op == fsnotify.Chmod {
+		return false // touch, chmod: contents are the same
+	}
+	if ev.Name == w.dir {
+		return true // the directory itself: removed, renamed, created
+	}
+	if filepath.Dir(ev.Name) != w.dir {
+		return false // something else in the parent
+	}
+	if w.file == "" {
+		return true // anything in the directory; the hash tells if it mattered
+	}
+	// A single file: the file, or a ConfigMap's "..data" link and its
+	// timestamped directories, through which the file may be a link.
+	return ev.Name == w.file || strings.HasPrefix(filepath.Base(ev.Name), "..")
+}
+
+// loop is Run's body: changes are debounced, a Reload is served at once.
+// changes and errs may be nil (no file watching).
+func (w *Watcher) loop(ctx context.Context, changes <-chan struct{}, errs <-chan error) error {
+	var (
+		timer    *time.Timer
+		fire     <-chan time.Time
+		deadline time.Time // latest time of the pending load, set by MaxWait
+	)
+	stop := func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		fire = nil
+	}
+	defer stop()
+	schedule := func() {
+		now := time.Now()
+		if fire == nil {
+			deadline = now.Add(w.opts.MaxWait)
+		}
+		wait := min(w.opts.Debounce, deadline.Sub(now))
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		fire = timer.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changes:
+			schedule()
+		case err := <-errs:
+			// Events may have been lost (a full queue): load to be sure.
+			w.opts.OnError(fmt.Errorf("%w %s: %w", ErrWatch, w.opts.Path, err))
+			schedule()
+		case <-fire:
+			fire = nil
+			w.load()
+		case <-w.kick:
+			stop()
+			w.load()
+		}
+	}
+}
+
+// load loads the files and reports the outcome.
+func (w *Watcher) load() {
+	set, err := w.opts.Load(w.opts.Path)
+	if err != nil {
+		w.opts.OnError(fmt.Errorf("reload %s: %w", w.opts.Path, err))
+		return
+	}
+	if set.Hash() == w.hash {
+		return
+	}
+	w.hash = set.Hash()
+	w.opts.OnLoad(set)
+}
