@@ -1,0 +1,333 @@
+package main
+
+// End-to-end tests against real ratelimitd processes (built once per test
+// binary) and real redis-server processes, all on loopback. These are the
+// few tests that run on real time; their tolerances are generous.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// binary builds ratelimitd (without the race detector: it is the system
+// under test, not the test) once per test binary.
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "ratelimitd-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "ratelimitd")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// proc is a running ratelimitd process.
+type proc struct {
+	cmd      *exec.Cmd
+	grpcAddr string
+	logs     *lockedBuffer
+	exited   chan error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startProc starts ratelimitd with args (plus loopback addresses on free
+// ports and JSON logs) and waits until it serves.
+func startProc(t *testing.T, args ...string) *proc {
+	t.Helper()
+	args = append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, args...)
+	cmd := exec.Command(binary(t), args...)
+	cmd.Env = []string{} // nothing from the test's environment
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, logs: &lockedBuffer{}, exited: make(chan error, 1)}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			p.logs.Write(append(sc.Bytes(), '\n'))
+			var line struct {
+				Msg      string `json:"msg"`
+				GRPCAddr string `json:"grpc_addr"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "ratelimitd started" {
+				ready <- line.GRPCAddr
+			}
+		}
+		io.Copy(io.Discard, stderr)
+		p.exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.exited
+	})
+	select {
+	case p.grpcAddr = <-ready:
+		return p
+	case err := <-p.exited:
+		p.exited <- err
+		t.Fatalf("ratelimitd exited before serving: %v\n%s", err, p.logs)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("ratelimitd did not start in 20s\n%s", p.logs)
+	}
+	return nil
+}
+
+const meshConfig = `domain: mesh
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 20, name: hot}
+`
+
+// load runs clients that call ShouldRateLimit on one bucket through the
+// given servers, round-robin, until ctx is done, each call with its own
+// deadline. It returns the admitted and denied counts and the other errors.
+type loadResult struct {
+	admitted, denied atomic.Int64
+	mu               sync.Mutex
+	errs             map[codes.Code]int
+	slowest          atomic.Int64 // ns
+}
+
+func runLoad(ctx context.Context, t *testing.T, addrs []string, clients int, callTimeout time.Duration) *loadResult {
+	t.Helper()
+	conns := make([]rlsv3.RateLimitServiceClient, len(addrs))
+	for i, a := range addrs {
+		conns[i] = rlsv3.NewRateLimitServiceClient(dial(t, a))
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "one"}},
+	}}}
+	res := &loadResult{errs: map[codes.Code]int{}}
+	var wg sync.WaitGroup
+	for i := range clients {
+		c := conns[i%len(conns)]
+		wg.Go(func() {
+			for n := 0; n < 100_000 && ctx.Err() == nil; n++ {
+				callCtx, cancel := context.WithTimeout(context.Background(), callTimeout)
+				start := time.Now()
+				resp, err := c.ShouldRateLimit(callCtx, req)
+				took := time.Since(start)
+				cancel()
+				for {
+					old := res.slowest.Load()
+					if int64(took) <= old || res.slowest.CompareAndSwap(old, int64(took)) {
+						break
+					}
+				}
+				switch {
+				case err != nil:
+					res.mu.Lock()
+					res.errs[status.Code(err)]++
+					res.mu.Unlock()
+				case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+					res.admitted.Add(1)
+				default:
+					res.denied.Add(1)
+				}
+				time.Sleep(time.Millisecond) // pace: 50 clients, ~1 call per ms each at most
+			}
+		})
+	}
+	wg.Wait()
+	return res
+}
+
+// checkMeshLimit runs 50 clients across three replicas for five seconds on
+// one 100/s burst-20 bucket and checks the total admitted.
+func checkMeshLimit(t *testing.T, backendArgs ...string) {
+	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
+	var addrs []string
+	for range 3 {
+		args := append([]string{"--config", dir, "--backend-timeout", "1s"}, backendArgs...)
+		addrs = append(addrs, startProc(t, args...).grpcAddr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	res := runLoad(ctx, t, addrs, 50, 2*time.Second)
+	elapsed := time.Since(start).Seconds()
+	admitted := float64(res.admitted.Load())
+	upper := 100*elapsed + 20
+	t.Logf("%.0f admitted, %d denied in %.2fs; bound %.0f; errors %v", admitted, res.denied.Load(), elapsed, upper, res.errs)
+	if len(res.errs) > 0 {
+		t.Errorf("calls failed: %v", res.errs)
+	}
+	if admitted > upper*1.01 {
+		t.Errorf("over-admitted: %.0f > %.0f (+1%%)", admitted, upper)
+	}
+	// The bucket is drained all along, so it admits nearly its whole rate.
+	if admitted < 0.95*(100*5+20) {
+		t.Errorf("under-admitted: %.0f < 95%% of %d", admitted, 100*5+20)
+	}
+}
+
+func TestMeshWideLimitOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	checkMeshLimit(t, "--redis-url", "redis://"+srv.Addr)
+}
+
+func TestMeshWideLimitOnRedisCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	checkMeshLimit(t, "--redis-cluster-addrs", strings.Join(cl.Addrs, ","))
+}
+
+// TestRedisKilledDuringLoad kills Redis in the middle of a load run in deny
+// mode and restarts it: every call is answered within its deadline, no
+// bucket grants more than rate·time + burst over the whole episode, and
+// limiting resumes soon after Redis is back.
+func TestRedisKilledDuringLoad(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
+	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "deny",
+		"--backend-timeout", "50ms", "--breaker-open-for", "200ms", "--redis-dial-timeout", "50ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	start := time.Now()
+	after := make(chan *loadResult, 1)
+	go func() {
+		time.Sleep(time.Second)
+		srv.Stop()
+		time.Sleep(time.Second)
+		if err := srv.Restart(); err != nil {
+			t.Errorf("restart redis: %v", err)
+		}
+		// Give the breaker time to probe, then measure the last second.
+		time.Sleep(time.Second)
+		ctx2, cancel2 := context.WithTimeout(context.Background(), 900*time.Millisecond)
+		defer cancel2()
+		after <- runLoad(ctx2, t, []string{p.grpcAddr}, 5, time.Second)
+	}()
+	res := runLoad(ctx, t, []string{p.grpcAddr}, 20, time.Second)
+	afterRestart := <-after
+	elapsed := time.Since(start).Seconds()
+	if len(res.errs) > 0 {
+		t.Errorf("deny mode: calls failed %v, want every call answered", res.errs)
+	}
+	if slow := time.Duration(res.slowest.Load()); slow > 500*time.Millisecond {
+		t.Errorf("slowest call took %v, want well under its 1s deadline", slow)
+	}
+	total := float64(res.admitted.Load() + afterRestart.admitted.Load())
+	if upper := 100*elapsed + 20; total > upper*1.01 {
+		t.Errorf("admitted %.0f over the episode, more than rate·time + burst = %.0f", total, upper)
+	}
+	if afterRestart.admitted.Load() == 0 {
+		t.Errorf("nothing admitted in the second after Redis came back (denied %d, errors %v):\n%s",
+			afterRestart.denied.Load(), afterRestart.errs, p.logs)
+	}
+}
+
+// TestSlowRedisAnswersWithinTheDeadline stalls Redis (CLIENT PAUSE): calls
+// in error mode answer UNAVAILABLE within the backend timeout, not after the
+// stall.
+func TestSlowRedisAnswersWithinTheDeadline(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
+	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--backend-timeout", "20ms")
+	if err := srv.Client().Do(context.Background(), "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	res := runLoad(ctx, t, []string{p.grpcAddr}, 4, time.Second)
+	if slow := time.Duration(res.slowest.Load()); slow > 250*time.Millisecond {
+		t.Errorf("slowest call took %v while Redis stalled, want about the 20ms backend timeout", slow)
+	}
+	if res.errs[codes.Unavailable] == 0 {
+		t.Errorf("no UNAVAILABLE answers while Redis stalled (admitted %d, errors %v)", res.admitted.Load(), res.errs)
+	}
+}
+
+// TestSIGTERMDrainsAndExitsZero sends SIGTERM during load: the process
+// answers what is in flight, then exits 0.
+func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
+	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
+	p := startProc(t, "--config", dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan *loadResult, 1)
+	go func() { done <- runLoad(ctx, t, []string{p.grpcAddr}, 16, time.Second) }()
+	time.Sleep(300 * time.Millisecond)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		if err != nil {
+			t.Errorf("exit after SIGTERM: %v, want status 0\n%s", err, p.logs)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("still running 10s after SIGTERM\n%s", p.logs)
+	}
+	cancel()
+	res := <-done
+	for code, n := range res.errs {
+		// Calls made after the listener closed fail to connect; a call cut
+		// off mid-flight would be another code.
+		if code != codes.Unavailable {
+			t.Errorf("%d calls failed with %v during shutdown", n, code)
+		}
+	}
+	if res.admitted.Load() == 0 {
+		t.Error("no call was answered before SIGTERM")
+	}
+	if !strings.Contains(p.logs.String(), `"msg":"stopped"`) {
+		t.Errorf("no 'stopped' log line:\n%s", p.logs)
+	}
+}
