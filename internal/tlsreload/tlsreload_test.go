@@ -1,0 +1,337 @@
+package tlsreload_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
+
+	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
+)
+
+// authority is a CA made for one test.
+type authority struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newAuthority(t *testing.T, name string) authority {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return authority{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue returns a PEM certificate and key for name signed by a: a server
+// certificate for 127.0.0.1, or a client certificate.
+func (a authority) issue(t *testing.T, name string, server bool) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if server {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// clock is a hand-set clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// setup holds a server's files and a running gRPC server that uses them.
+type setup struct {
+	dir              string
+	cert, key, ca    string
+	addr             string
+	clock            *clock
+	mu               sync.Mutex
+	reloads          int
+	errs             []error
+	serverCA, client authority
+}
+
+func (s *setup) write(t *testing.T, name string, data []byte) {
+	t.Helper()
+	// Written by rename, as tools and Kubernetes Secrets do.
+	tmp := name + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// start writes a server certificate (CN serverName), a client CA unless
+// mtls is false, and runs a gRPC health server with a Reloader on them.
+func start(t *testing.T, mtls bool) *setup {
+	t.Helper()
+	dir := t.TempDir()
+	s := &setup{
+		dir: dir, cert: filepath.Join(dir, "tls.crt"), key: filepath.Join(dir, "tls.key"),
+		clock:    &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)},
+		serverCA: newAuthority(t, "server CA"), client: newAuthority(t, "client CA"),
+	}
+	certPEM, keyPEM := s.serverCA.issue(t, "server-1", true)
+	s.write(t, s.cert, certPEM)
+	s.write(t, s.key, keyPEM)
+	opts := tlsreload.Options{
+		CertFile: s.cert, KeyFile: s.key, Now: s.clock.Now,
+		OnReload: func() { s.mu.Lock(); s.reloads++; s.mu.Unlock() },
+		OnError:  func(err error) { s.mu.Lock(); s.errs = append(s.errs, err); s.mu.Unlock() },
+	}
+	if mtls {
+		s.ca = filepath.Join(dir, "client-ca.crt")
+		s.write(t, s.ca, s.client.pem)
+		opts.ClientCAFile = s.ca
+	}
+	r, err := tlsreload.New(opts)
+	if err != nil {
+		t.Fatalf("tlsreload.New: %v", err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(r.ServerConfig())))
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	s.addr = lis.Addr().String()
+	return s
+}
+
+// call makes a new connection (so a new handshake) and a health check on
+// it, presenting clientCert if not nil; it returns the server
+// certificate's common name.
+func (s *setup) call(t *testing.T, clientCert *tls.Certificate) (string, error) {
+	t.Helper()
+	roots := x509.NewCertPool()
+	roots.AddCert(s.serverCA.cert)
+	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	if clientCert != nil {
+		cfg.Certificates = []tls.Certificate{*clientCert}
+	}
+	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var p peer.Peer
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Peer(&p)); err != nil {
+		return "", err
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.PeerCertificates) == 0 {
+		t.Fatalf("peer %v: no TLS certificate", p.AuthInfo)
+	}
+	return info.State.PeerCertificates[0].Subject.CommonName, nil
+}
+
+// clientCert issues a client certificate for name, ready to present.
+func (a authority) clientCert(t *testing.T, name string) *tls.Certificate {
+	t.Helper()
+	certPEM, keyPEM := a.issue(t, name, false)
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &c
+}
+
+// TestWhoMayConnect checks who gets an answer from a server with and
+// without a client CA.
+func TestWhoMayConnect(t *testing.T) {
+	mtls, plain := start(t, true), start(t, false)
+	other := newAuthority(t, "another CA")
+	tests := []struct {
+		name   string
+		server *setup
+		client func() *tls.Certificate
+		ok     bool
+	}{
+		{"mTLS: certificate from the client CA", mtls, func() *tls.Certificate { return mtls.client.clientCert(t, "envoy") }, true},
+		{"mTLS: no certificate", mtls, func() *tls.Certificate { return nil }, false},
+		{"mTLS: certificate from another CA", mtls, func() *tls.Certificate { return other.clientCert(t, "envoy") }, false},
+		{"mTLS: the server's own certificate (another CA)", mtls, func() *tls.Certificate { return mtls.serverCA.clientCert(t, "envoy") }, false},
+		{"TLS only: no certificate", plain, func() *tls.Certificate { return nil }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cn, err := tt.server.call(t, tt.client())
+			if tt.ok && (err != nil || cn != "server-1") {
+				t.Errorf("call = %q, %v; want an answer from server-1", cn, err)
+			}
+			if !tt.ok && err == nil {
+				t.Errorf("call succeeded; want it refused")
+			}
+		})
+	}
+}
+
+// TestRotation replaces the server certificate and the client CA on disk
+// and checks that new connections see them once the check interval has
+// passed, and that a broken rotation keeps the previous files in use.
+func TestRotation(t *testing.T) {
+	s := start(t, true)
+	client := s.client.clientCert(t, "envoy")
+	mustSee := func(step, want string, cert *tls.Certificate) {
+		t.Helper()
+		cn, err := s.call(t, cert)
+		if err != nil || cn != want {
+			t.Fatalf("%s: call = %q, %v; want server %q", step, cn, err, want)
+		}
+	}
+	mustSee("before rotation", "server-1", client)
+
+	certPEM, keyPEM := s.serverCA.issue(t, "server-2", true)
+	s.write(t, s.cert, certPEM)
+	s.write(t, s.key, keyPEM)
+	s.clock.Advance(500 * time.Millisecond)
+	mustSee("rotated, within the check interval", "server-1", client)
+	s.clock.Advance(500 * time.Millisecond)
+	mustSee("rotated, check interval passed", "server-2", client)
+
+	// Only the certificate replaced (its key not yet): keep server-2.
+	cert3, key3 := s.serverCA.issue(t, "server-3", true)
+	s.write(t, s.cert, cert3)
+	s.clock.Advance(time.Second)
+	mustSee("certificate without its key", "server-2", client)
+	s.clock.Advance(time.Second)
+	mustSee("certificate without its key, again", "server-2", client)
+	s.mu.Lock()
+	if len(s.errs) != 1 || !strings.Contains(s.errs[0].Error(), "private key does not match") {
+		t.Errorf("OnError got %v, want one key mismatch", s.errs)
+	}
+	s.mu.Unlock()
+	s.write(t, s.key, key3)
+	s.clock.Advance(time.Second)
+	mustSee("key written too", "server-3", client)
+
+	// A new client CA: its clients get in, the old CA's no longer do.
+	ca2 := newAuthority(t, "client CA 2")
+	s.write(t, s.ca, ca2.pem)
+	s.clock.Advance(time.Second)
+	mustSee("new client CA", "server-3", ca2.clientCert(t, "envoy"))
+	if _, err := s.call(t, client); err == nil {
+		t.Error("client of the old CA still accepted after the CA rotation")
+	}
+	s.mu.Lock()
+	if s.reloads != 3 {
+		t.Errorf("OnReload called %d times, want 3", s.reloads)
+	}
+	s.mu.Unlock()
+}
+
+func TestNewRejectsBadFiles(t *testing.T) {
+	dir := t.TempDir()
+	ca := newAuthority(t, "ca")
+	certPEM, keyPEM := ca.issue(t, "server", true)
+	_, otherKey := ca.issue(t, "other", true)
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cert, key, wrongKey := write("c.pem", certPEM), write("k.pem", keyPEM), write("k2.pem", otherKey)
+	notPEM := write("ca.pem", []byte("not a certificate"))
+	tests := []struct {
+		name string
+		opts tlsreload.Options
+		want string
+	}{
+		{"no key", tlsreload.Options{CertFile: cert}, "both a certificate file and a key file"},
+		{"missing cert", tlsreload.Options{CertFile: filepath.Join(dir, "none"), KeyFile: key}, "no such file"},
+		{"key of another certificate", tlsreload.Options{CertFile: cert, KeyFile: wrongKey}, "private key does not match"},
+		{"client CA not PEM", tlsreload.Options{CertFile: cert, KeyFile: key, ClientCAFile: notPEM}, "no PEM certificate"},
+		{"missing client CA", tlsreload.Options{CertFile: cert, KeyFile: key, ClientCAFile: filepath.Join(dir, "none")}, "client CA"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tlsreload.New(tt.opts)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("New = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
