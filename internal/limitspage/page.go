@@ -1,0 +1,168 @@
+package limitspage
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/config"
+)
+
+//go:embed limits.html
+var templates embed.FS
+
+var pageTemplate = template.Must(template.New("limits.html").ParseFS(templates, "limits.html"))
+
+// Options configures a Handler. Config and Tracker are required.
+type Options struct {
+	// Config returns the config in force (server.Server.Config); nil
+	// before one is loaded.
+	Config func() *config.Set
+	// Tracker supplies the traffic.
+	Tracker *Tracker
+	// Now is the clock the page is computed at; default time.Now.
+	Now func() time.Time
+	// TopBuckets is how many busiest buckets to show; default 10.
+	TopBuckets int
+}
+
+// Handler serves GET /limits (HTML) and GET /limits.json. Mount it on both
+// paths; it is safe for concurrent use.
+type Handler struct {
+	opts Options
+}
+
+// NewHandler returns a Handler.
+func NewHandler(opts Options) (*Handler, error) {
+	if opts.Config == nil || opts.Tracker == nil {
+		return nil, fmt.Errorf("limitspage: Options.Config and Options.Tracker are required")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.TopBuckets <= 0 {
+		opts.TopBuckets = 10
+	}
+	return &Handler{opts: opts}, nil
+}
+
+// Page is what /limits shows and /limits.json returns.
+type Page struct {
+	// GeneratedAt is when the page was computed.
+	GeneratedAt time.Time `json:"generated_at"`
+	// ConfigHash identifies the config in force ("" when none is).
+	ConfigHash string `json:"config_hash"`
+	// WindowSeconds is the span of every rule's LastMinute.
+	WindowSeconds int `json:"window_seconds"`
+	// Domains lists every configured domain, by name.
+	Domains []DomainPage `json:"domains"`
+	// Busiest lists the fullest buckets now, fullest first.
+	Busiest []BucketState `json:"busiest"`
+	// Refresh, when positive, makes the HTML page reload itself every
+	// Refresh seconds (?refresh=N).
+	Refresh int `json:"-"`
+}
+
+// DomainPage is one domain of a Page.
+type DomainPage struct {
+	Name  string     `json:"name"`
+	Files []string   `json:"files"`
+	Rules []RulePage `json:"rules"`
+}
+
+// RulePage is one rule of a Page.
+type RulePage struct {
+	// Name is rate_limit.name ("" if none); Path the descriptor path.
+	Name string `json:"name"`
+	Path string `json:"path"`
+	// Rate reads like "600 per minute" or "unlimited".
+	Rate string `json:"rate"`
+	// RequestsPerUnit, Unit and UnitMultiplier are the rate as configured;
+	// Burst the bucket size (0 for unlimited and deny-all rules).
+	RequestsPerUnit int64  `json:"requests_per_unit"`
+	Unit            string `json:"unit"`
+	UnitMultiplier  int64  `json:"unit_multiplier"`
+	Burst           int64  `json:"burst"`
+	ShadowMode      bool   `json:"shadow_mode"`
+	Unlimited       bool   `json:"unlimited"`
+	DenyAll         bool   `json:"deny_all"`
+	DetailedMetric  bool   `json:"detailed_metric"`
+	// File and Line locate the rule.
+	File string `json:"file"`
+	Line int    `json:"line"`
+	// LastMinute is the rule's traffic over the last WindowSeconds.
+	LastMinute Counts `json:"last_minute"`
+}
+
+// Label is the rule's name, else its path.
+func (r RulePage) Label() string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return r.Path
+}
+
+// Build computes the page at now.
+func (h *Handler) Build(now time.Time) Page {
+	set := h.opts.Config()
+	p := Page{GeneratedAt: now, ConfigHash: set.Hash(), WindowSeconds: int(Window / time.Second),
+		Domains: []DomainPage{}, Busiest: h.opts.Tracker.Busiest(h.opts.TopBuckets, now)}
+	for _, d := range set.Domains() {
+		dp := DomainPage{Name: d.Name, Files: d.Files, Rules: make([]RulePage, 0, len(d.Rules))}
+		for _, r := range d.Rules {
+			dp.Rules = append(dp.Rules, RulePage{
+				Name: r.Name, Path: r.Path, Rate: rate(r),
+				RequestsPerUnit: r.Limit.Count, Unit: r.Unit.String(), UnitMultiplier: r.UnitMultiplier, Burst: r.Limit.Burst,
+				ShadowMode: r.ShadowMode, Unlimited: r.Unlimited, DenyAll: r.DenyAll, DetailedMetric: r.DetailedMetric,
+				File: r.File, Line: r.Line,
+				LastMinute: h.opts.Tracker.LastMinute(r.Path, now),
+			})
+		}
+		p.Domains = append(p.Domains, dp)
+	}
+	return p
+}
+
+// rate sums a rule's rate up for people.
+func rate(r *config.Rule) string {
+	switch {
+	case r.Unlimited:
+		return "unlimited"
+	case r.DenyAll:
+		return "denies all (0 per " + r.Unit.String() + ")"
+	case r.UnitMultiplier > 1:
+		return fmt.Sprintf("%d per %d %ss", r.Limit.Count, r.UnitMultiplier, r.Unit)
+	}
+	return fmt.Sprintf("%d per %s", r.Limit.Count, r.Unit)
+}
+
+// ServeHTTP serves the page as JSON when the path ends in ".json" or the
+// query has format=json, else as HTML.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := h.Build(h.opts.Now())
+	w.Header().Set("Cache-Control", "no-store")
+	if r.URL.Query().Get("format") == "json" || len(r.URL.Path) > 5 && r.URL.Path[len(r.URL.Path)-5:] == ".json" {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(p); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+		return
+	}
+	if n, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && n > 0 {
+		p.Refresh = max(n, 1)
+	}
+	var buf bytes.Buffer
+	if err := pageTemplate.Execute(&buf, p); err != nil {
+		http.Error(w, fmt.Sprintf("render /limits: %v", err), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Write(buf.Bytes())
+}
