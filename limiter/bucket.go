@@ -80,45 +80,98 @@ func (l Limit) tokensIn(x instant) int64 {
 	return n
 }
 
-// Decide applies a request for hits tokens at time now to a bucket in state
-// s, and returns the bucket's next state and the decision. It is the
-// specification every Store follows. hits must be in [0, MaxTokens] and l
-// valid.
+// Decide applies request r at time now to a bucket in state s, and returns
+// the bucket's next state and the decision. It is the specification every
+// Store follows; r must be valid (Request.Validate).
 //
-// A denied request leaves the state unchanged. The clock may go backwards
-// between calls: the bucket then looks emptier than it is (never fuller), so
-// nothing is admitted that should not be; stores that can keep the latest now
-// they have seen (MemoryStore does) pass that instead.
-func Decide(l Limit, s State, now time.Time, hits int64) (State, Decision) {
+//   - A request for Hits tokens is admitted when the bucket holds at least
+//     Hits, and then spends them. Hits 0 checks without spending: admitted
+//     unless the bucket is in debt.
+//   - Hits above Burst can never be admitted (ExceedsBurst).
+//   - With MaxWait, a request that would be denied but whose tokens arrive
+//     within MaxWait reserves them: admitted with Wait, the bucket in debt
+//     until they arrive.
+//   - With Limit.MaxDebt, a charge (Hits > 0) is always recorded, down to
+//     MaxDebt tokens below empty, and is admitted when the bucket was not in
+//     debt before it.
+//
+// A denied request leaves the state unchanged (except a charge). The clock
+// may go backwards between calls: the bucket then looks emptier than it is
+// (never fuller), so nothing is admitted that should not be; stores that
+// can keep the latest now they have seen (MemoryStore does) pass that.
+func Decide(r Request, s State, now time.Time) (State, Decision) {
+	l, hits := r.Limit, r.Hits
 	nowI := instant{us: now.UnixMicro()}
 	tat := instant{s.TAT, min(s.Frac, l.Count-1)}
 	if tat.less(nowI) {
 		tat = nowI
 	}
 	tau := l.fillTime()
+	before := tat.sub(nowI, l.Count) // time until full before this request
+	if r.Charge() {
+		return l.charge(tat, nowI, tau, before, hits)
+	}
 	if hits > l.Burst {
-		return s, Decision{
-			ResetAfter:   tat.sub(nowI, l.Count).ceilDuration(),
-			ExceedsBurst: true,
-		}
+		return s, Decision{ResetAfter: before.ceilDuration(), ExceedsBurst: true}
 	}
 	next := l.advance(tat, hits)
 	used := next.sub(nowI, l.Count) // time until the bucket is full again
-	if tau.less(used) {
-		return s, Decision{
-			RetryAfter: used.sub(tau, l.Count).ceilDuration(),
-			ResetAfter: tat.sub(nowI, l.Count).ceilDuration(),
+	if !tau.less(used) {
+		d := Decision{
+			Allowed:    true,
+			Remaining:  l.tokensIn(tau.sub(used, l.Count)),
+			ResetAfter: used.ceilDuration(),
+		}
+		if hits == 0 {
+			return s, d
+		}
+		return State{TAT: next.us, Frac: next.frac}, d
+	}
+	wait := used.sub(tau, l.Count) // until this request's tokens have arrived
+	if hits > 0 && r.MaxWait > 0 && wait.ceilDuration() <= r.MaxWait {
+		return State{TAT: next.us, Frac: next.frac}, Decision{
+			Allowed:    true,
+			ResetAfter: used.ceilDuration(),
+			Wait:       wait.ceilDuration(),
 		}
 	}
-	d := Decision{
-		Allowed:    true,
-		Remaining:  l.tokensIn(tau.sub(used, l.Count)),
-		ResetAfter: used.ceilDuration(),
+	return s, Decision{RetryAfter: wait.ceilDuration(), ResetAfter: before.ceilDuration()}
+}
+
+// charge records a post-paid charge of hits tokens on a bucket whose TAT is
+// tat (at least now), down to MaxDebt tokens below empty.
+func (l Limit) charge(tat, now, tau, before instant, hits int64) (State, Decision) {
+	floor := l.advance(tau, l.MaxDebt) // the longest a bucket may take to fill
+	next := l.advance(tat, min(hits, l.Burst+l.MaxDebt))
+	used := next.sub(now, l.Count)
+	if floor.less(used) {
+		used = floor
+		next = instant{us: now.us + floor.us, frac: floor.frac}
 	}
-	if hits == 0 {
-		return s, d
+	d := Decision{Allowed: !tau.less(before), ResetAfter: used.ceilDuration()}
+	switch {
+	case !d.Allowed:
+		d.RetryAfter = before.sub(tau, l.Count).ceilDuration()
+	case !tau.less(used):
+		d.Remaining = l.tokensIn(tau.sub(used, l.Count))
 	}
 	return State{TAT: next.us, Frac: next.frac}, d
+}
+
+// Refund returns the state of a bucket in state s after giving back hits
+// tokens at time now: its TAT moves back by their time, but not before now.
+func Refund(l Limit, s State, now time.Time, hits int64) State {
+	nowI := instant{us: now.UnixMicro()}
+	tat := instant{s.TAT, min(s.Frac, l.Count-1)}
+	if !nowI.less(tat) {
+		return s
+	}
+	back := l.advance(instant{}, min(hits, l.Burst+l.MaxDebt))
+	if !back.less(tat.sub(nowI, l.Count)) {
+		return State{TAT: nowI.us}
+	}
+	t := tat.sub(back, l.Count)
+	return State{TAT: t.us, Frac: t.frac}
 }
 
 // Full reports whether a bucket in state s is full at time now, so that a
@@ -129,33 +182,48 @@ func (s State) Full(now time.Time) bool {
 
 // DecideAll applies reqs at time now all-or-nothing, given stored[i], the
 // state stored under reqs[i].Key (the same for requests naming the same key).
-// It returns the decisions, the states to store (next[i] for reqs[i].Key; for
-// a key named several times, the last one counts) and whether every request
-// was admitted. When one is denied nothing may be stored: next is then nil,
-// and the requests that would have passed report their bucket as a check
-// (Hits 0) would. It is the specification of Store.Take.
+// It returns the decisions, the state of each request's bucket after it, and
+// whether every request was admitted. A store writes next[i] under
+// reqs[i].Key for each request with Hits > 0 whose next[i] differs from what
+// it stored (for a key named several times, the last one counts).
+//
+// When one request is denied, none is charged except post-paid charges
+// (Request.Charge), and the requests that would have passed report their
+// bucket as a check (Hits 0) would. It is the specification of Store.Take.
 func DecideAll(now time.Time, reqs []Request, stored []State) (decisions []Decision, next []State, allowed bool) {
 	decisions = make([]Decision, len(reqs))
 	next = make([]State, len(reqs))
-	allowed = true
-	for i, r := range reqs {
-		s := stored[i]
+	// current is the state of reqs[i]'s bucket before it, after the earlier
+	// requests for the same key.
+	current := func(i int) State {
 		for j := i - 1; j >= 0; j-- {
-			if reqs[j].Key == r.Key {
-				s = next[j]
-				break
+			if reqs[j].Key == reqs[i].Key {
+				return next[j]
 			}
 		}
-		next[i], decisions[i] = Decide(r.Limit, s, now, r.Hits)
+		return stored[i]
+	}
+	allowed = true
+	for i, r := range reqs {
+		next[i], decisions[i] = Decide(r, current(i), now)
 		allowed = allowed && decisions[i].Allowed
 	}
 	if allowed {
 		return decisions, next, true
 	}
 	for i, r := range reqs {
-		if decisions[i].Allowed {
-			_, decisions[i] = Decide(r.Limit, stored[i], now, 0)
+		s := current(i)
+		switch {
+		case r.Charge():
+			next[i], decisions[i] = Decide(r, s, now)
+		case decisions[i].Allowed:
+			check := r
+			check.Hits = 0
+			next[i] = s
+			_, decisions[i] = Decide(check, s, now)
+		default:
+			next[i] = s
 		}
 	}
-	return decisions, nil, false
+	return decisions, next, false
 }

@@ -31,6 +31,12 @@ type Limit struct {
 	// Burst is the capacity of the bucket, in tokens: how many can be spent
 	// at once after a quiet spell.
 	Burst int64
+	// MaxDebt, when positive, makes the bucket post-paid: a charge (Hits >
+	// 0) is always recorded, even when it overdraws the bucket, down to
+	// MaxDebt tokens below empty (a larger charge is recorded up to that
+	// floor). A charge or a check is admitted only while the bucket is not
+	// in debt. Zero means no overdraft.
+	MaxDebt int64
 }
 
 // Bounds on a Limit that keep every intermediate value of the bucket
@@ -60,6 +66,16 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("burst %d: must be at most %d", l.Burst, int64(MaxTokens))
 	case l.Burst > maxProduct/l.Count:
 		return fmt.Errorf("burst %d with count %d: burst×count must be at most 2^50", l.Burst, l.Count)
+	case l.MaxDebt < 0:
+		return fmt.Errorf("max debt %d: must not be negative", l.MaxDebt)
+	case l.MaxDebt > MaxTokens || l.Burst+l.MaxDebt > maxProduct/l.Count:
+		return fmt.Errorf("max debt %d with burst %d and count %d: (burst+max debt)×count must be at most 2^50", l.MaxDebt, l.Burst, l.Count)
+	}
+	if l.MaxDebt > 0 {
+		if span := l.advance(instant{}, l.Burst+l.MaxDebt); span.us > MaxFill.Microseconds() {
+			return fmt.Errorf("burst %d and max debt %d at %d per %v: paying the debt and filling would take more than %v",
+				l.Burst, l.MaxDebt, l.Count, l.Period, MaxFill)
+		}
 	}
 	if fill := l.fillTime(); fill.us > MaxFill.Microseconds() {
 		return fmt.Errorf("burst %d at %d per %v: the bucket would take %v to fill, more than %v",
@@ -89,7 +105,17 @@ type Request struct {
 	// Hits is how many tokens to take. Zero checks the bucket without
 	// spending: it is admitted unless the bucket is in debt.
 	Hits int64
+	// MaxWait, when positive, lets a request that finds too few tokens
+	// reserve them if they arrive within MaxWait: it is admitted with
+	// Decision.Wait, the bucket goes into debt by the reservation, and the
+	// caller must hold the request that long (or Refund it). Reservations
+	// queue in arrival order.
+	MaxWait time.Duration
 }
+
+// Charge reports whether r is a post-paid charge, which a Store records
+// whatever the other requests of the same Take decide.
+func (r Request) Charge() bool { return r.Limit.MaxDebt > 0 && r.Hits > 0 }
 
 // Decision is what a bucket answered to one Request.
 type Decision struct {
@@ -109,12 +135,17 @@ type Decision struct {
 	// ExceedsBurst reports that Hits is more than the bucket can ever hold:
 	// the request is denied and retrying cannot help.
 	ExceedsBurst bool
+	// Wait, when positive, says the request was admitted by reserving
+	// tokens that arrive only after Wait (see Request.MaxWait). Rounded up
+	// to the microsecond.
+	Wait time.Duration
 }
 
 // Store keeps buckets and applies requests to them.
 //
 // Take applies reqs at time now atomically and all-or-nothing: either every
-// request is admitted and charged, or none is charged. When one is denied,
+// request is admitted and charged, or none is charged, except post-paid
+// charges (Request.Charge), which are always recorded. When one is denied,
 // the others report the state their bucket is in (as if checked with Hits 0).
 // Requests naming the same key are applied in order, each seeing the ones
 // before it. The returned slice has one Decision per request, in order.
@@ -124,6 +155,17 @@ type Decision struct {
 // time it uses. Implementations must be safe for concurrent use.
 type Store interface {
 	Take(ctx context.Context, now time.Time, reqs []Request) ([]Decision, error)
+}
+
+// Refunder is a Store that can give tokens back.
+//
+// Refund gives back the Hits of each request (a reservation whose caller
+// gave up, or Envoy's negative hits): each bucket's TAT moves back by the
+// time those tokens take to arrive (Refund, the function), but never before
+// now, since a bucket cannot be fuller than full. Implementations must be
+// safe for concurrent use.
+type Refunder interface {
+	Refund(ctx context.Context, now time.Time, reqs []Request) error
 }
 
 // ErrInvalidRequest is wrapped by stores when a Request has an invalid Limit
@@ -138,6 +180,9 @@ var ErrUnavailable = errors.New("backend unavailable")
 func (r Request) Validate() error {
 	if r.Hits < 0 || r.Hits > MaxTokens {
 		return fmt.Errorf("%w: hits %d out of range [0, %d]", ErrInvalidRequest, r.Hits, int64(MaxTokens))
+	}
+	if r.MaxWait < 0 || r.MaxWait > MaxFill {
+		return fmt.Errorf("%w: max wait %v out of range [0, %v]", ErrInvalidRequest, r.MaxWait, MaxFill)
 	}
 	if err := r.Limit.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)

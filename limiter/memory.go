@@ -99,24 +99,44 @@ func (m *MemoryStore) Take(ctx context.Context, now time.Time, reqs []Request) (
 	for i, r := range reqs {
 		stored[i] = m.shards[ids[i]].buckets[r.Key]
 	}
-	decisions, next, allowed := DecideAll(now, reqs, stored)
+	decisions, next, _ := DecideAll(now, reqs, stored)
 	for _, id := range locks {
 		m.shards[id].latest = nowUS
 	}
-	if !allowed {
-		return decisions, nil
-	}
 	for i, r := range reqs {
-		if r.Hits == 0 {
+		sh := &m.shards[ids[i]]
+		if r.Hits == 0 || next[i] == sh.buckets[r.Key] {
 			continue
 		}
-		sh := &m.shards[ids[i]]
 		sh.buckets[r.Key] = next[i]
 		if len(sh.buckets) >= sh.sweepAt {
 			sh.sweep(nowUS)
 		}
 	}
 	return decisions, nil
+}
+
+// Refund implements Refunder.
+func (m *MemoryStore) Refund(ctx context.Context, now time.Time, reqs []Request) error {
+	for i, r := range reqs {
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	for _, r := range reqs {
+		sh := &m.shards[m.shardOf(r.Key)]
+		sh.mu.Lock()
+		nowUS := max(now.UnixMicro(), sh.latest)
+		if s, ok := sh.buckets[r.Key]; ok {
+			if s = Refund(r.Limit, s, time.UnixMicro(nowUS), r.Hits); s.Full(time.UnixMicro(nowUS)) {
+				delete(sh.buckets, r.Key)
+			} else {
+				sh.buckets[r.Key] = s
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return nil
 }
 
 // Sweep drops every bucket that is full at now. Call it now and then on an
@@ -163,4 +183,7 @@ func (m *MemoryStore) Len() int {
 	return n
 }
 
-var _ Store = (*MemoryStore)(nil)
+var (
+	_ Store    = (*MemoryStore)(nil)
+	_ Refunder = (*MemoryStore)(nil)
+)

@@ -12,3 +12,9 @@ func TestMemoryStoreConformance(t *testing.T) {
 		return limiter.NewMemoryStore(limiter.MemoryOptions{})
 	})
 }
+
+func TestMemoryStorePostpaid(t *testing.T) {
+	limitertest.RunPostpaidTests(t, func(t *testing.T) limiter.Store {
+		return limiter.NewMemoryStore(limiter.MemoryOptions{})
+	})
+}

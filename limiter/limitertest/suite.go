@@ -139,31 +139,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 	t.Run("timelines", func(t *testing.T) {
 		for _, tl := range timelines {
 			t.Run(tl.name, func(t *testing.T) {
-				store := newStore(t)
-				prefix := t.Name() + ":"
-				for i, st := range tl.steps {
-					reqs := make([]limiter.Request, len(st.reqs))
-					for j, r := range st.reqs {
-						r.Key = prefix + r.Key
-						reqs[j] = r
-					}
-					got, err := store.Take(context.Background(), T0.Add(st.at), reqs)
-					if err != nil {
-						t.Fatalf("step %d: Take(T0+%v, %v): %v", i, st.at, st.reqs, err)
-					}
-					if len(got) != len(st.want) {
-						t.Fatalf("step %d: Take(T0+%v) gave %d decisions, want %d", i, st.at, len(got), len(st.want))
-					}
-					for j := range got {
-						g, w := got[j], st.want[j]
-						if st.allowedOnly {
-							g, w = limiter.Decision{Allowed: g.Allowed}, limiter.Decision{Allowed: w.Allowed}
-						}
-						if g != w {
-							t.Errorf("step %d: Take(T0+%v, %v)[%d] = %+v, want %+v", i, st.at, st.reqs[j], j, got[j], st.want[j])
-						}
-					}
-				}
+				runTimeline(t, newStore(t), tl.steps)
 			})
 		}
 	})
