@@ -1,0 +1,135 @@
+package tracing_test
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/tracing"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+func TestOffWithoutEndpoint(t *testing.T) {
+	before := otel.GetTracerProvider()
+	c, err := tracing.ConfigFromEnv(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, shutdown, err := tracing.Setup(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Enabled() || len(opts) != 0 {
+		t.Errorf("without %s: enabled %v, %d server options; want off and none", tracing.EnvEndpoint, c.Enabled(), len(opts))
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Errorf("shutdown = %v", err)
+	}
+	if otel.GetTracerProvider() != before {
+		t.Errorf("Setup installed a global tracer provider")
+	}
+}
+
+func TestConfigFromEnv(t *testing.T) {
+	tests := []struct {
+		env     map[string]string
+		want    tracing.Config
+		wantErr bool
+	}{
+		{map[string]string{}, tracing.Config{SampleRatio: 1}, false},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_SERVICE_NAME": "rl", "OTEL_TRACES_SAMPLER_ARG": "0.25"},
+			tracing.Config{Endpoint: "http://127.0.0.1:4317", ServiceName: "rl", SampleRatio: 0.25}, false},
+		{map[string]string{"OTEL_TRACES_SAMPLER_ARG": "2"}, tracing.Config{}, true},
+	}
+	for _, tt := range tests {
+		got, err := tracing.ConfigFromEnv(func(k string) string { return tt.env[k] })
+		if (err != nil) != tt.wantErr || !tt.wantErr && got != tt.want {
+			t.Errorf("ConfigFromEnv(%v) = %+v, %v; want %+v, error %v", tt.env, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestSetupWithEndpointDoesNotDial(t *testing.T) {
+	// The exporter connects lazily: Setup succeeds with no collector.
+	opts, shutdown, err := tracing.Setup(context.Background(), tracing.Config{Endpoint: "http://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opts) == 0 {
+		t.Errorf("Setup with an endpoint returned no server options")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // do not wait to flush to a collector that is not there
+	shutdown(ctx)
+}
+
+func TestSpanHasDomainAndCode(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+
+	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(`
+domain: api
+descriptors:
+  - key: model
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(set)
+	gs := grpc.NewServer(tracing.ServerOptions(tp)...)
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(lis)
+	defer gs.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "x"}}}}}
+	for _, want := range []string{"OK", "OVER_LIMIT"} {
+		resp, err := client.ShouldRateLimit(context.Background(), req)
+		if err != nil || resp.GetOverallCode().String() != want {
+			t.Fatalf("ShouldRateLimit = %v, %v; want %s", resp.GetOverallCode(), err, want)
+		}
+	}
+
+	spans := exp.GetSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2: %v", len(spans), spans)
+	}
+	for i, want := range []string{"OK", "OVER_LIMIT"} {
+		s := spans[i]
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, a := range s.Attributes {
+			attrs[a.Key] = a.Value
+		}
+		if s.Name != "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" ||
+			attrs[tracing.DomainKey].AsString() != "api" || attrs[tracing.OverallCodeKey].AsString() != want ||
+			attrs[tracing.DescriptorsKey].AsInt64() != 1 {
+			t.Errorf("span %d: %s %v; want ShouldRateLimit with domain api, overall code %s, 1 descriptor", i, s.Name, attrs, want)
+		}
+	}
+}
