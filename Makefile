@@ -14,9 +14,22 @@ build:
 run: build
 	$(BIN)/ratelimitd --config $(CONFIG)
 
-## test: vet, the layering check, and every test with the race detector.
+## test: vet, the layering check, every test with the race detector, then
+## each fuzz target for FUZZ_BRIEF (default 5s).
 test: vet check
 	$(GO) test -race -count=1 -timeout 8m ./...
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_BRIEF)
+
+## fuzz: each fuzz target (FUZZ_TARGETS, name:package) for FUZZTIME (default
+## 60s). A failing input is saved under the package's testdata/fuzz/.
+FUZZTIME ?= 60s
+FUZZ_BRIEF ?= 5s
+FUZZ_TARGETS := FuzzLoadConfig:./config FuzzShouldRateLimit:./internal/server
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "$(GO) test -run='^$$' -fuzz='^$${t%%:*}$$' -fuzztime=$(FUZZTIME) $${t#*:}"; \
+		$(GO) test -run='^$$' -fuzz="^$${t%%:*}\$$" -fuzztime=$(FUZZTIME) $${t#*:} || exit 1; \
+	done
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
@@ -28,6 +41,16 @@ check:
 	if [ -n "$$bad" ]; then echo "limiter imports what it must not: $$bad"; exit 1; fi
 	@bad=$$($(GO) list -deps ./config | grep -E 'grpc|protobuf|redis' || true); \
 	if [ -n "$$bad" ]; then echo "config imports what it must not: $$bad"; exit 1; fi
+
+## bench: the load matrix against a do-nothing floor, side by side (not part
+## of test). Starts and stops its own floor, ratelimitd and redis-server.
+## BENCH_DURATION per cell (default 10s); BENCH_FLAGS go to ratelimit-bench run
+## (e.g. BENCH_FLAGS='--rounds 3 --json').
+BENCH_DURATION ?= 10s
+BENCH_FLAGS ?=
+bench:
+	$(GO) build -o $(BIN)/ratelimit-bench ./cmd/ratelimit-bench
+	$(BIN)/ratelimit-bench run --duration $(BENCH_DURATION) $(BENCH_FLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,367 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// loadOptions describe one load run. Zero fields are invalid; the flags
+// give the defaults.
+type loadOptions struct {
+	addr        string
+	concurrency int
+	duration    time.Duration
+	warmup      time.Duration
+	// maxRequests caps the calls of each phase (warm-up, measure), so every
+	// loop is bounded in count as well as in time; it also sizes the
+	// latency buffer.
+	maxRequests int
+	// timeout bounds each call beyond the end of its phase.
+	timeout time.Duration
+	conns   int
+	seed    uint64
+	mix     mixParams
+	// redisAddr, when set, is the Redis the server uses: its INFO counters
+	// are read before and after the measured phase.
+	redisAddr string
+	// prime spends every abuser bucket's token before the warm-up (see
+	// prime); run primes each server once instead.
+	prime bool
+}
+
+func (o loadOptions) validate() error {
+	var errs []error
+	if err := checkLoopback(o.addr); err != nil {
+		errs = append(errs, fmt.Errorf("--addr: %w", err))
+	}
+	if o.redisAddr != "" {
+		if err := checkLoopback(o.redisAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--redis-addr: %w", err))
+		}
+	}
+	if o.concurrency < 1 || o.concurrency > 10_000 {
+		errs = append(errs, fmt.Errorf("--concurrency %d: want 1 to 10000", o.concurrency))
+	}
+	if o.duration <= 0 {
+		errs = append(errs, fmt.Errorf("--duration %v: want more than 0", o.duration))
+	}
+	if o.warmup < 0 {
+		errs = append(errs, fmt.Errorf("--warmup %v: want 0 or more", o.warmup))
+	}
+	if o.maxRequests < 1 || o.maxRequests > 100_000_000 {
+		errs = append(errs, fmt.Errorf("--max-requests %d: want 1 to 100000000", o.maxRequests))
+	}
+	if o.timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout %v: want more than 0", o.timeout))
+	}
+	if o.conns < 1 || o.conns > 64 {
+		errs = append(errs, fmt.Errorf("--conns %d: want 1 to 64", o.conns))
+	}
+	if o.mix.keyspace < 2 || o.mix.keyspace > 10_000_000 {
+		errs = append(errs, fmt.Errorf("--keyspace %d: want 2 to 10000000", o.mix.keyspace))
+	}
+	if o.mix.overLimitShare < 0 || o.mix.overLimitShare > 1 {
+		errs = append(errs, fmt.Errorf("--over-limit-share %v: want 0 to 1", o.mix.overLimitShare))
+	}
+	if o.mix.zipfS <= 1 {
+		errs = append(errs, fmt.Errorf("--zipf-s %v: want more than 1", o.mix.zipfS))
+	}
+	return errors.Join(errs...)
+}
+
+// checkLoopback accepts host:port only when host is localhost or a
+// loopback IP address.
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%q is not a loopback address (want 127.0.0.1, [::1] or localhost)", addr)
+}
+
+// addLoadFlags registers the flags the load and run commands share
+// (all but --addr, --redis-addr, --concurrency and --json).
+func addLoadFlags(fs *flag.FlagSet, o *loadOptions, mix *string) {
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "how long to send unmeasured calls first")
+	fs.IntVar(&o.maxRequests, "max-requests", 2_000_000, "most calls per phase (also sizes the latency buffer: 8 bytes a call)")
+	fs.DurationVar(&o.timeout, "timeout", time.Second, "how long a call may last past the end of its phase")
+	fs.IntVar(&o.conns, "conns", 1, "gRPC connections, shared round-robin by the workers")
+	fs.Uint64Var(&o.seed, "seed", 1, "random seed of the mix")
+	fs.IntVar(&o.mix.keyspace, "keyspace", 10_000, "distinct values of the first descriptor entry")
+	fs.Float64Var(&o.mix.overLimitShare, "over-limit-share", 0.2, "share of calls aimed at exhausted rules")
+	fs.Float64Var(&o.mix.zipfS, "zipf-s", 1.1, "Zipf exponent of value popularity (> 1)")
+	fs.StringVar(mix, "mix", "mixed", "traffic: mixed, or hot-key (every call on one exhausted bucket)")
+}
+
+// runLoad is the load command: one run against --addr, one result.
+func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o loadOptions
+	var mix string
+	var asJSON bool
+	fs := flag.NewFlagSet("ratelimit-bench load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8081", "gRPC address of the RateLimitService (loopback only)")
+	fs.StringVar(&o.redisAddr, "redis-addr", "", "the server's Redis (loopback only): report commands and round trips per decision")
+	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	fs.IntVar(&o.concurrency, "concurrency", 64, "calls in flight at once (one goroutine each)")
+	fs.BoolVar(&o.prime, "prime", true, "first spend the token of every abuser bucket (one call per keyspace value), so over-limit traffic is over the limit from the start")
+	addLoadFlags(fs, &o, &mix)
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	var err error
+	if o.mix.mix, err = parseMix(mix); err != nil {
+		return usageError{fmt.Errorf("--mix: %w", err)}
+	}
+	if err := o.validate(); err != nil {
+		return usageError{err}
+	}
+	lat := make([]int64, o.maxRequests)
+	res, err := load(ctx, o, lat)
+	if err != nil {
+		return err
+	}
+	res.Target = o.addr
+	rep := report{Settings: settingsOf(o, 1), Results: []Result{res}}
+	if asJSON {
+		return writeJSON(stdout, rep)
+	}
+	return writeTable(stdout, rep)
+}
+
+// Result is what one load run measured. Latencies are in microseconds.
+type Result struct {
+	// Case and Target say what was measured: the mix and concurrency, and
+	// the server (floor, memory, redis, or an address).
+	Case        string `json:"case"`
+	Target      string `json:"target"`
+	Mix         string `json:"mix"`
+	Concurrency int    `json:"concurrency"`
+	// Seconds is the measured time, from the first call to the last answer.
+	Seconds float64 `json:"seconds"`
+	// Calls is how many calls completed (answered or failed).
+	Calls           int64   `json:"calls"`
+	DecisionsPerSec float64 `json:"decisions_per_sec"`
+	P50us           float64 `json:"p50_us"`
+	P99us           float64 `json:"p99_us"`
+	P999us          float64 `json:"p999_us"`
+	MaxUs           float64 `json:"max_us"`
+	OK              int64   `json:"ok"`
+	OverLimit       int64   `json:"over_limit"`
+	// AimedOver counts calls the mix aimed at exhausted rules.
+	AimedOver int64            `json:"aimed_over"`
+	Errors    int64            `json:"errors"`
+	ErrorKind map[string]int64 `json:"error_codes,omitempty"`
+	// Capped reports that --max-requests ended the phase before --duration.
+	Capped bool        `json:"capped,omitempty"`
+	Redis  *RedisUsage `json:"redis,omitempty"`
+	// Floor ratios, set when a floor was measured in the same run.
+	ThroughputVsFloor float64 `json:"throughput_vs_floor,omitempty"`
+	P50VsFloor        float64 `json:"p50_vs_floor,omitempty"`
+	P99VsFloor        float64 `json:"p99_vs_floor,omitempty"`
+}
+
+// phaseCounts are the shared counters of one phase.
+type phaseCounts struct {
+	next      atomic.Int64 // calls started; also the index into the latency buffer
+	ok        atomic.Int64
+	over      atomic.Int64
+	aimedOver atomic.Int64
+	mu        sync.Mutex
+	errors    map[codes.Code]int64
+}
+
+// load dials o.addr and runs a warm-up phase then a measured one; lat (at
+// least o.maxRequests long) receives the measured latencies.
+func load(ctx context.Context, o loadOptions, lat []int64) (Result, error) {
+	conns := make([]rlsv3.RateLimitServiceClient, o.conns)
+	for i := range conns {
+		cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return Result{}, fmt.Errorf("dial %s: %w", o.addr, err)
+		}
+		defer cc.Close()
+		conns[i] = rlsv3.NewRateLimitServiceClient(cc)
+	}
+	voc := newVocabulary(o.mix.keyspace)
+	if o.prime && o.mix.mix == MixMixed {
+		if err := prime(ctx, conns[0], voc, max(o.concurrency, 16)); err != nil {
+			return Result{}, err
+		}
+	}
+	mixers := make([]*mixer, o.concurrency)
+	for i := range mixers {
+		mixers[i] = newMixer(o.mix, voc, o.seed*1_000_003+uint64(i))
+	}
+
+	if o.warmup > 0 {
+		if _, err := runPhase(ctx, o, conns, mixers, o.warmup, nil); err != nil {
+			return Result{}, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	var redis *redisCounters
+	var before redisSnapshot
+	if o.redisAddr != "" {
+		var err error
+		if redis, err = newRedisCounters(o.redisAddr); err != nil {
+			return Result{}, err
+		}
+		defer redis.close()
+		if before, err = redis.snapshot(ctx); err != nil {
+			return Result{}, err
+		}
+	}
+	counts, err := runPhase(ctx, o, conns, mixers, o.duration, lat)
+	if err != nil {
+		return Result{}, err
+	}
+	res := counts
+	if redis != nil {
+		after, err := redis.snapshot(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		u := usage(before, after, res.OK+res.OverLimit)
+		res.Redis = &u
+	}
+	return res, nil
+}
+
+// runPhase runs the workers for d (or until o.maxRequests calls have
+// started, or ctx is done) and summarizes the phase; lat nil means a
+// warm-up whose latencies are not kept.
+func runPhase(ctx context.Context, o loadOptions, conns []rlsv3.RateLimitServiceClient, mixers []*mixer, d time.Duration, lat []int64) (Result, error) {
+	var pc phaseCounts
+	pc.errors = map[codes.Code]int64{}
+	limit := int64(o.maxRequests)
+	start := time.Now()
+	end := start.Add(d)
+	// Calls are bounded by the phase's end plus the timeout: a call that
+	// hangs cannot keep a worker (or the run) waiting.
+	callCtx, cancel := context.WithDeadline(ctx, end.Add(o.timeout))
+	defer cancel()
+	var wg sync.WaitGroup
+	for w, m := range mixers {
+		client := conns[w%len(conns)]
+		wg.Go(func() {
+			for time.Now().Before(end) && callCtx.Err() == nil {
+				i := pc.next.Add(1) - 1
+				if i >= limit {
+					return
+				}
+				req, aimed := m.next()
+				t := time.Now()
+				resp, err := client.ShouldRateLimit(callCtx, req)
+				el := time.Since(t)
+				if err != nil {
+					if lat != nil {
+						lat[i] = -1
+					}
+					if callCtx.Err() != nil && status.Code(err) != codes.OK && time.Now().After(end) {
+						// Cut off at the end of the phase: not the server's fault.
+						if lat != nil {
+							lat[i] = -2
+						}
+						return
+					}
+					pc.mu.Lock()
+					pc.errors[status.Code(err)]++
+					pc.mu.Unlock()
+					continue
+				}
+				if lat != nil {
+					lat[i] = int64(el)
+				}
+				if aimed {
+					pc.aimedOver.Add(1)
+				}
+				switch resp.GetOverallCode() {
+				case rlsv3.RateLimitResponse_OVER_LIMIT:
+					pc.over.Add(1)
+				default:
+					pc.ok.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	res := Result{
+		Mix:         o.mix.mix.String(),
+		Concurrency: o.concurrency,
+		Seconds:     elapsed.Seconds(),
+		OK:          pc.ok.Load(),
+		OverLimit:   pc.over.Load(),
+		AimedOver:   pc.aimedOver.Load(),
+		Capped:      pc.next.Load() >= limit,
+	}
+	for c, n := range pc.errors {
+		if res.ErrorKind == nil {
+			res.ErrorKind = map[string]int64{}
+		}
+		res.ErrorKind[c.String()] += n
+		res.Errors += n
+	}
+	res.Calls = res.OK + res.OverLimit + res.Errors
+	res.DecisionsPerSec = float64(res.OK+res.OverLimit) / elapsed.Seconds()
+	if lat != nil {
+		started := min(pc.next.Load(), limit)
+		res.P50us, res.P99us, res.P999us, res.MaxUs = percentiles(lat[:started])
+	}
+	return res, nil
+}
+
+// percentiles sorts the answered calls' latencies (negative entries are
+// failed or cut-off calls) in place and returns p50, p99, p99.9 and the
+// maximum in microseconds, by nearest rank.
+func percentiles(lat []int64) (p50, p99, p999, maxUs float64) {
+	slices.Sort(lat)
+	i, _ := slices.BinarySearch(lat, 0)
+	ok := lat[i:]
+	if len(ok) == 0 {
+		return 0, 0, 0, 0
+	}
+	rank := func(p float64) float64 {
+		k := int(p*float64(len(ok))+0.999999999) - 1
+		k = max(0, min(k, len(ok)-1))
+		return float64(ok[k]) / 1e3
+	}
+	return rank(0.50), rank(0.99), rank(0.999), float64(ok[len(ok)-1]) / 1e3
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}

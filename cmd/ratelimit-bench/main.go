@@ -1,0 +1,94 @@
+// Command ratelimit-bench measures ratelimitd against a floor: a
+// RateLimitService that answers OK and does no work, run side by side on
+// the same machine in the same run, so that results are ratios (throughput
+// and latency relative to the floor), which stay meaningful on a shared or
+// noisy machine where absolute numbers do not.
+//
+//	ratelimit-bench load --addr 127.0.0.1:8081 [flags]   drive one server, print one row
+//	ratelimit-bench floor --addr 127.0.0.1:0             serve the floor until SIGINT/SIGTERM
+//	ratelimit-bench run [flags]                          the matrix behind `make bench`
+//	ratelimit-bench --write-config DIR                   write the descriptors the load expects
+//
+// The load calls ShouldRateLimit over gRPC at a fixed concurrency for a
+// bounded time and a bounded number of calls, with a realistic mix (see
+// mix.go). Every address must be a loopback one: this is a tool for
+// measuring on one machine, not for loading someone else's server.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	// A second Ctrl-C kills at once; child processes die with us (see proc_linux.go).
+	go func() { <-ctx.Done(); stop() }()
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	var usage usageError
+	switch {
+	case err == nil:
+	case errors.As(err, &usage):
+		fmt.Fprintln(os.Stderr, "ratelimit-bench:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "ratelimit-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// usageError is an error in how the command was called (exit status 2).
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// run is the whole program; it returns when the work is done, on an error,
+// or soon after ctx is done (having stopped everything it started).
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return usageError{errors.New("no command")}
+	}
+	switch args[0] {
+	case "load":
+		return runLoad(ctx, args[1:], stdout, stderr)
+	case "floor":
+		return runFloor(ctx, args[1:], stderr)
+	case "run":
+		return runMatrix(ctx, args[1:], stdout, stderr)
+	case "--write-config", "-write-config":
+		if len(args) != 2 {
+			return usageError{errors.New("usage: ratelimit-bench --write-config DIR")}
+		}
+		path, err := writeConfig(args[1])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, path)
+		return nil
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, usageText)
+		return nil
+	}
+	fmt.Fprint(stderr, usageText)
+	return usageError{fmt.Errorf("unknown command %q", args[0])}
+}
+
+const usageText = `ratelimit-bench: load ratelimitd and compare it with a do-nothing floor.
+
+Usage:
+  ratelimit-bench load --addr HOST:PORT [flags]   drive ShouldRateLimit, print the result
+  ratelimit-bench floor --addr 127.0.0.1:0        serve a RateLimitService that does no work
+  ratelimit-bench run [flags]                     start floor, ratelimitd and redis-server,
+                                                  run the matrix, print ratios to the floor
+  ratelimit-bench --write-config DIR              write the descriptor file the load expects
+  ratelimit-bench COMMAND --help                  list a command's flags
+
+Addresses must be loopback ones.
+`

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+func TestCheckLoopback(t *testing.T) {
+	for _, tt := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"127.0.0.1:8081", true},
+		{"127.0.0.2:0", true},
+		{"[::1]:8081", true},
+		{"localhost:6379", true},
+		{"10.0.0.1:8081", false},
+		{"example.com:8081", false},
+		{"0.0.0.0:8081", false},
+		{":8081", false},
+		{"127.0.0.1", false},
+	} {
+		if err := checkLoopback(tt.addr); (err == nil) != tt.ok {
+			t.Errorf("checkLoopback(%q) = %v, want ok=%v", tt.addr, err, tt.ok)
+		}
+	}
+}
+
+// TestMixMatchesConfig checks that every request the mixes generate matches
+// the rule meant for it in the config --write-config writes.
+func TestMixMatchesConfig(t *testing.T) {
+	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: []byte(benchConfig)}})
+	if err != nil {
+		t.Fatalf("config.Parse(benchConfig): %v", err)
+	}
+	voc := newVocabulary(1000)
+	mixed := newMixer(mixParams{mix: MixMixed, keyspace: 1000, overLimitShare: 0.2, zipfS: 1.1}, voc, 7)
+	entriesSeen := map[int]int{}
+	aimed := 0
+	const calls = 5000
+	for range calls {
+		req, over := mixed.next()
+		d := req.GetDescriptors()[0]
+		entries := make([]config.Entry, 0, 3)
+		for _, e := range d.GetEntries() {
+			entries = append(entries, config.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		rule := set.Lookup(req.GetDomain(), entries)
+		want := map[bool][]string{false: {"", "client", "client-route", "client-route-method"}, true: {"", "abuser"}}[over][len(entries)]
+		if rule == nil || rule.Name != want {
+			t.Fatalf("mixed request %v (aimed over: %v) matched %v, want rule %q", entries, over, rule, want)
+		}
+		entriesSeen[len(entries)]++
+		if over {
+			aimed++
+		}
+	}
+	for n := 1; n <= 3; n++ {
+		if entriesSeen[n] == 0 {
+			t.Errorf("no mixed request had %d entries in %d calls", n, calls)
+		}
+	}
+	if share := float64(aimed) / calls; share < 0.17 || share > 0.23 {
+		t.Errorf("share aimed over the limit = %.3f, want about 0.2", share)
+	}
+
+	hot := newMixer(mixParams{mix: MixHot, keyspace: 1000, zipfS: 1.1}, voc, 7)
+	req, over := hot.next()
+	e := req.GetDescriptors()[0].GetEntries()
+	if rule := set.Lookup(req.GetDomain(), []config.Entry{{Key: e[0].GetKey(), Value: e[0].GetValue()}}); !over || rule == nil || rule.Name != "hot" {
+		t.Errorf("hot-key request matched %v (aimed over: %v), want rule hot", rule, over)
+	}
+}
+
+func TestPercentiles(t *testing.T) {
+	lat := make([]int64, 0, 1002)
+	for i := 1000; i >= 1; i-- {
+		lat = append(lat, int64(i)*1000) // 1µs … 1000µs
+	}
+	lat = append(lat, -1, -2) // a failed and a cut-off call
+	p50, p99, p999, maxUs := percentiles(lat)
+	if p50 != 500 || p99 != 990 || p999 != 999 || maxUs != 1000 {
+		t.Errorf("percentiles = %v, %v, %v, %v; want 500, 990, 999, 1000", p50, p99, p999, maxUs)
+	}
+	if p50, _, _, _ := percentiles([]int64{-1}); p50 != 0 {
+		t.Errorf("percentiles of no answered call: p50 = %v, want 0", p50)
+	}
+}
+
+func TestRedisUsage(t *testing.T) {
+	before, err := parseInfo("# Stats\r\ntotal_commands_processed:100\r\ntotal_reads_processed:50\r\n# Commandstats\r\ncmdstat_evalsha:calls=10,usec=5\r\ncmdstat_info:calls=1,usec=3\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := parseInfo("total_commands_processed:400\r\ntotal_reads_processed:72\r\ncmdstat_evalsha:calls=110,usec=5\r\ncmdstat_get:calls=100,usec=1\r\ncmdstat_info:calls=2,usec=3\r\ncmdstat_ping:calls=2\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := usage(before, after, 200)
+	if u.Scripts != 100 || u.Commands != 200 || u.RoundTrips != 20 || u.RoundTripsPerDecision != 0.1 || u.ScriptsPerDecision != 0.5 {
+		t.Errorf("usage = %+v; want 100 scripts, 200 commands, 20 round trips (0.1 a decision), 0.5 scripts a decision", u)
+	}
+	if _, err := parseInfo("# Stats\r\n"); err == nil {
+		t.Error("parseInfo without counters: nil error")
+	}
+}
+
+// serveInProcess serves srv on a loopback port until the test ends.
+func serveInProcess(t *testing.T, srv rlsv3.RateLimitServiceServer) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	return lis.Addr().String()
+}
+
+func testLoadOptions(addr string, mix Mix) loadOptions {
+	return loadOptions{
+		addr: addr, concurrency: 4, duration: 300 * time.Millisecond, warmup: 50 * time.Millisecond,
+		maxRequests: 100_000, timeout: time.Second, conns: 1, seed: 1, prime: true,
+		mix: mixParams{mix: mix, keyspace: 500, overLimitShare: 0.3, zipfS: 1.1},
+	}
+}
+
+func TestLoadAgainstFloor(t *testing.T) {
+	o := testLoadOptions(serveInProcess(t, floorServer{}), MixMixed)
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := load(context.Background(), o, make([]int64, o.maxRequests))
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if res.OK == 0 || res.OverLimit != 0 || res.Errors != 0 || res.P50us <= 0 || res.P99us < res.P50us {
+		t.Errorf("load against the floor = %+v; want only OK answers and sane latencies", res)
+	}
+}
+
+// TestLoadAgainstServer drives the real handler with the written config:
+// once primed, exactly the calls aimed over the limit are OVER_LIMIT.
+func TestLoadAgainstServer(t *testing.T) {
+	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: []byte(benchConfig)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(set)
+	addr := serveInProcess(t, srv)
+
+	res, err := load(context.Background(), testLoadOptions(addr, MixMixed), make([]int64, 100_000))
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if res.OK == 0 || res.OverLimit == 0 || res.OverLimit != res.AimedOver || res.Errors != 0 {
+		t.Errorf("mixed load = %d OK, %d OVER_LIMIT (%d aimed over), %d errors; want both kinds, OVER_LIMIT exactly the calls aimed over, no errors",
+			res.OK, res.OverLimit, res.AimedOver, res.Errors)
+	}
+	res, err = load(context.Background(), testLoadOptions(addr, MixHot), make([]int64, 100_000))
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if res.OK > 0 || res.OverLimit == 0 {
+		t.Errorf("hot-key load = %d OK, %d OVER_LIMIT; want all OVER_LIMIT (the bucket was emptied in the warm-up)", res.OK, res.OverLimit)
+	}
+}
+
+func TestMaxRequestsBoundsTheRun(t *testing.T) {
+	o := testLoadOptions(serveInProcess(t, floorServer{}), MixMixed)
+	o.duration, o.warmup, o.maxRequests = time.Minute, 0, 50
+	start := time.Now()
+	res, err := load(context.Background(), o, make([]int64, o.maxRequests))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Calls != 50 || !res.Capped || time.Since(start) > 20*time.Second {
+		t.Errorf("load capped at 50 calls made %d calls (capped %v) in %v", res.Calls, res.Capped, time.Since(start))
+	}
+}
+
+func TestRunRefusesRemoteAddresses(t *testing.T) {
+	var stderr bytes.Buffer
+	for _, args := range [][]string{
+		{"load", "--addr", "192.0.2.1:8081"},
+		{"load", "--addr", "127.0.0.1:8081", "--redis-addr", "192.0.2.1:6379"},
+		{"floor", "--addr", "0.0.0.0:0"},
+	} {
+		err := run(context.Background(), args, &bytes.Buffer{}, &stderr)
+		if err == nil || !strings.Contains(err.Error(), "not a loopback address") {
+			t.Errorf("run(%q) = %v, want a loopback error", args, err)
+		}
+	}
+}
+
+func TestFloorCommandLogsItsAddress(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	pr := &lineWaiter{lines: make(chan []byte, 4)}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"floor", "--addr", "127.0.0.1:0"}, &bytes.Buffer{}, pr) }()
+	select {
+	case line := <-pr.lines:
+		addr, ok := jsonReady(floorStartedMsg)(line)
+		if !ok || checkLoopback(addr) != nil {
+			t.Errorf("floor logged %s, want %q with a loopback grpc_addr", line, floorStartedMsg)
+		}
+	case err := <-done:
+		t.Fatalf("floor returned before logging: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("floor did not log in 10s")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("floor after cancel = %v, want nil", err)
+	}
+}
+
+type lineWaiter struct{ lines chan []byte }
+
+func (w *lineWaiter) Write(p []byte) (int, error) {
+	for _, l := range bytes.Split(bytes.TrimSpace(p), []byte("\n")) {
+		if json.Valid(l) {
+			w.lines <- bytes.Clone(l)
+		}
+	}
+	return len(p), nil
+}
+
+func TestChildrenAreStopped(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary")
+	}
+	var cs children
+	if _, _, err := cs.start(context.Background(), "sleep", sleep, []string{"60"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := cs.list[0]
+	start := time.Now()
+	if err := cs.stopAll(); err != nil {
+		t.Errorf("stopAll: %v", err)
+	}
+	select {
+	case <-c.exited:
+	default:
+		t.Error("sleep still running after stopAll")
+	}
+	if time.Since(start) > stopTimeout {
+		t.Errorf("stopAll took %v: SIGTERM was not enough", time.Since(start))
+	}
+}

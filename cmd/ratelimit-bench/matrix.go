@@ -1,0 +1,302 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// matrixOptions describe the run command.
+type matrixOptions struct {
+	load          loadOptions // addr, redisAddr and concurrency are set per cell
+	concurrencies []int
+	backends      []string // memory, redis
+	hotKey        bool
+	hotConc       int
+	rounds        int
+	ratelimitd    string // prebuilt binary; empty builds one
+	goTool        string
+	redisServer   string
+	serverFlags   []string
+	asJSON        bool
+}
+
+// target is one server the matrix loads.
+type target struct {
+	name      string // floor, memory, redis
+	addr      string
+	redisAddr string
+}
+
+// runMatrix is the run command: it starts the floor, ratelimitd on each
+// backend and a throwaway redis-server, runs every cell of the matrix
+// against each of them side by side, prints the results with their ratios
+// to the floor, and stops everything it started, also on error or Ctrl-C.
+func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	o, err := parseMatrixFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "ratelimit-bench-")
+	if err != nil {
+		return fmt.Errorf("temporary directory: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	var procs children
+	defer func() {
+		if stopErr := procs.stopAll(); stopErr != nil {
+			err = errors.Join(err, stopErr)
+		}
+	}()
+
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own binary for the floor: %w", err)
+	}
+	rld := o.ratelimitd
+	if rld == "" {
+		rld = filepath.Join(tmp, "ratelimitd")
+		fmt.Fprintf(stderr, "building ratelimitd into %s\n", tmp)
+		build := exec.CommandContext(ctx, o.goTool, "build", "-o", rld, "github.com/ratelimitd/ratelimitd/cmd/ratelimitd")
+		if out, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build ratelimitd (run from the module, or pass --ratelimitd): %w\n%s", err, out)
+		}
+	}
+	configDir := filepath.Join(tmp, "config")
+	if _, err := writeConfig(configDir); err != nil {
+		return err
+	}
+
+	floorAddr, _, err := procs.start(ctx, "floor", self, []string{"floor", "--addr", "127.0.0.1:0"}, jsonReady(floorStartedMsg))
+	if err != nil {
+		return err
+	}
+	targets := []target{{name: "floor", addr: floorAddr}}
+	serverArgs := func(extra ...string) []string {
+		a := []string{"serve", "--config", configDir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}
+		a = append(a, extra...)
+		return append(a, o.serverFlags...)
+	}
+	for _, be := range o.backends {
+		switch be {
+		case "memory":
+			addr, _, err := procs.start(ctx, "ratelimitd (memory)", rld, serverArgs(), jsonReady("ratelimitd started"))
+			if err != nil {
+				return err
+			}
+			targets = append(targets, target{name: "memory", addr: addr})
+		case "redis":
+			redisDir := filepath.Join(tmp, "redis")
+			if err := os.Mkdir(redisDir, 0o700); err != nil {
+				return fmt.Errorf("redis directory: %w", err)
+			}
+			redisAddr, err := procs.startRedis(ctx, o.redisServer, redisDir)
+			if err != nil {
+				return err
+			}
+			addr, _, err := procs.start(ctx, "ratelimitd (redis)", rld, serverArgs("--redis-url", "redis://"+redisAddr), jsonReady("ratelimitd started"))
+			if err != nil {
+				return err
+			}
+			targets = append(targets, target{name: "redis", addr: addr, redisAddr: redisAddr})
+		}
+	}
+
+	// Spend every abuser's token once per server, so the mixed load's
+	// over-limit share is over the limit from its first call.
+	for _, t := range targets {
+		lo := o.load
+		lo.addr, lo.concurrency, lo.mix.mix = t.addr, 64, MixMixed
+		if err := primeTarget(ctx, lo); err != nil {
+			return fmt.Errorf("%s: %w", t.name, err)
+		}
+	}
+
+	type cell struct {
+		mix  Mix
+		conc int
+	}
+	var cells []cell
+	for _, c := range o.concurrencies {
+		cells = append(cells, cell{MixMixed, c})
+	}
+	if o.hotKey {
+		cells = append(cells, cell{MixHot, o.hotConc})
+	}
+	lat := make([]int64, o.load.maxRequests) // one buffer, reused by every run
+	rep := report{Settings: settingsOf(o.load, o.rounds)}
+	total := len(cells) * len(targets) * o.rounds
+	done := 0
+	for _, c := range cells {
+		name := fmt.Sprintf("%s c=%d", c.mix, c.conc)
+		byTarget := make([][]Result, len(targets))
+		for r := range o.rounds {
+			// Rotate the order each round so no target always goes first.
+			for k := range targets {
+				i := (k + r) % len(targets)
+				t := targets[i]
+				lo := o.load
+				lo.addr, lo.redisAddr, lo.concurrency = t.addr, t.redisAddr, c.conc
+				lo.mix.mix = c.mix
+				lo.seed = o.load.seed + uint64(r)
+				done++
+				fmt.Fprintf(stderr, "[%d/%d] %s against %s (%s)\n", done, total, name, t.name, t.addr)
+				res, err := load(ctx, lo, lat)
+				if err != nil {
+					return fmt.Errorf("%s against %s: %w", name, t.name, err)
+				}
+				res.Case, res.Target = name, t.name
+				byTarget[i] = append(byTarget[i], res)
+			}
+		}
+		var floor Result
+		for i, rs := range byTarget {
+			m := median(rs)
+			if targets[i].name == "floor" {
+				floor = m
+			} else {
+				m.withRatios(floor)
+			}
+			rep.Results = append(rep.Results, m)
+		}
+	}
+	if o.asJSON {
+		return writeJSON(stdout, rep)
+	}
+	return writeTable(stdout, rep)
+}
+
+func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
+	var o matrixOptions
+	var conc, backends, mix, serverFlags string
+	fs := flag.NewFlagSet("ratelimit-bench run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addLoadFlags(fs, &o.load, &mix)
+	fs.StringVar(&conc, "concurrency", "1,16,64,256", "comma-separated concurrencies of the mixed load")
+	fs.StringVar(&backends, "backends", "memory,redis", "comma-separated ratelimitd backends: memory, redis")
+	fs.BoolVar(&o.hotKey, "hot-key", true, "also run the over-limit hot key (every call on one exhausted bucket)")
+	fs.IntVar(&o.hotConc, "hot-concurrency", 64, "concurrency of the hot-key case")
+	fs.IntVar(&o.rounds, "rounds", 1, "runs of each cell; the median is reported")
+	fs.StringVar(&o.ratelimitd, "ratelimitd", "", "ratelimitd binary to run (default: go build it into a temporary directory)")
+	fs.StringVar(&o.goTool, "go", "go", "go command used to build ratelimitd")
+	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "redis-server binary")
+	fs.StringVar(&serverFlags, "server-flags", "", "extra flags for every ratelimitd, space-separated")
+	fs.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
+	if err := fs.Parse(args); err != nil {
+		return o, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return o, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	var errs []error
+	for _, s := range strings.Split(conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > 10_000 {
+			errs = append(errs, fmt.Errorf("--concurrency: %q is not a number from 1 to 10000", s))
+			continue
+		}
+		o.concurrencies = append(o.concurrencies, n)
+	}
+	for _, s := range strings.Split(backends, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case "memory", "redis":
+			if !slices.Contains(o.backends, s) {
+				o.backends = append(o.backends, s)
+			}
+		default:
+			errs = append(errs, fmt.Errorf("--backends: unknown backend %q (want memory or redis)", s))
+		}
+	}
+	if o.hotConc < 1 || o.hotConc > 10_000 {
+		errs = append(errs, fmt.Errorf("--hot-concurrency %d: want 1 to 10000", o.hotConc))
+	}
+	if o.rounds < 1 || o.rounds > 100 {
+		errs = append(errs, fmt.Errorf("--rounds %d: want 1 to 100", o.rounds))
+	}
+	o.serverFlags = strings.Fields(serverFlags)
+	// Validate the shared load options with placeholders for the per-cell ones.
+	check := o.load
+	check.addr, check.concurrency = "127.0.0.1:1", 1
+	check.mix.mix = MixMixed
+	if err := check.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if mix != "mixed" {
+		errs = append(errs, fmt.Errorf("--mix %q: run uses the mixed load, plus the hot key with --hot-key", mix))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return o, usageError{err}
+	}
+	return o, nil
+}
+
+// median returns the run with the median throughput, with p50, p99 and
+// p99.9 replaced by their own medians across runs.
+func median(rs []Result) Result {
+	mid := func(f func(Result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	sorted := slices.Clone(rs)
+	slices.SortFunc(sorted, func(a, b Result) int {
+		switch {
+		case a.DecisionsPerSec < b.DecisionsPerSec:
+			return -1
+		case a.DecisionsPerSec > b.DecisionsPerSec:
+			return 1
+		}
+		return 0
+	})
+	m := sorted[len(sorted)/2]
+	m.P50us = mid(func(r Result) float64 { return r.P50us })
+	m.P99us = mid(func(r Result) float64 { return r.P99us })
+	m.P999us = mid(func(r Result) float64 { return r.P999us })
+	return m
+}
+
+// withRatios sets r's ratios to floor's figures.
+func (r *Result) withRatios(floor Result) {
+	if floor.DecisionsPerSec > 0 {
+		r.ThroughputVsFloor = r.DecisionsPerSec / floor.DecisionsPerSec
+	}
+	if floor.P50us > 0 {
+		r.P50VsFloor = r.P50us / floor.P50us
+	}
+	if floor.P99us > 0 {
+		r.P99VsFloor = r.P99us / floor.P99us
+	}
+}
+
+// durationString prints microseconds compactly: 87µs, 1.32ms.
+func durationString(us float64) string {
+	if us < 1000 {
+		return strconv.FormatFloat(us, 'f', 0, 64) + "µs"
+	}
+	return strconv.FormatFloat(us/1000, 'f', 2, 64) + "ms"
+}
+
+// primeTarget runs prime against o.addr on a connection of its own.
+func primeTarget(ctx context.Context, o loadOptions) error {
+	cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", o.addr, err)
+	}
+	defer cc.Close()
+	return prime(ctx, rlsv3.NewRateLimitServiceClient(cc), newVocabulary(o.mix.keyspace), o.concurrency)
+}

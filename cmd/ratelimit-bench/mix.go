@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+)
+
+// benchDomain is the domain of every request and of the descriptor file.
+const benchDomain = "bench"
+
+// benchConfig is the descriptor file the mixes expect (--write-config).
+//
+//   - client, client+route, client+route+method: generous rules (a million a
+//     second per bucket), so the normal traffic is always admitted and each
+//     distinct value still has its own bucket to read and write.
+//   - abuser: one per hour: each bucket admits its first request and denies
+//     every later one. The over-limit share of the mixed load goes here;
+//     priming (see prime) spends every abuser's token before measuring.
+//   - hot=key: one per hour, the single exhausted bucket of the hot-key mix.
+const benchConfig = `# Written by ratelimit-bench --write-config: the rules its load expects.
+domain: bench
+descriptors:
+  - key: client
+    rate_limit: {unit: second, requests_per_unit: 1000000, name: client}
+    descriptors:
+      - key: route
+        rate_limit: {unit: second, requests_per_unit: 1000000, name: client-route}
+        descriptors:
+          - key: method
+            rate_limit: {unit: second, requests_per_unit: 1000000, name: client-route-method}
+  - key: abuser
+    rate_limit: {unit: hour, requests_per_unit: 1, name: abuser}
+  - key: hot
+    value: key
+    rate_limit: {unit: hour, requests_per_unit: 1, name: hot}
+`
+
+// writeConfig writes benchConfig as DIR/bench.yaml and returns its path.
+func writeConfig(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("write config: %w", err)
+	}
+	path := filepath.Join(dir, "bench.yaml")
+	if err := os.WriteFile(path, []byte(benchConfig), 0o644); err != nil {
+		return "", fmt.Errorf("write config: %w", err)
+	}
+	return path, nil
+}
+
+// Mix names the traffic a load sends. The zero value is invalid.
+type Mix int
+
+const (
+	// MixMixed is the realistic mix: one descriptor per request. Most have
+	// 1–3 entries (client, then route, then method; the client drawn
+	// Zipf-like from the keyspace, routes Zipf-like from 16, methods
+	// uniformly from 4) and are admitted; a share (overLimitShare) is
+	// [abuser=<value drawn Zipf-like from the keyspace>], whose buckets are
+	// exhausted once primed.
+	MixMixed Mix = iota + 1
+	// MixHot sends every request to one exhausted bucket (hot=key): the
+	// over-limit hot key.
+	MixHot
+)
+
+func (m Mix) String() string {
+	switch m {
+	case MixMixed:
+		return "mixed"
+	case MixHot:
+		return "hot-key"
+	}
+	return "invalid"
+}
+
+func parseMix(s string) (Mix, error) {
+	switch s {
+	case "mixed":
+		return MixMixed, nil
+	case "hot", "hot-key":
+		return MixHot, nil
+	}
+	return 0, fmt.Errorf("mix %q: want mixed or hot-key", s)
+}
+
+// mixParams shape a Mix.
+type mixParams struct {
+	mix            Mix
+	keyspace       int     // distinct first-entry values
+	overLimitShare float64 // of requests sent to exhausted rules
+	zipfS          float64 // Zipf exponent, > 1
+}
+
+// vocabulary is the read-only set of values the mixers draw from, built
+// once so that generating a request allocates nothing.
+type vocabulary struct {
+	values  []string
+	routes  []string
+	methods []string
+}
+
+func newVocabulary(keyspace int) *vocabulary {
+	v := &vocabulary{
+		values:  make([]string, keyspace),
+		routes:  make([]string, 16),
+		methods: []string{"GET", "POST", "PUT", "DELETE"},
+	}
+	for i := range v.values {
+		v.values[i] = "tenant-" + strconv.Itoa(i)
+	}
+	for i := range v.routes {
+		v.routes[i] = "/api/v1/resource" + strconv.Itoa(i)
+	}
+	return v
+}
+
+// mixer generates one worker's requests. It reuses a single request
+// message: gRPC has marshalled it by the time ShouldRateLimit returns. It is
+// not safe for concurrent use.
+type mixer struct {
+	p       mixParams
+	voc     *vocabulary
+	rng     *rand.Rand
+	values  *rand.Zipf
+	routes  *rand.Zipf
+	req     *rlsv3.RateLimitRequest
+	desc    *ratelimitv3.RateLimitDescriptor
+	entries [3]*ratelimitv3.RateLimitDescriptor_Entry
+}
+
+func newMixer(p mixParams, voc *vocabulary, seed uint64) *mixer {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	m := &mixer{
+		p:      p,
+		voc:    voc,
+		rng:    rng,
+		values: rand.NewZipf(rng, p.zipfS, 1, uint64(len(voc.values)-1)),
+		routes: rand.NewZipf(rng, p.zipfS, 1, uint64(len(voc.routes)-1)),
+		desc:   &ratelimitv3.RateLimitDescriptor{},
+	}
+	for i := range m.entries {
+		m.entries[i] = &ratelimitv3.RateLimitDescriptor_Entry{}
+	}
+	m.req = &rlsv3.RateLimitRequest{Domain: benchDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{m.desc}}
+	if p.mix == MixHot {
+		m.entries[0].Key, m.entries[0].Value = "hot", "key"
+		m.desc.Entries = m.entries[:1]
+	}
+	return m
+}
+
+// next returns the next request (the same message, rewritten) and whether
+// it was aimed at an exhausted rule.
+func (m *mixer) next() (req *rlsv3.RateLimitRequest, aimedOver bool) {
+	if m.p.mix == MixHot {
+		return m.req, true
+	}
+	n := 1 + m.rng.IntN(3)
+	aimedOver = m.rng.Float64() < m.p.overLimitShare
+	m.entries[0].Key = "client"
+	if aimedOver {
+		m.entries[0].Key = "abuser"
+		n = 1
+	}
+	m.entries[0].Value = m.voc.values[m.values.Uint64()]
+	m.entries[1].Key, m.entries[1].Value = "route", m.voc.routes[m.routes.Uint64()]
+	m.entries[2].Key, m.entries[2].Value = "method", m.voc.methods[m.rng.IntN(len(m.voc.methods))]
+	m.desc.Entries = m.entries[:n]
+	return m.req, aimedOver
+}
+
+// prime spends the single token of every abuser bucket (one call per
+// keyspace value, from conc goroutines), so that the traffic aimed over the
+// limit is over it from the first measured call. It is bounded by the
+// keyspace and by ctx.
+func prime(ctx context.Context, client rlsv3.RateLimitServiceClient, voc *vocabulary, conc int) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var next atomic.Int64
+	var firstErr atomic.Pointer[error]
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Go(func() {
+			entry := &ratelimitv3.RateLimitDescriptor_Entry{Key: "abuser"}
+			req := &rlsv3.RateLimitRequest{Domain: benchDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+				{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{entry}},
+			}}
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(voc.values) {
+					return
+				}
+				entry.Value = voc.values[i]
+				if _, err := client.ShouldRateLimit(ctx, req); err != nil {
+					err = fmt.Errorf("prime %s: %w", entry.Value, err)
+					firstErr.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("prime: %w", err)
+	}
+	if p := firstErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startTimeout bounds how long a child may take to say it is ready.
+const startTimeout = 30 * time.Second
+
+// stopTimeout is how long a child has to exit after SIGTERM before SIGKILL.
+const stopTimeout = 5 * time.Second
+
+// child is a process started by run.
+type child struct {
+	name   string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has been waited for
+	tail   *tailBuffer
+}
+
+// children are the processes run started; stopAll stops them in reverse
+// order of start. It is safe for concurrent use.
+type children struct {
+	mu   sync.Mutex
+	list []*child
+}
+
+// start starts bin with args. ready is called with each line of its
+// output until it returns an address; start returns that address, or an
+// error if the child exits or startTimeout passes first.
+func (cs *children) start(ctx context.Context, name, bin string, args []string, ready func(line []byte) (string, bool)) (string, *child, error) {
+	cmd := exec.Command(bin, args...)
+	detach(cmd)
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		return "", nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	c := &child{name: name, cmd: cmd, exited: make(chan struct{}), tail: &tailBuffer{max: 20}}
+	cs.mu.Lock()
+	cs.list = append(cs.list, c)
+	cs.mu.Unlock()
+	go func() {
+		cmd.Wait()
+		pw.Close()
+		close(c.exited)
+	}()
+	addrc := make(chan string, 1)
+	go func() {
+		// Read every line until the child exits, so it never blocks on a
+		// full pipe; remember the last few for error messages.
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		found := ready == nil
+		for sc.Scan() {
+			c.tail.add(sc.Text())
+			if !found {
+				if addr, ok := ready(sc.Bytes()); ok {
+					found = true
+					addrc <- addr
+				}
+			}
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	if ready == nil {
+		return "", c, nil
+	}
+	select {
+	case addr := <-addrc:
+		return addr, c, nil
+	case <-c.exited:
+		return "", c, fmt.Errorf("%s exited before it was ready: %s", name, c.tail)
+	case <-time.After(startTimeout):
+		return "", c, fmt.Errorf("%s not ready after %v: %s", name, startTimeout, c.tail)
+	case <-ctx.Done():
+		return "", c, ctx.Err()
+	}
+}
+
+// stopAll sends SIGTERM to every child still running, newest first, waits
+// up to stopTimeout for each, then kills it.
+func (cs *children) stopAll() error {
+	cs.mu.Lock()
+	list := cs.list
+	cs.list = nil
+	cs.mu.Unlock()
+	var errs []error
+	for i := len(list) - 1; i >= 0; i-- {
+		c := list[i]
+		select {
+		case <-c.exited:
+			continue
+		default:
+		}
+		c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.exited:
+		case <-time.After(stopTimeout):
+			c.cmd.Process.Kill()
+			<-c.exited
+			errs = append(errs, fmt.Errorf("%s did not stop within %v of SIGTERM; killed", c.name, stopTimeout))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// tailBuffer keeps the last max lines written to it.
+type tailBuffer struct {
+	mu    sync.Mutex
+	max   int
+	lines []string
+}
+
+func (t *tailBuffer) add(line string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == t.max {
+		t.lines = append(t.lines[:0], t.lines[1:]...)
+	}
+	t.lines = append(t.lines, line)
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == 0 {
+		return "(no output)"
+	}
+	return strings.Join(t.lines, " | ")
+}
+
+// jsonReady returns a ready func that waits for a JSON log line with the
+// message msg and returns its grpc_addr.
+func jsonReady(msg string) func([]byte) (string, bool) {
+	return func(line []byte) (string, bool) {
+		var l struct {
+			Msg      string `json:"msg"`
+			GRPCAddr string `json:"grpc_addr"`
+		}
+		if json.Unmarshal(line, &l) != nil || l.Msg != msg || l.GRPCAddr == "" {
+			return "", false
+		}
+		return l.GRPCAddr, true
+	}
+}
+
+// startRedis starts a throwaway redis-server on a free loopback port that
+// saves nothing, and waits until it answers PING. A port found free may be
+// taken before redis-server binds it, so a few are tried.
+func (cs *children) startRedis(ctx context.Context, bin, dir string) (string, error) {
+	var lastErr error
+	for range 5 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", fmt.Errorf("find a free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		_, c, err := cs.start(ctx, "redis-server", bin, []string{
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--daemonize", "no", "--protected-mode", "yes",
+		}, nil)
+		if err != nil {
+			return "", fmt.Errorf("%w (install it: apt-get install -y redis-server, or pass --redis-server)", err)
+		}
+		if lastErr = waitPing(ctx, addr, c.exited); lastErr == nil {
+			return addr, nil
+		}
+		lastErr = fmt.Errorf("%w: %s", lastErr, c.tail)
+	}
+	return "", fmt.Errorf("redis-server did not start: %w", lastErr)
+}
+
+// waitPing waits up to startTimeout for the Redis at addr to answer PING,
+// unless its process exits first.
+func waitPing(ctx context.Context, addr string, exited <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer c.Close()
+	for {
+		err := c.Ping(ctx).Err()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("redis %s: no PING answer: %w", addr, err)
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("redis-server on %s exited", addr)
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
