@@ -5,6 +5,8 @@
 //
 //	ratelimitd --config DIR_OR_FILE [flags]   serve
 //	ratelimitd validate PATH                  check descriptor files
+//	ratelimitd check --domain D -d k=v ...    ask a running server
+//	ratelimitd explain --config P --domain D -d k=v ...   which rule matches, and why
 //
 // Every flag can also be set from the environment as RATELIMITD_<FLAG>, with
 // dashes as underscores (--grpc-addr is RATELIMITD_GRPC_ADDR); a flag on the
@@ -47,6 +49,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		switch args[0] {
 		case "validate":
 			return runValidate(args[1:], stdout, stderr)
+		case "check":
+			return runCheck(ctx, args[1:], stdout, stderr)
+		case "explain":
+			return runExplain(args[1:], stdout, stderr)
 		case "serve":
 			args = args[1:]
 		case "help", "-h", "--help", "-help":
@@ -66,6 +72,10 @@ const usageText = `ratelimitd: an Envoy-compatible global rate-limit service (to
 Usage:
   ratelimitd [serve] --config DIR_OR_FILE [flags]   serve RateLimitService v3 over gRPC
   ratelimitd validate PATH                          check descriptor files and exit
+  ratelimitd check --domain D -d k=v[,k=v] [--addr A] [--hits N] [--json]
+                                                    ask a running server, print its answer
+  ratelimitd explain --config PATH --domain D -d k=v[,k=v]
+                                                    show which rule each descriptor matches, and why
   ratelimitd serve --help                           list the flags
 
 Every flag can also be given as an environment variable RATELIMITD_<FLAG>,

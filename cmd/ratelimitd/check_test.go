@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// golden compares got with testdata/<name>, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("output differs from %s (go test -update rewrites it):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// TestCheckGolden runs check against a real server (gpt-4o: 5 per minute,
+// burst 5), in order: each step sees the bucket the steps before left.
+// The server's clock is real, but the steps take far less than the
+// second that would change a rounded-up reset.
+func TestCheckGolden(t *testing.T) {
+	grpcAddr, _, _, _ := startRun(t)
+	steps := []struct {
+		golden string
+		args   []string
+	}{
+		// 2 of 5 taken: 3 left, full again in 24 s.
+		{"check/ok.golden", []string{"--domain", "api", "-d", "model=gpt-4o", "--hits", "2"}},
+		// 1 more: 2 left; an unknown model has no limit.
+		{"check/ok.json.golden", []string{"--domain", "api", "-d", "model=gpt-4o", "-d", "model=llama", "--json"}},
+		// 3 more do not fit: denied, with Retry-After and the rule in the metadata.
+		{"check/over_limit.golden", []string{"--domain", "api", "-d", "model=gpt-4o,tier=free", "-d", "model=gpt-4o", "--hits", "3"}},
+		{"check/over_limit.json.golden", []string{"--domain", "api", "-d", "model=gpt-4o", "--hits", "3", "--json"}},
+	}
+	for _, st := range steps {
+		var out, errOut bytes.Buffer
+		args := append([]string{"check", "--addr", grpcAddr}, st.args...)
+		if err := run(context.Background(), args, func(string) string { return "" }, &out, &errOut); err != nil {
+			t.Fatalf("run(%q) = %v\n%s", args, err, errOut.String())
+		}
+		golden(t, st.golden, out.String())
+	}
+}
+
+func TestCheckErrors(t *testing.T) {
+	tests := []struct {
+		name      string
+		args      []string
+		wantUsage bool
+		want      string
+	}{
+		{"no domain", []string{"-d", "a=b"}, true, "--domain is required"},
+		{"no descriptor", []string{"--domain", "api"}, true, "at least one -d"},
+		{"bad descriptor", []string{"--domain", "api", "-d", "model"}, true, `"model": want key=value`},
+		{"empty key", []string{"--domain", "api", "-d", "=x"}, true, "want key=value"},
+		{"hits too large", []string{"--domain", "api", "-d", "a=b", "--hits", "4294967296"}, true, "hits_addend"},
+		{"no server", []string{"--addr", "127.0.0.1:1", "--timeout", "2s", "--domain", "api", "-d", "a=b"}, false, "ShouldRateLimit at 127.0.0.1:1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := run(context.Background(), append([]string{"check"}, tt.args...), func(string) string { return "" }, &bytes.Buffer{}, &bytes.Buffer{})
+			var usage usageError
+			if err == nil || !strings.Contains(err.Error(), tt.want) || errors.As(err, &usage) != tt.wantUsage {
+				t.Errorf("check %q = %v; want an error containing %q (usage error: %v)", tt.args, err, tt.want, tt.wantUsage)
+			}
+		})
+	}
+}
+
+// TestExplainGolden walks testdata/explain/ai-gateway.yaml: an exact
+// match and its nested key-only rule, a wildcard, the key-only fallback,
+// an unlimited rule, a grouping descriptor, and the ways to find no rule.
+func TestExplainGolden(t *testing.T) {
+	tests := []struct {
+		golden string
+		args   []string
+	}{
+		{"explain/matches.golden", []string{"--domain", "ai-gateway",
+			"-d", "model=gpt-4o", "-d", "model=gpt-4o,client=acme", "-d", "model=claude-sonnet",
+			"-d", "model=llama", "-d", "caller=internal", "-d", "team=a,project=b"}},
+		{"explain/no_rule.golden", []string{"--domain", "ai-gateway",
+			"-d", "user=bob", "-d", "model=claude-sonnet,client=acme", "-d", "caller=external", "-d", "team=a"}},
+		{"explain/unknown_domain.golden", []string{"--domain", "nope", "-d", "model=gpt-4o"}},
+	}
+	for _, tt := range tests {
+		var out, errOut bytes.Buffer
+		args := append([]string{"explain", "--config", filepath.Join("testdata", "explain")}, tt.args...)
+		if err := run(context.Background(), args, func(string) string { return "" }, &out, &errOut); err != nil {
+			t.Fatalf("run(%q) = %v\n%s", args, err, errOut.String())
+		}
+		golden(t, tt.golden, out.String())
+	}
+}
+
+func TestExplainErrors(t *testing.T) {
+	bad := writeConfig(t, map[string]string{"api.yaml": "domain: api\ndescriptors:\n  - key: model\n    rate_limit: {unit: minutes, requests_per_unit: 5}\n"})
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no config", []string{"--domain", "api", "-d", "a=b"}, "--config is required"},
+		{"no domain", []string{"--config", bad, "-d", "a=b"}, "--domain is required"},
+		{"no descriptor", []string{"--config", bad, "--domain", "api"}, "at least one -d"},
+		{"invalid config", []string{"--config", bad, "--domain", "api", "-d", "a=b"}, "invalid configuration"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var errOut bytes.Buffer
+			err := run(context.Background(), append([]string{"explain"}, tt.args...), func(string) string { return "" }, &bytes.Buffer{}, &errOut)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("explain %q = %v; want an error containing %q", tt.args, err, tt.want)
+			}
+		})
+	}
+}
