@@ -28,6 +28,13 @@ type serveConfig struct {
 	maxMessageBytes int
 	redis           redisFlags
 	failure         failover.Options
+	watch           bool     // reload the config when its files change
+	tls             tlsFlags // gRPC over TLS when certFile is set
+}
+
+// tlsFlags select TLS, and with clientCA mutual TLS, for the gRPC port.
+type tlsFlags struct {
+	certFile, keyFile, clientCA string
 }
 
 // redisFlags select and tune the Redis backend; all empty means in-memory.
@@ -90,6 +97,10 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&c.failure.OpenFor, "breaker-open-for", 500*time.Millisecond, "how long the open breaker answers without Redis before one call probes it")
 	fs.Int64Var(&c.failure.ReplicasHint, "replicas-hint", 1, "local mode: each rate and burst is divided by this (the number of replicas)")
 	fs.DurationVar(&c.failure.Grace, "failure-grace", 0, "local mode: how long an outage is answered per --failure-grace-mode before limiting locally")
+	fs.BoolVar(&c.watch, "watch", true, "reload the config when its files change (SIGHUP reloads it in any case)")
+	fs.StringVar(&c.tls.certFile, "grpc-tls-cert", "", "gRPC over TLS: PEM certificate chain file, re-read when it changes (with --grpc-tls-key)")
+	fs.StringVar(&c.tls.keyFile, "grpc-tls-key", "", "gRPC over TLS: PEM private key file, re-read when it changes")
+	fs.StringVar(&c.tls.clientCA, "grpc-client-ca", "", "mutual TLS: PEM file of the CAs whose client certificates are accepted; clients without one are refused")
 	graceMode := fs.String("failure-grace-mode", "error", "local mode: the answer during --failure-grace: error, allow or deny")
 
 	if err := fs.Parse(args); err != nil {
@@ -132,6 +143,12 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	}
 	if c.logFormat != "text" && c.logFormat != "json" {
 		return c, usageError{fmt.Errorf("--log-format %q: want text or json", c.logFormat)}
+	}
+	if (c.tls.certFile == "") != (c.tls.keyFile == "") {
+		return c, usageError{errors.New("--grpc-tls-cert and --grpc-tls-key go together")}
+	}
+	if c.tls.clientCA != "" && c.tls.certFile == "" {
+		return c, usageError{errors.New("--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key")}
 	}
 	return c, nil
 }

@@ -8,17 +8,23 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/reload"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -89,6 +95,17 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		return err
 	}
 	srv.SetConfig(set)
+	// hooks tell metrics of reloads; set them where the metrics are made
+	// (metrics.Metrics' ConfigLoaded and ConfigRejected fit).
+	var hooks reloadHooks
+	watcher, err := newWatcher(c, set, srv, log, &hooks)
+	if err != nil {
+		return err
+	}
+	grpcOpts, tlsMode, err := grpcTLS(c.tls, log)
+	if err != nil {
+		return err
+	}
 
 	grpcLis, err := net.Listen("tcp", c.grpcAddr)
 	if err != nil {
@@ -100,7 +117,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		return fmt.Errorf("listen for HTTP: %w", err)
 	}
 
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(c.maxMessageBytes))
+	gs := grpc.NewServer(append(grpcOpts, grpc.MaxRecvMsgSize(c.maxMessageBytes))...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	for _, name := range healthNames {
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
@@ -119,7 +136,8 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	}
 	log.Info("ratelimitd started",
 		"config", c.configPath, "config_hash", set.Hash(), "domains", len(domains), "rules", rules,
-		"backend", be.name, "grpc_addr", grpcLis.Addr().String(), "http_addr", httpLis.Addr().String())
+		"backend", be.name, "grpc_addr", grpcLis.Addr().String(), "http_addr", httpLis.Addr().String(),
+		"grpc_tls", tlsMode, "watch", c.watch)
 
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)
@@ -149,6 +167,24 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		})
 	}
 
+	// Reload on file changes (unless --watch=false) and on SIGHUP.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	wg.Go(func() { watcher.Run(watchCtx) })
+	watcher.Reload() // a change made between the first load and the watch
+	wg.Go(func() {
+		for {
+			select {
+			case <-watchCtx.Done():
+				return
+			case <-hup:
+				log.Info("SIGHUP: reloading config", "config", c.configPath)
+				watcher.Reload()
+			}
+		}
+	})
+
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -157,6 +193,8 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		log.Error("server failed, shutting down", "err", runErr)
 	}
 	close(stopSweep)
+	signal.Stop(hup)
+	stopWatch()
 	// Tell health checkers first, so Envoy stops sending new calls here.
 	hs.Shutdown()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
@@ -223,4 +261,80 @@ func openBackend(c serveConfig, log *slog.Logger, onHealth func(healthy bool)) (
 		return backend{store: m, name: "memory", close: func() error { return nil }, sweep: m.Sweep}, nil
 	}
 	return openRedis(c.redis, c.failure, log, onHealth)
+}
+
+// reloadHooks are told of config reloads, for metrics; nil fields are
+// skipped. They are called from the watcher's goroutine.
+type reloadHooks struct {
+	loaded   func(hash string)
+	rejected func(error)
+}
+
+// newWatcher returns the watcher that reloads the config into srv, logging
+// each reload: at info the new hash and domains, at error the full
+// validation message of a rejected config (the one in force stays).
+func newWatcher(c serveConfig, current *config.Set, srv *server.Server, log *slog.Logger, hooks *reloadHooks) (*reload.Watcher, error) {
+	mode := reload.WatchFiles
+	if !c.watch {
+		mode = reload.WatchReloadOnly
+	}
+	w, err := reload.New(reload.Options{
+		Path:    c.configPath,
+		Current: current,
+		Watch:   mode,
+		OnLoad: func(set *config.Set) {
+			srv.SetConfig(set)
+			var names []string
+			for _, d := range set.Domains() {
+				names = append(names, d.Name)
+			}
+			log.Info("config reloaded", "config", c.configPath, "config_hash", set.Hash(), "domains", names)
+			if hooks.loaded != nil {
+				hooks.loaded(set.Hash())
+			}
+		},
+		OnError: func(err error) {
+			if errors.Is(err, reload.ErrWatch) {
+				log.Warn("watching the config failed; reloading to be sure", "err", err)
+				return
+			}
+			log.Error("config rejected; the previous config stays in force",
+				"config", c.configPath, "config_hash", srv.Config().Hash(), "err", err)
+			if hooks.rejected != nil {
+				hooks.rejected(err)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w (--watch=false turns file watching off; SIGHUP still reloads)", err)
+	}
+	return w, nil
+}
+
+// grpcTLS returns the gRPC server options the TLS flags call for, and the
+// mode for the start line: off, tls or mtls. The files are re-read when
+// they change.
+func grpcTLS(f tlsFlags, log *slog.Logger) ([]grpc.ServerOption, string, error) {
+	if f.certFile == "" {
+		return nil, "off", nil
+	}
+	r, err := tlsreload.New(tlsreload.Options{
+		CertFile:     f.certFile,
+		KeyFile:      f.keyFile,
+		ClientCAFile: f.clientCA,
+		OnReload: func() {
+			log.Info("gRPC TLS files reloaded", "cert", f.certFile, "client_ca", f.clientCA)
+		},
+		OnError: func(err error) {
+			log.Error("gRPC TLS files changed but cannot be used; the previous ones stay in use", "err", err)
+		},
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("gRPC TLS: %w", err)
+	}
+	mode := "tls"
+	if f.clientCA != "" {
+		mode = "mtls"
+	}
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(r.ServerConfig()))}, mode, nil
 }
