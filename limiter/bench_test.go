@@ -41,15 +41,15 @@ func BenchmarkDecide(b *testing.B) {
 		now := t0
 		for b.Loop() {
 			now = now.Add(time.Microsecond)
-			s, _ = limiter.Decide(benchLimit, s, now, 1)
+			s, _ = limiter.Decide(limiter.Request{Limit: benchLimit, Hits: 1}, s, now)
 		}
 	})
 	b.Run("deny", func(b *testing.B) {
 		l := limiter.Limit{Count: 3, Period: time.Hour, Burst: 3}
-		s, _ := limiter.Decide(l, limiter.State{}, t0, 3) // empty for an hour
+		s, _ := limiter.Decide(limiter.Request{Limit: l, Hits: 3}, limiter.State{}, t0) // empty for an hour
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, d := limiter.Decide(l, s, t0, 1); d.Allowed {
+			if _, d := limiter.Decide(limiter.Request{Limit: l, Hits: 1}, s, t0); d.Allowed {
 				b.Fatal("Decide on an empty bucket admitted")
 			}
 		}
@@ -62,7 +62,7 @@ func BenchmarkDecide(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			now = now.Add(time.Second)
-			s, _ = limiter.Decide(l, s, now, 2)
+			s, _ = limiter.Decide(limiter.Request{Limit: l, Hits: 2}, s, now)
 		}
 	})
 }
