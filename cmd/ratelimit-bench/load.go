@@ -42,6 +42,14 @@ type loadOptions struct {
 	// prime spends every abuser bucket's token before the warm-up (see
 	// prime); run primes each server once instead.
 	prime bool
+	// warnings, when set, receives what the run should not hide.
+	warnings io.Writer
+}
+
+func (o loadOptions) warn(format string, args ...any) {
+	if o.warnings != nil {
+		fmt.Fprintf(o.warnings, "ratelimit-bench: "+format+"\n", args...)
+	}
 }
 
 func (o loadOptions) validate() error {
@@ -141,6 +149,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := o.validate(); err != nil {
 		return usageError{err}
 	}
+	o.warnings = stderr
 	lat := make([]int64, o.maxRequests)
 	res, err := load(ctx, o, lat)
 	if err != nil {
@@ -210,8 +219,12 @@ func load(ctx context.Context, o loadOptions, lat []int64) (Result, error) {
 	}
 	voc := newVocabulary(o.mix.keyspace)
 	if o.prime && o.mix.mix == MixMixed {
-		if err := prime(ctx, conns[0], voc, max(o.concurrency, 16)); err != nil {
+		failed, err := prime(ctx, conns[0], voc, min(o.concurrency, 16))
+		if err != nil {
 			return Result{}, err
+		}
+		if failed > 0 {
+			o.warn("priming: %d of %d abuser calls failed; those buckets admit one call each", failed, len(voc.values))
 		}
 	}
 	mixers := make([]*mixer, o.concurrency)

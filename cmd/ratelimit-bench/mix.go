@@ -181,13 +181,13 @@ func (m *mixer) next() (req *rlsv3.RateLimitRequest, aimedOver bool) {
 
 // prime spends the single token of every abuser bucket (one call per
 // keyspace value, from conc goroutines), so that the traffic aimed over the
-// limit is over it from the first measured call. It is bounded by the
-// keyspace and by ctx.
-func prime(ctx context.Context, client rlsv3.RateLimitServiceClient, voc *vocabulary, conc int) error {
+// limit is over it from the first measured call. It is best effort: a call
+// that fails is retried twice, then counted in failed. It is bounded by the
+// keyspace, the retries and ctx (at most a minute).
+func prime(ctx context.Context, client rlsv3.RateLimitServiceClient, voc *vocabulary, conc int) (failed int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	var next atomic.Int64
-	var firstErr atomic.Pointer[error]
+	var next, fails atomic.Int64
 	var wg sync.WaitGroup
 	for range conc {
 		wg.Go(func() {
@@ -201,20 +201,22 @@ func prime(ctx context.Context, client rlsv3.RateLimitServiceClient, voc *vocabu
 					return
 				}
 				entry.Value = voc.values[i]
-				if _, err := client.ShouldRateLimit(ctx, req); err != nil {
-					err = fmt.Errorf("prime %s: %w", entry.Value, err)
-					firstErr.CompareAndSwap(nil, &err)
-					return
+				for try := 0; ; try++ {
+					if _, err := client.ShouldRateLimit(ctx, req); err == nil {
+						break
+					}
+					if try == 2 || ctx.Err() != nil {
+						fails.Add(1)
+						break
+					}
+					time.Sleep(10 * time.Millisecond)
 				}
 			}
 		})
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("prime: %w", err)
+		return fails.Load(), fmt.Errorf("prime: %w", err)
 	}
-	if p := firstErr.Load(); p != nil {
-		return *p
-	}
-	return nil
+	return fails.Load(), nil
 }
