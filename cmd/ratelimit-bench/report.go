@@ -53,7 +53,7 @@ func writeTable(w io.Writer, rep report) error {
 	fmt.Fprintf(w, "%gs per cell after %gs warm-up, median of %d round(s); %d gRPC connection(s); keyspace %d, Zipf s=%g, %.0f%% aimed over limit; %d CPUs, %s\n",
 		s.DurationSec, s.WarmupSec, s.Rounds, s.Conns, s.Keyspace, s.ZipfS, 100*s.OverLimitShare, s.CPUs, s.GoVersion)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "case\ttarget\tdecisions/s\t×floor\tp50\t×floor\tp99\t×floor\tp99.9\tOK\tOVER_LIMIT\terrors\tredis cmd/dec\tround trips/dec\t")
+	fmt.Fprintln(tw, "case\ttarget\tdecisions/s\t×floor\tp50\t×floor\tp99\t×floor\tp99.9\tOK\tOVER_LIMIT\terrors\tscripts/dec\tredis cmds/dec\tround trips/dec\t")
 	ratio := func(v float64) string {
 		if v == 0 {
 			return "-"
