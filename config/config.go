@@ -96,12 +96,13 @@ type Rule struct {
 	// block a value) deny every request and keep no bucket. Limit is zero;
 	// Unit and UnitMultiplier are as written.
 	DenyAll bool
-	// Limit is the bucket: Count = requests_per_unit, Period =
-	// unit_multiplier × unit, Burst = burst (default requests_per_unit).
-	// Zero when Unlimited or DenyAll.
-	Limit limiter.Limit
-	// Unit and UnitMultiplier are the rate as written, for Envoy's
-	// current_limit.
+	// Limits are the rule's buckets: its rate_limit, each of its
+	// rate_limits, or its quota group's. A request passes the rule only if
+	// every one has room. Empty when Unlimited or DenyAll.
+	Limits []RateLimit
+	// Limit, Unit and UnitMultiplier are those of Limits[0] (for DenyAll,
+	// the unit as written), kept for the common single-limit rule.
+	Limit          limiter.Limit
 	Unit           Unit
 	UnitMultiplier int64
 	// ShadowMode rules are evaluated and counted but never deny.
@@ -114,6 +115,62 @@ type Rule struct {
 	// File and Line locate the rule's descriptor in its file.
 	File string
 	Line int
+
+	// varies has one flag per descriptor level down to the rule: whether
+	// the level is key-only (any value matches, each with its own bucket).
+	varies []bool
+}
+
+// Counts says what a limit counts, for metrics, pages and headers. The zero
+// value is invalid.
+type Counts int
+
+const (
+	// Requests is the default: one token per request.
+	Requests Counts = iota + 1
+	// Tokens counts what the request says it costs (hits_addend), such as
+	// LLM tokens.
+	Tokens
+)
+
+// String returns the name as written in the YAML.
+func (c Counts) String() string {
+	switch c {
+	case Requests:
+		return "requests"
+	case Tokens:
+		return "tokens"
+	}
+	return "invalid"
+}
+
+// RateLimit is one bucket shape of a rule: a rate_limit block, an item of
+// rate_limits, or a quota group.
+type RateLimit struct {
+	// Name is the limit's name, or "" (a quota group's limit is named after
+	// the group).
+	Name string
+	// Limit is the bucket: Count = requests_per_unit, Period =
+	// unit_multiplier × unit, Burst = burst (default requests_per_unit),
+	// MaxDebt = overdraft.max_debt.
+	Limit limiter.Limit
+	// Unit and UnitMultiplier are the rate as written, for Envoy's
+	// current_limit.
+	Unit           Unit
+	UnitMultiplier int64
+	// Counts says what a token stands for. Default Requests.
+	Counts Counts
+	// MaxWait, when positive, lets a request wait up to this long for its
+	// tokens instead of being denied; MaxWaiters bounds how many may wait
+	// on one bucket at once.
+	MaxWait    time.Duration
+	MaxWaiters int
+	// Group is the quota group this limit belongs to, or "". Every rule
+	// naming a group draws from one bucket per distinct value of its
+	// key-only levels (so exact and wildcard aliases share one), or from
+	// one bucket in all if Shared.
+	Group  string
+	Shared bool
 }
 
 // Domain is one domain's descriptors, from one or more files.

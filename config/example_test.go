@@ -21,7 +21,7 @@ descriptors:
 	// Output:
 	// limits/ai.yaml:7:13: ai-gateway > model=gpt-4o: rate_limit.unit: unknown unit "minutes" (want second, minute, hour, day, week, month or year)
 	// limits/ai.yaml:8:26: ai-gateway > model=gpt-4o: rate_limit.requests_per_unit: must be at least 1, got -5
-	// limits/ai.yaml:9:7: ai-gateway > model=gpt-4o: rate_limit: unknown field "burts" (did you mean "burst"? valid: unit, requests_per_unit, unlimited, name, replaces, burst, unit_multiplier)
+	// limits/ai.yaml:9:7: ai-gateway > model=gpt-4o: rate_limit: unknown field "burts" (did you mean "burst"? valid: unit, requests_per_unit, unlimited, name, replaces, burst, unit_multiplier, counts, overdraft, max_wait, max_waiters)
 }
 
 func ExampleSet_Lookup() {

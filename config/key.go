@@ -7,19 +7,49 @@ import "encoding/binary"
 const keyVersion = "v1"
 
 // AppendKey appends to dst the identity of the bucket that the request
-// descriptor entries draw from under r, and returns the extended slice.
+// descriptor entries draw from under r's limit number limit (an index into
+// r.Limits), and returns the extended slice. It is the only place bucket
+// keys are built.
 //
-// The identity is the domain and every entry of the descriptor, each part
-// written as its length (uvarint) then its bytes, so that no two different
-// descriptors share a key whatever bytes their values hold ("a"+"b_c" and
-// "a_b"+"c" differ). It does not contain the rate: editing a rule's rate
-// keeps its buckets. It is the only place bucket keys are built.
-func (r *Rule) AppendKey(dst []byte, entries []Entry) []byte {
+// Every part is written as its length (uvarint) then its bytes, so that no
+// two different identities share a key whatever bytes their values hold
+// ("a"+"b_c" and "a_b"+"c" differ). The identity is:
+//
+//   - for a rule's own limit: the domain and every entry of the descriptor,
+//     then, only when the rule has several limits, an empty part and the
+//     limit's identity (its name, else what it counts and its period);
+//   - for a quota group: the domain, an empty part, "group", the group's
+//     name, then the entries of the rule's key-only levels (none when the
+//     group is shared), so that exact and wildcard aliases share one bucket.
+//
+// An empty part cannot be an entry key (requests with an empty key are
+// refused), so the three shapes never meet. The identity does not contain
+// the rate: editing a rule's rate keeps its buckets.
+func (r *Rule) AppendKey(dst []byte, limit int, entries []Entry) []byte {
 	dst = append(dst, keyVersion...)
 	dst = appendPart(dst, r.Domain)
+	if limit < len(r.Limits) && r.Limits[limit].Group != "" {
+		g := r.Limits[limit]
+		dst = appendPart(dst, "")
+		dst = appendPart(dst, "group")
+		dst = appendPart(dst, g.Group)
+		if !g.Shared {
+			for i, e := range entries {
+				if i < len(r.varies) && r.varies[i] {
+					dst = appendPart(dst, e.Key)
+					dst = appendPart(dst, e.Value)
+				}
+			}
+		}
+		return dst
+	}
 	for _, e := range entries {
 		dst = appendPart(dst, e.Key)
 		dst = appendPart(dst, e.Value)
+	}
+	if len(r.Limits) > 1 && limit < len(r.Limits) {
+		dst = appendPart(dst, "")
+		dst = appendPart(dst, r.Limits[limit].identity())
 	}
 	return dst
 }

@@ -7,7 +7,7 @@ import (
 
 func TestAppendKeyGolden(t *testing.T) {
 	r := &Rule{Domain: "ai"}
-	got := fmt.Sprintf("%q", r.AppendKey(nil, []Entry{{"model", "gpt-4o"}, {"user", ""}}))
+	got := fmt.Sprintf("%q", r.AppendKey(nil, 0, []Entry{{"model", "gpt-4o"}, {"user", ""}}))
 	want := `"v1\x02ai\x05model\x06gpt-4o\x04user\x00"`
 	if got != want {
 		t.Errorf("AppendKey = %s, want %s (a changed key resets every bucket in production: bump keyVersion)", got, want)
@@ -32,14 +32,14 @@ func TestAppendKeyUnambiguous(t *testing.T) {
 	}
 	seen := map[string]int{}
 	for i, s := range sets {
-		k := string(r.AppendKey(nil, s))
+		k := string(r.AppendKey(nil, 0, s))
 		if j, dup := seen[k]; dup {
 			t.Errorf("entries %v and %v share the key %q", sets[j], s, k)
 		}
 		seen[k] = i
 	}
 	other := &Rule{Domain: "d\x02a"}
-	if string(other.AppendKey(nil, nil)) == string(r.AppendKey(nil, []Entry{{"a", ""}})) {
+	if string(other.AppendKey(nil, 0, nil)) == string(r.AppendKey(nil, 0, []Entry{{"a", ""}})) {
 		t.Errorf("domain bytes collide with an entry")
 	}
 }

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
-	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -22,19 +20,15 @@ const (
 	MaxDepth = 64
 )
 
-// The fields each YAML mapping may hold, in the order error messages list them.
-var (
-	topFields        = []string{"domain", "descriptors"}
-	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "replaces"}
-	rateLimitFields  = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier"}
-	replacesFields   = []string{"name"}
-)
+// The fields of replaces items; the other lists are in limits.go.
+var replacesFields = []string{"name"}
 
 // fileTree is one file, parsed and checked on its own.
 type fileTree struct {
 	name   string
 	domain string // "" when the file has none (an error was reported)
 	descs  []*desc
+	groups map[string]*group
 }
 
 // desc is one descriptor of a file, with its positions.
@@ -47,6 +41,10 @@ type desc struct {
 	nameLine, nameCol int
 	replacesPos       []pos // one per rule.Replaces
 	children          []*desc
+	// group names the quota group of a quota_group rule, resolved per
+	// domain; groupAt is where it is named.
+	group   string
+	groupAt pos
 }
 
 type pos struct{ line, col int }
@@ -121,6 +119,9 @@ func parseFile(f File, probs *problems) *fileTree {
 		p.errorf(root, "", "domain: missing (every file names its domain)")
 	}
 	p.domain = ft.domain
+	if g, ok := fields["quota_groups"]; ok {
+		ft.groups = p.quotaGroups(g.val, path)
+	}
 	if d, ok := fields["descriptors"]; ok {
 		ft.descs = p.descriptors(d.val, path, "descriptors", 1)
 	}
@@ -432,9 +433,30 @@ func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
 		detailed, _ = p.boolean(f.val, d.path, "detailed_metric")
 	}
 	rl, hasRule := fields["rate_limit"]
-	if hasRule {
+	rls, hasList := fields["rate_limits"]
+	qg, hasGroup := fields["quota_group"]
+	switch {
+	case hasRule && hasList:
+		p.errorf(rls.key, d.path, "rate_limits: not allowed beside rate_limit (put every limit in rate_limits)")
+	case (hasRule || hasList) && hasGroup:
+		p.errorf(qg.key, d.path, "quota_group: not allowed beside rate_limit or rate_limits (the group is the limit)")
+	case hasRule:
 		d.rule = p.rateLimit(rl, d)
+	case hasList:
+		if limits := p.rateLimits(rls, d); limits != nil {
+			d.rule = newRule(p, d, limits)
+		}
+	case hasGroup:
+		if name, good := p.str(qg.val, d.path, "quota_group"); good && name != "" {
+			// The limit comes from the domain's quota_groups, resolved once
+			// every file of the domain is read.
+			d.rule = newRule(p, d, nil)
+			d.group, d.groupAt = name, pos{qg.val.Line, qg.val.Column}
+		} else if good {
+			p.errorf(qg.val, d.path, "quota_group: must not be empty")
+		}
 	}
+	hasRule = hasRule || hasList || hasGroup
 	if f, has := fields["replaces"]; has {
 		switch {
 		case !hasRule:
@@ -470,34 +492,24 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 	if fields == nil {
 		return nil
 	}
-	r := &Rule{Domain: p.domain, Path: d.path, File: p.file, Line: d.line}
 	ok := true
-	if g, has := fields["name"]; has {
-		if s, good := p.str(g.val, d.path, dot(pre, "name")); !good {
-			ok = false
-		} else if s == "" {
-			p.errorf(g.val, d.path, "%s: must not be empty (leave it out instead)", dot(pre, "name"))
-			ok = false
-		} else {
-			r.Name = s
-			d.nameLine, d.nameCol = g.val.Line, g.val.Column
-		}
-	}
+	var replaces []string
 	if g, has := fields["replaces"]; has {
-		r.Replaces, d.replacesPos = p.replaces(g.val, d.path, dot(pre, "replaces"))
+		replaces, d.replacesPos = p.replaces(g.val, d.path, dot(pre, "replaces"))
 		if d.replacesPos == nil {
 			d.replacesPos = []pos{} // present, for the check against a descriptor-level replaces
 		}
 	}
+	var unlimited bool
 	if g, has := fields["unlimited"]; has {
 		var good bool
-		if r.Unlimited, good = p.boolean(g.val, d.path, dot(pre, "unlimited")); !good {
+		if unlimited, good = p.boolean(g.val, d.path, dot(pre, "unlimited")); !good {
 			ok = false
 		}
 	}
-	if r.Unlimited {
-		for _, name := range []string{"unit", "requests_per_unit", "burst", "unit_multiplier"} {
-			if g, has := fields[name]; has {
+	if unlimited {
+		for _, name := range limitFields {
+			if g, has := fields[name]; has && name != "name" {
 				p.errorf(g.key, d.path, "%s: not allowed with unlimited: true (an unlimited rule has no bucket)", dot(pre, name))
 				ok = false
 			}
@@ -505,80 +517,57 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 		if !ok {
 			return nil
 		}
+		r := newRule(p, d, nil)
+		r.Unlimited, r.Replaces = true, replaces
+		if g, has := fields["name"]; has {
+			r.Name, _ = p.str(g.val, d.path, dot(pre, "name"))
+			d.nameLine, d.nameCol = g.val.Line, g.val.Column
+		}
 		return r
 	}
-
-	if g, has := fields["unit"]; has {
-		s, good := p.str(g.val, d.path, dot(pre, "unit"))
-		if good {
-			r.Unit = parseUnit(s)
-			if r.Unit == 0 {
-				p.errorf(g.val, d.path, "%s: unknown unit %q (want %s)", dot(pre, "unit"), s, unitChoices)
-			}
-		}
-		if r.Unit == 0 {
-			ok = false
-		}
+	rl, denyAll, good := p.limit(fields, f.key, d.path, pre, true)
+	if !good || !ok {
+		return nil
+	}
+	if g, has := fields["name"]; has {
+		d.nameLine, d.nameCol = g.val.Line, g.val.Column
+	}
+	var r *Rule
+	if denyAll {
+		r = newRule(p, d, nil)
+		r.DenyAll, r.Name, r.Unit, r.UnitMultiplier = true, rl.Name, rl.Unit, rl.UnitMultiplier
 	} else {
-		p.errorf(f.key, d.path, "%s: missing (want %s)", dot(pre, "unit"), unitChoices)
-		ok = false
+		r = newRule(p, d, []RateLimit{rl})
 	}
-	var count, burst int64
-	r.UnitMultiplier = 1
-	if g, has := fields["requests_per_unit"]; has {
-		var good bool
-		if count, good = p.requestsPerUnit(g.val, d.path); !good {
-			ok = false
-		}
-	} else {
-		p.errorf(f.key, d.path, "%s: missing (or set unlimited: true)", dot(pre, "requests_per_unit"))
-		ok = false
-	}
-	if g, has := fields["burst"]; has {
-		var good bool
-		if burst, good = p.positive(g.val, d.path, dot(pre, "burst")); !good {
-			ok = false
-		}
-	}
-	if g, has := fields["unit_multiplier"]; has {
-		var good bool
-		if r.UnitMultiplier, good = p.positive(g.val, d.path, dot(pre, "unit_multiplier")); !good {
-			ok = false
-		}
-	}
-	if count == 0 && ok {
-		if g, has := fields["burst"]; has {
-			p.errorf(g.key, d.path, "%s: not allowed with requests_per_unit: 0 (a rule that denies every request has no bucket)", dot(pre, "burst"))
-			return nil
-		}
-		r.DenyAll = true
-		return r
-	}
-	if !ok {
-		return nil
-	}
-	if burst == 0 {
-		burst = count
-	}
-	unit := r.Unit.Duration()
-	if r.UnitMultiplier > math.MaxInt64/int64(unit) {
-		p.errorf(f.key, d.path, "%s: %d %ss is too long a period", pre, r.UnitMultiplier, r.Unit)
-		return nil
-	}
-	r.Limit.Count, r.Limit.Period, r.Limit.Burst = count, time.Duration(r.UnitMultiplier)*unit, burst
-	if err := r.Limit.Validate(); err != nil {
-		p.errorf(f.key, d.path, "%s: %v", pre, err)
-		return nil
-	}
+	r.Replaces = replaces
 	return r
 }
 
-// requestsPerUnit reads requests_per_unit: a positive count, or 0, which
-// (as in envoyproxy/ratelimit) denies every request.
-func (p *parser) requestsPerUnit(n *yaml.Node, path string) (int64, bool) {
-	const name = "rate_limit.requests_per_unit"
+// newRule returns the rule of descriptor d with the given limits; the
+// single-limit fields mirror limits[0].
+func newRule(p *parser, d *desc, limits []RateLimit) *Rule {
+	r := &Rule{Domain: p.domain, Path: d.path, File: p.file, Line: d.line}
+	r.setLimits(limits)
+	return r
+}
+
+// setLimits sets the rule's limits and the fields that mirror the first.
+func (r *Rule) setLimits(limits []RateLimit) {
+	r.Limits = limits
+	if len(limits) > 0 {
+		first := limits[0]
+		r.Limit, r.Unit, r.UnitMultiplier = first.Limit, first.Unit, first.UnitMultiplier
+		if r.Name == "" && first.Group == "" {
+			r.Name = first.Name
+		}
+	}
+}
+
+// requestsPerUnit reads requests_per_unit: a positive count, or, where
+// zeroDenies, 0, which (as in envoyproxy/ratelimit) denies every request.
+func (p *parser) requestsPerUnit(n *yaml.Node, path, name string, zeroDenies bool) (int64, bool) {
 	var v int64
-	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!int" && n.Decode(&v) == nil && v == 0 {
+	if zeroDenies && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!int" && n.Decode(&v) == nil && v == 0 {
 		return 0, true
 	}
 	return p.positive(n, path, name)

@@ -46,6 +46,19 @@ type Set struct {
 type domainTree struct {
 	domain *Domain
 	root   *node
+	// groups are the domain's quota groups, from all its files; grouped
+	// are the descriptors whose rule names one, resolved by check.
+	groups  map[string]*group
+	grouped []*groupUse
+}
+
+// groupUse is a rule that names a quota group.
+type groupUse struct {
+	rule *Rule
+	name string
+	file string
+	at   pos
+	path string
 }
 
 // node is one descriptor of the compiled tree.
@@ -196,13 +209,12 @@ func (r *Rule) describe() string {
 	case r.DenyAll:
 		b.WriteString("denies every request (requests_per_unit: 0)")
 	default:
-		fmt.Fprintf(&b, "%d per ", r.Limit.Count)
-		if r.UnitMultiplier > 1 {
-			fmt.Fprintf(&b, "%d %ss", r.UnitMultiplier, r.Unit)
-		} else {
-			b.WriteString(r.Unit.String())
+		for i, l := range r.Limits {
+			if i > 0 {
+				b.WriteString("; and ")
+			}
+			l.describe(&b, len(r.Limits) > 1)
 		}
-		fmt.Fprintf(&b, ", burst %d", r.Limit.Burst)
 	}
 	if r.ShadowMode {
 		b.WriteString(", shadow mode (never denies)")
@@ -214,6 +226,35 @@ func (r *Rule) describe() string {
 		fmt.Fprintf(&b, ", replaces %s", strings.Join(r.Replaces, ", "))
 	}
 	return b.String()
+}
+
+func (l RateLimit) describe(b *strings.Builder, named bool) {
+	if l.Group != "" {
+		fmt.Fprintf(b, "quota group %q", l.Group)
+		if l.Shared {
+			b.WriteString(" (one bucket for all values)")
+		}
+		b.WriteString(": ")
+	} else if l.Name != "" && named {
+		fmt.Fprintf(b, "%q: ", l.Name)
+	}
+	if l.Counts == Tokens {
+		fmt.Fprintf(b, "%d tokens per ", l.Limit.Count)
+	} else {
+		fmt.Fprintf(b, "%d per ", l.Limit.Count)
+	}
+	if l.UnitMultiplier > 1 {
+		fmt.Fprintf(b, "%d %ss", l.UnitMultiplier, l.Unit)
+	} else {
+		b.WriteString(l.Unit.String())
+	}
+	fmt.Fprintf(b, ", burst %d", l.Limit.Burst)
+	if l.Limit.MaxDebt > 0 {
+		fmt.Fprintf(b, ", overdraft up to %d", l.Limit.MaxDebt)
+	}
+	if l.MaxWait > 0 {
+		fmt.Fprintf(b, ", waits up to %v (at most %d waiting)", l.MaxWait, l.MaxWaiters)
+	}
 }
 
 // Domains returns every domain of the set, sorted by name. The slice is the
@@ -289,12 +330,26 @@ func (b *builder) add(ft *fileTree) {
 		b.domains[ft.domain] = t
 	}
 	t.domain.Files = append(t.domain.Files, ft.name)
+	for name, g := range ft.groups {
+		if prev, dup := t.groups[name]; dup {
+			b.probs.add(g.file, g.line, g.col, quoteIfNeeded(ft.domain),
+				"quota_groups.%s: already defined at %s:%d:%d", name, prev.file, prev.line, prev.col)
+			continue
+		}
+		if t.groups == nil {
+			t.groups = make(map[string]*group)
+		}
+		t.groups[name] = g
+	}
 	for _, d := range ft.descs {
-		b.insert(t, t.root, d, ft.name)
+		b.insert(t, t.root, d, ft.name, nil)
 	}
 }
 
-func (b *builder) insert(t *domainTree, parent *node, d *desc, file string) {
+// insert adds d below parent; varies are the flags of the levels above d
+// (see Rule.varies).
+func (b *builder) insert(t *domainTree, parent *node, d *desc, file string, varies []bool) {
+	varies = append(varies[:len(varies):len(varies)], d.value == "")
 	if parent.children == nil {
 		parent.children = make(map[string]*kids)
 	}
@@ -336,19 +391,32 @@ func (b *builder) insert(t *domainTree, parent *node, d *desc, file string) {
 		d.rule = nil
 	}
 	if d.rule != nil {
+		d.rule.varies = varies
+		if d.group != "" {
+			t.grouped = append(t.grouped, &groupUse{rule: d.rule, name: d.group, file: file, at: d.groupAt, path: d.path})
+		}
 		n.rule = d.rule
 		n.file, n.line, n.col = file, d.line, d.col
 		n.nameLine, n.nameCol, n.replaces = d.nameLine, d.nameCol, d.replacesPos
 		t.domain.Rules = append(t.domain.Rules, d.rule)
 	}
 	for _, c := range d.children {
-		b.insert(t, n, c, file)
+		b.insert(t, n, c, file, varies)
 	}
 }
 
 // check runs the checks that need a whole domain: rule names are unique, and
 // replaces names an existing rule. It also orders wildcards.
 func (b *builder) check(t *domainTree) {
+	for _, u := range t.grouped {
+		g, ok := t.groups[u.name]
+		if !ok {
+			b.probs.add(u.file, u.at.line, u.at.col, u.path, "quota_group: no group %q in domain %s%s",
+				u.name, quoteIfNeeded(t.domain.Name), groupChoices(t.groups))
+			continue
+		}
+		u.rule.setLimits([]RateLimit{g.limit})
+	}
 	named := make(map[string]*node)
 	var rules []*node
 	walk(t.root, func(n *node) {
@@ -392,6 +460,19 @@ func (b *builder) check(t *domainTree) {
 			k.pattern = nil
 		}
 	})
+}
+
+// groupChoices lists the defined groups for an error message.
+func groupChoices(groups map[string]*group) string {
+	if len(groups) == 0 {
+		return " (it defines no quota_groups)"
+	}
+	names := make([]string, 0, len(groups))
+	for name := range groups {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return " (defined: " + strings.Join(names, ", ") + ")"
 }
 
 // walk visits n and every node below it, depth first. Map order does not

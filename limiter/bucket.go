@@ -187,9 +187,10 @@ func (s State) Full(now time.Time) bool {
 // reqs[i].Key for each request with Hits > 0 whose next[i] differs from what
 // it stored (for a key named several times, the last one counts).
 //
-// When one request is denied, none is charged except post-paid charges
-// (Request.Charge), and the requests that would have passed report their
-// bucket as a check (Hits 0) would. It is the specification of Store.Take.
+// When one request is denied (a Shadow one does not count), none is charged
+// except post-paid charges (Request.Charge), and the requests that would
+// have passed report their bucket as a check (Hits 0) would. It is the
+// specification of Store.Take.
 func DecideAll(now time.Time, reqs []Request, stored []State) (decisions []Decision, next []State, allowed bool) {
 	decisions = make([]Decision, len(reqs))
 	next = make([]State, len(reqs))
@@ -206,7 +207,7 @@ func DecideAll(now time.Time, reqs []Request, stored []State) (decisions []Decis
 	allowed = true
 	for i, r := range reqs {
 		next[i], decisions[i] = Decide(r, current(i), now)
-		allowed = allowed && decisions[i].Allowed
+		allowed = allowed && (decisions[i].Allowed || r.Shadow)
 	}
 	if allowed {
 		return decisions, next, true

@@ -90,6 +90,12 @@ func (l Limit) FillTime() time.Duration {
 	return l.fillTime().ceilDuration()
 }
 
+// TimeFor is how long n tokens take to arrive, n·Period/Count, rounded
+// down to the microsecond.
+func (l Limit) TimeFor(n int64) time.Duration {
+	return time.Duration(l.advance(instant{}, min(max(n, 0), l.Burst+l.MaxDebt)).us) * time.Microsecond
+}
+
 // String gives the limit in the form "10/1m0s burst 20".
 func (l Limit) String() string {
 	return fmt.Sprintf("%d/%v burst %d", l.Count, l.Period, l.Burst)
@@ -111,6 +117,9 @@ type Request struct {
 	// caller must hold the request that long (or Refund it). Reservations
 	// queue in arrival order.
 	MaxWait time.Duration
+	// Shadow requests are decided and charged like the others, but their
+	// denial does not deny the Take (shadow-mode rules, which only report).
+	Shadow bool
 }
 
 // Charge reports whether r is a post-paid charge, which a Store records
@@ -145,7 +154,8 @@ type Decision struct {
 //
 // Take applies reqs at time now atomically and all-or-nothing: either every
 // request is admitted and charged, or none is charged, except post-paid
-// charges (Request.Charge), which are always recorded. When one is denied,
+// charges (Request.Charge), which are always recorded. A denied Shadow
+// request is not charged and does not deny the others. When one is denied,
 // the others report the state their bucket is in (as if checked with Hits 0).
 // Requests naming the same key are applied in order, each seeing the ones
 // before it. The returned slice has one Decision per request, in order.

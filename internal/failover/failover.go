@@ -292,3 +292,31 @@ func (s *Store) Sweep(now time.Time) {
 		s.local.Sweep(now)
 	}
 }
+
+// Refund implements limiter.Refunder when the backend does: it gives the
+// tokens back there (within the deadline), or to the local buckets while
+// the backend fails in Local mode. Otherwise a refund during an outage is
+// lost, which can only make later answers stricter.
+func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
+	refunder, ok := s.backend.(limiter.Refunder)
+	if !ok {
+		return fmt.Errorf("%w: the backend cannot give tokens back", limiter.ErrInvalidRequest)
+	}
+	s.mu.Lock()
+	open := !s.openUntil.IsZero()
+	s.mu.Unlock()
+	if open {
+		if s.local != nil {
+			local := make([]limiter.Request, len(reqs))
+			for i, r := range reqs {
+				r.Limit = s.share(r.Limit)
+				local[i] = r
+			}
+			return s.local.Refund(ctx, now, local)
+		}
+		return nil
+	}
+	callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	return refunder.Refund(callCtx, now, reqs)
+}

@@ -113,6 +113,12 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 	for i, it := range p.items {
 		o := DescriptorOutcome{Descriptor: req.GetDescriptors()[i], Rule: it.rule, Outcome: WithinLimit}
 		st := resp.GetStatuses()[i]
+		if it.limited {
+			j := pickLimit(decisions[it.first : it.first+len(it.limits)])
+			o.Hits = p.takes[it.first].Hits
+			o.Limit, o.Decision = it.limits[j].Limit, decisions[it.first+j]
+			o.Charged = admitted && o.Hits > 0 && (o.Decision.Allowed || p.takes[it.first+j].Charge())
+		}
 		switch {
 		case it.rule == nil:
 			o.Outcome = NoRule
@@ -122,13 +128,8 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 			o.Outcome = Unlimited
 		case st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
 			o.Outcome = OverLimit
-		case it.rule.ShadowMode && (it.denyAll || it.limited && !decisions[it.take].Allowed):
+		case it.rule.ShadowMode && (it.denyAll || it.limited && !o.Decision.Allowed):
 			o.Outcome = ShadowOverLimit
-		}
-		if it.limited {
-			o.Hits = p.takes[it.take].Hits
-			o.Limit, o.Decision = it.limit, decisions[it.take]
-			o.Charged = admitted && o.Hits > 0
 		}
 		call.Descriptors[i] = o
 	}

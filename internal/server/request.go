@@ -35,8 +35,6 @@ func (l RequestLimits) check(req *rlsv3.RateLimitRequest) error {
 			return fmt.Errorf("descriptors[%d] has %d entries, more than the %d allowed", i, len(entries), l.MaxEntries)
 		case d.GetHitsAddend() != nil && d.GetHitsAddend().GetValue() > l.MaxHits:
 			return fmt.Errorf("descriptors[%d].hits_addend %d is more than the %d allowed", i, d.GetHitsAddend().GetValue(), l.MaxHits)
-		case d.GetIsNegativeHits():
-			return fmt.Errorf("descriptors[%d].is_negative_hits: refunds are not supported", i)
 		}
 		for j, e := range entries {
 			switch {
@@ -58,10 +56,16 @@ func (l RequestLimits) check(req *rlsv3.RateLimitRequest) error {
 // plan is what a request asks of the store, descriptor by descriptor.
 type plan struct {
 	items []item
-	takes []limiter.Request
+	// takes are the buckets to take from, each item's in a run starting at
+	// item.first; limits[k] is the limit takes[k] comes from.
+	takes  []limiter.Request
+	limits []config.RateLimit
+	// refunds give back the hits of descriptors with is_negative_hits
+	// before the takes (which then only check them).
+	refunds []limiter.Request
 }
 
-// item is one request descriptor and the limit that applies to it.
+// item is one request descriptor and the limits that apply to it.
 type item struct {
 	// rule is the matched rule, or one made for a request's limit override;
 	// nil when no rule matched.
@@ -73,16 +77,15 @@ type item struct {
 	// denyAll is set for a rule with requests_per_unit: 0 (and no
 	// override): the descriptor is denied without asking the store.
 	denyAll bool
-	limit   limiter.Limit
-	unit    config.Unit
-	mult    int64
-	// take indexes plan.takes when limited.
-	take int
+	// limits are the rule's, or the override's one; their takes start at
+	// plan.takes[first].
+	limits []config.RateLimit
+	first  int
 }
 
 // planRequest matches each descriptor of a checked request to its rule and
-// lists the buckets to take from.
-func planRequest(set *config.Set, req *rlsv3.RateLimitRequest) (plan, error) {
+// lists the buckets to take from. maxWait caps every limit's max_wait.
+func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration) (plan, error) {
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
 	p := plan{items: make([]item, len(descs))}
@@ -94,7 +97,7 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest) (plan, error) {
 		if it.rule != nil {
 			it.limited = !it.rule.Unlimited && !it.rule.DenyAll
 			it.denyAll = it.rule.DenyAll
-			it.limit, it.unit, it.mult = it.rule.Limit, it.rule.Unit, it.rule.UnitMultiplier
+			it.limits = it.rule.Limits
 			replacing = replacing || len(it.rule.Replaces) > 0
 		}
 		if o := d.GetLimit(); o != nil {
@@ -120,13 +123,25 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest) (plan, error) {
 			continue
 		}
 		entries = toEntries(entries[:0], d)
-		key = it.rule.AppendKey(key[:0], entries)
-		it.take = len(p.takes)
+		it.first = len(p.takes)
 		hits := hitsOf(req, d)
-		if checkOnly {
-			hits = 0
+		for j, l := range it.limits {
+			key = it.rule.AppendKey(key[:0], j, entries)
+			r := limiter.Request{Key: string(key), Limit: l.Limit, Hits: hits, Shadow: it.rule.ShadowMode}
+			if d.GetIsNegativeHits() {
+				refund := r
+				p.refunds = append(p.refunds, refund)
+				r.Hits = 0
+			}
+			if checkOnly && !r.Charge() {
+				r.Hits = 0
+			}
+			if r.Hits > 0 && l.MaxWait > 0 {
+				r.MaxWait = min(l.MaxWait, maxWait)
+			}
+			p.takes = append(p.takes, r)
+			p.limits = append(p.limits, l)
 		}
-		p.takes = append(p.takes, limiter.Request{Key: string(key), Limit: it.limit, Hits: hits})
 	}
 	return p, nil
 }
@@ -158,9 +173,10 @@ var overrideUnits = map[typev3.RateLimitUnit]config.Unit{
 }
 
 // override applies a descriptor's limit override (from Envoy's route
-// metadata): it replaces the configured rate, with a burst of one unit's
-// worth, and applies even where no rule matched (as envoyproxy/ratelimit
-// does). The bucket stays the one the rule would use.
+// metadata): it replaces the configured limits with one rate, with a burst
+// of one unit's worth, and applies even where no rule matched (as
+// envoyproxy/ratelimit does). The bucket is the one of the rule's first
+// limit.
 func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) error {
 	unit, ok := overrideUnits[o.GetUnit()]
 	if !ok {
@@ -181,10 +197,13 @@ func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.R
 	if err := l.Validate(); err != nil {
 		return err
 	}
+	rl := config.RateLimit{Limit: l, Unit: unit, UnitMultiplier: mult, Counts: config.Requests}
 	if it.rule == nil {
-		it.rule = &config.Rule{Domain: domain, Path: overridePath(domain, entries)}
+		it.rule = &config.Rule{Domain: domain, Path: overridePath(domain, entries), Limits: []config.RateLimit{rl}}
+	} else if len(it.limits) > 0 {
+		rl.Name = it.limits[0].Name
 	}
-	it.limited, it.denyAll, it.limit, it.unit, it.mult = true, false, l, unit, mult
+	it.limited, it.denyAll, it.limits = true, false, []config.RateLimit{rl}
 	return nil
 }
 

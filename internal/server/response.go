@@ -39,17 +39,21 @@ const (
 	metaDeniedBy     = "ratelimitd.denied_by"     // rules that denied
 	metaShadowDenied = "ratelimitd.shadow_denied" // shadow-mode rules that would have denied
 	metaExceedsBurst = "ratelimitd.exceeds_burst" // rules asked for more than their burst
+	metaWaited       = "ratelimitd.waited"        // rules whose tokens the request waited for
+	metaQueueFull    = "ratelimitd.queue_full"    // rules denied because too many requests waited
 )
 
 // buildResponse turns a plan and the store's decisions (one per plan.takes)
-// into Envoy's answer. It is pure: the same inputs give the same answer.
-func buildResponse(p plan, decisions []limiter.Decision, opts answerOptions) *rlsv3.RateLimitResponse {
+// into Envoy's answer; queueFull[k], when set, says take k could not wait
+// because too many requests already waited on its bucket. It is pure: the
+// same inputs give the same answer.
+func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts answerOptions) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(p.items)),
 	}
 	var (
-		matched, deniedBy, shadow, exceeds []any
+		matched, deniedBy, shadow, exceeds, waited, full []any
 		retry                              time.Duration // longest wait among denials
 		denier, least                      = -1, -1      // the longest denial; the least remaining
 	)
@@ -62,12 +66,16 @@ func buildResponse(p plan, decisions []limiter.Decision, opts answerOptions) *rl
 		var (
 			allowed bool
 			wait    time.Duration // denied: until it would pass; admitted: until full
+			limit   config.RateLimit
 		)
 		switch {
 		case it.denyAll:
-			wait = time.Duration(it.mult) * it.unit.Duration()
+			limit = config.RateLimit{Name: it.rule.Name, Unit: it.rule.Unit, UnitMultiplier: it.rule.UnitMultiplier}
+			wait = time.Duration(it.rule.UnitMultiplier) * it.rule.Unit.Duration()
 		case it.limited:
-			d := decisions[it.take]
+			j := pickLimit(decisions[it.first : it.first+len(it.limits)])
+			d := decisions[it.first+j]
+			limit = it.limits[j]
 			st.LimitRemaining = clampUint32(d.Remaining)
 			allowed, wait = d.Allowed, d.ResetAfter
 			if !d.Allowed {
@@ -75,13 +83,19 @@ func buildResponse(p plan, decisions []limiter.Decision, opts answerOptions) *rl
 			}
 			if d.ExceedsBurst {
 				// Retrying cannot help; say how long a full bucket takes.
-				wait = it.limit.FillTime()
+				wait = limit.Limit.FillTime()
 				exceeds = append(exceeds, ruleID(it.rule))
+			}
+			if d.Wait > 0 {
+				waited = append(waited, ruleID(it.rule))
+			}
+			if !d.Allowed && queueFull != nil && queueFull[it.first+j] {
+				full = append(full, ruleID(it.rule))
 			}
 		default:
 			continue
 		}
-		st.CurrentLimit = currentLimit(it)
+		st.CurrentLimit = currentLimit(it.rule, limit)
 		st.DurationUntilReset = &durationpb.Duration{Seconds: ceilSeconds(wait)}
 		if least < 0 || st.LimitRemaining < resp.Statuses[least].LimitRemaining {
 			least = i
@@ -109,11 +123,11 @@ func buildResponse(p plan, decisions []limiter.Decision, opts answerOptions) *rl
 		if over {
 			pick = denier
 		}
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(p.items[pick], resp.Statuses[pick])...)
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(resp.Statuses[pick])...)
 	}
 	if len(matched) > 0 {
 		fields := map[string]*structpb.Value{metaMatched: structpb.NewListValue(&structpb.ListValue{Values: values(matched)})}
-		for k, v := range map[string][]any{metaDeniedBy: deniedBy, metaShadowDenied: shadow, metaExceedsBurst: exceeds} {
+		for k, v := range map[string][]any{metaDeniedBy: deniedBy, metaShadowDenied: shadow, metaExceedsBurst: exceeds, metaWaited: waited, metaQueueFull: full} {
 			if len(v) > 0 {
 				fields[k] = structpb.NewListValue(&structpb.ListValue{Values: values(v)})
 			}
@@ -139,25 +153,53 @@ func ruleID(r *config.Rule) string {
 	return r.Path
 }
 
-func currentLimit(it item) *rlsv3.RateLimitResponse_RateLimit {
-	cl := &rlsv3.RateLimitResponse_RateLimit{
-		Name:            it.rule.Name,
-		RequestsPerUnit: clampUint32(it.limit.Count),
-		Unit:            responseUnits[it.unit],
+// pickLimit chooses which of a descriptor's limits its status reports: the
+// one that denied with the longest wait, else the one with the least left.
+func pickLimit(ds []limiter.Decision) int {
+	pick := 0
+	for j, d := range ds[1:] {
+		p := ds[pick]
+		switch {
+		case p.Allowed && !d.Allowed,
+			!p.Allowed && !d.Allowed && d.RetryAfter > p.RetryAfter,
+			p.Allowed && d.Allowed && d.Remaining < p.Remaining:
+			pick = j + 1
+		}
 	}
-	if it.mult > 1 {
-		cl.UnitMultiplier = wrapperspb.UInt32(clampUint32(it.mult))
+	return pick
+}
+
+// currentLimit is Envoy's view of limit l of rule r; its name is the
+// limit's, else the rule's.
+func currentLimit(r *config.Rule, l config.RateLimit) *rlsv3.RateLimitResponse_RateLimit {
+	name := l.Name
+	if name == "" {
+		name = r.Name
+	}
+	cl := &rlsv3.RateLimitResponse_RateLimit{
+		Name:            name,
+		RequestsPerUnit: clampUint32(l.Limit.Count),
+		Unit:            responseUnits[l.Unit],
+	}
+	if l.UnitMultiplier > 1 {
+		cl.UnitMultiplier = wrapperspb.UInt32(clampUint32(l.UnitMultiplier))
 	}
 	return cl
 }
 
 // rateLimitHeaders are the draft-03 X-RateLimit-* headers for one status.
-func rateLimitHeaders(it item, st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
-	window := int64(it.unit.Duration()/time.Second) * it.mult
-	policy := strconv.FormatUint(uint64(st.CurrentLimit.RequestsPerUnit), 10)
+func rateLimitHeaders(st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	cl := st.GetCurrentLimit()
+	window := int64(max(1, cl.GetUnitMultiplier().GetValue()))
+	for u, ru := range responseUnits {
+		if ru == cl.GetUnit() {
+			window *= int64(u.Duration() / time.Second)
+		}
+	}
+	policy := strconv.FormatUint(uint64(cl.GetRequestsPerUnit()), 10)
 	limit := policy + ", " + policy + ";w=" + strconv.FormatInt(window, 10)
-	if it.rule.Name != "" {
-		limit += `;name="` + it.rule.Name + `"`
+	if cl.GetName() != "" {
+		limit += `;name="` + cl.GetName() + `"`
 	}
 	return []*corev3.HeaderValue{
 		{Key: "x-ratelimit-limit", Value: limit},

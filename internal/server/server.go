@@ -94,6 +94,9 @@ type Options struct {
 	RateLimitHeaders RateLimitHeaders
 	// Observer, when set, learns the outcome of every call.
 	Observer Observer
+	// MaxWait caps every limit's max_wait: how long a call may be held for
+	// reserved tokens. Default 5s.
+	MaxWait time.Duration
 }
 
 // Server answers ShouldRateLimit. It is safe for concurrent use; the config
@@ -107,7 +110,9 @@ type Server struct {
 	limits   RequestLimits
 	answer   answerOptions
 	observer Observer
+	maxWait  time.Duration
 	current  atomic.Pointer[config.Set]
+	waits    waitQueues
 
 	// lastFailureLog (Unix ns) and quietFailures keep backend failures to
 	// one log line a second.
@@ -130,6 +135,10 @@ func New(opts Options) (*Server, error) {
 		limits:   opts.Limits.withDefaults(),
 		answer:   answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders},
 		observer: opts.Observer,
+		maxWait:  opts.MaxWait,
+	}
+	if s.maxWait <= 0 {
+		s.maxWait = 5 * time.Second
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -184,19 +193,68 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if set == nil {
 		return plan{}, nil, nil, status.Error(codes.Unavailable, "no rate limit configuration loaded yet")
 	}
-	p, err := planRequest(set, req)
+	p, err := planRequest(set, req, s.maxWait)
 	if err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	var decisions []limiter.Decision
-	if len(p.takes) > 0 {
-		decisions, err = s.store.Take(ctx, now, p.takes)
-		if err != nil {
+	if len(p.refunds) > 0 {
+		refunder, ok := s.store.(limiter.Refunder)
+		if !ok {
+			return p, nil, nil, status.Error(codes.InvalidArgument, "is_negative_hits: this backend cannot give tokens back")
+		}
+		if err := refunder.Refund(ctx, now, p.refunds); err != nil {
 			s.logFailure(ctx, now, req.GetDomain(), err)
 			return p, nil, nil, statusFromError(err)
 		}
 	}
-	return p, decisions, buildResponse(p, decisions, s.answer), nil
+	if len(p.takes) == 0 {
+		return p, nil, buildResponse(p, nil, nil, s.answer), nil
+	}
+	claimed, full := s.waits.claim(&p)
+	defer s.waits.release(&p, claimed)
+	decisions, err := s.store.Take(ctx, now, p.takes)
+	if err != nil {
+		s.logFailure(ctx, now, req.GetDomain(), err)
+		return p, nil, nil, statusFromError(err)
+	}
+	resp := buildResponse(p, decisions, full, s.answer)
+	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && waits(decisions) {
+		if err := s.hold(ctx, p, decisions, now); err != nil {
+			s.refund(p, s.now())
+			return p, nil, nil, status.FromContextError(err).Err()
+		}
+	}
+	return p, decisions, resp, nil
+}
+
+func waits(decisions []limiter.Decision) bool {
+	for _, d := range decisions {
+		if d.Wait > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// refund gives back what an admitted request took, when its caller gave
+// up while it waited for reserved tokens. Post-paid charges stay.
+func (s *Server) refund(p plan, now time.Time) {
+	refunder, ok := s.store.(limiter.Refunder)
+	if !ok {
+		return
+	}
+	var back []limiter.Request
+	for _, r := range p.takes {
+		if r.Hits > 0 && !r.Charge() {
+			back = append(back, r)
+		}
+	}
+	// The caller's context is done; the refund gets its own short one.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := refunder.Refund(ctx, now, back); err != nil {
+		s.logFailure(ctx, now, "", err)
+	}
 }
 
 // logFailure logs a backend failure, at most once a second, with the number

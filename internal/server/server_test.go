@@ -432,7 +432,6 @@ func TestInvalidArgument(t *testing.T) {
 		{"value too long", request("api", desc("a", long)), "value is 9 bytes, more than the 8"},
 		{"absurd descriptor hits", request("api", withHits(desc("a", "b"), 1<<40)), "hits_addend 1099511627776 is more than the 1000"},
 		{"absurd request hits", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("a", "b")}, HitsAddend: 5000}, "hits_addend 5000"},
-		{"negative hits", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries, IsNegativeHits: true}), "refunds are not supported"},
 		{"override without unit", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries,
 			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5}}), "descriptors[0].limit: unit UNKNOWN"},
 		{"override of zero", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries,

@@ -49,6 +49,12 @@ var postpaidTimelines = []struct {
 			want: []limiter.Decision{ok(700, 18*time.Second), deny(time.Minute, time.Minute)}},
 		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(700, 18*time.Second)}},
 	}},
+	{"a shadow request's denial denies nothing", []step{
+		{at: 0, reqs: []limiter.Request{{Key: "s", Limit: onePerMinute, Hits: 1, Shadow: true}}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1), {Key: "s", Limit: onePerMinute, Hits: 1, Shadow: true}},
+			want: []limiter.Decision{ok(1, 30*time.Second), deny(time.Minute, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+	}},
 	{"reservations queue in arrival order", []step{
 		{at: 0, reqs: []limiter.Request{waitReq("a", onePerSec, 1, 2*time.Second)}, want: []limiter.Decision{ok(0, time.Second)}},
 		{at: 0, reqs: []limiter.Request{waitReq("a", onePerSec, 1, 2*time.Second)}, want: []limiter.Decision{waited(time.Second, 2*time.Second)}},

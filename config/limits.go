@@ -1,0 +1,280 @@
+package config
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// The fields of a limit: a rate_limit block, an item of rate_limits, or a
+// quota group.
+var (
+	limitFields      = []string{"unit", "requests_per_unit", "burst", "unit_multiplier", "name", "counts", "overdraft", "max_wait", "max_waiters"}
+	rateLimitFields  = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier", "counts", "overdraft", "max_wait", "max_waiters"}
+	groupFields      = append([]string{"shared"}, without(limitFields, "name")...)
+	overdraftFields  = []string{"max_debt"}
+	topFields        = []string{"domain", "descriptors", "quota_groups"}
+	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "quota_group", "descriptors", "shadow_mode", "detailed_metric", "replaces"}
+)
+
+// DefaultMaxWaiters bounds the requests waiting on one bucket when a limit
+// sets max_wait but not max_waiters.
+const DefaultMaxWaiters = 64
+
+func without(list []string, drop string) []string {
+	var out []string
+	for _, s := range list {
+		if s != drop {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// limit reads the fields of one limit (already checked against its list of
+// valid fields). zeroDenies allows requests_per_unit: 0, which returns
+// denyAll. It reports every problem and returns ok false if there was one.
+func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string, zeroDenies bool) (rl RateLimit, denyAll, ok bool) {
+	ok = true
+	rl.UnitMultiplier, rl.Counts = 1, Requests
+	if g, has := fields["name"]; has {
+		if s, good := p.str(g.val, path, dot(pre, "name")); !good {
+			ok = false
+		} else if s == "" {
+			p.errorf(g.val, path, "%s: must not be empty (leave it out instead)", dot(pre, "name"))
+			ok = false
+		} else {
+			rl.Name = s
+		}
+	}
+	if g, has := fields["unit"]; has {
+		if s, good := p.str(g.val, path, dot(pre, "unit")); good {
+			if rl.Unit = parseUnit(s); rl.Unit == 0 {
+				p.errorf(g.val, path, "%s: unknown unit %q (want %s)", dot(pre, "unit"), s, unitChoices)
+			}
+		}
+		ok = ok && rl.Unit != 0
+	} else {
+		p.errorf(at, path, "%s: missing (want %s)", dot(pre, "unit"), unitChoices)
+		ok = false
+	}
+	var count, burst int64
+	if g, has := fields["requests_per_unit"]; has {
+		var good bool
+		if count, good = p.requestsPerUnit(g.val, path, dot(pre, "requests_per_unit"), zeroDenies); !good {
+			ok = false
+		}
+	} else {
+		hint := ""
+		if zeroDenies {
+			hint = " (or set unlimited: true)"
+		}
+		p.errorf(at, path, "%s: missing%s", dot(pre, "requests_per_unit"), hint)
+		ok = false
+	}
+	if g, has := fields["burst"]; has {
+		var good bool
+		if burst, good = p.positive(g.val, path, dot(pre, "burst")); !good {
+			ok = false
+		}
+	}
+	if g, has := fields["unit_multiplier"]; has {
+		var good bool
+		if rl.UnitMultiplier, good = p.positive(g.val, path, dot(pre, "unit_multiplier")); !good {
+			ok = false
+		}
+	}
+	if g, has := fields["counts"]; has {
+		if s, good := p.str(g.val, path, dot(pre, "counts")); good {
+			switch s {
+			case "requests":
+				rl.Counts = Requests
+			case "tokens":
+				rl.Counts = Tokens
+			default:
+				p.errorf(g.val, path, "%s: unknown %q (want requests or tokens)", dot(pre, "counts"), s)
+				ok = false
+			}
+		} else {
+			ok = false
+		}
+	}
+	if g, has := fields["overdraft"]; has {
+		if of := p.fields(g.val, path, dot(pre, "overdraft"), overdraftFields); of == nil {
+			ok = false
+		} else if d, has := of["max_debt"]; has {
+			var good bool
+			if rl.Limit.MaxDebt, good = p.positive(d.val, path, dot(pre, "overdraft.max_debt")); !good {
+				ok = false
+			}
+		} else {
+			p.errorf(g.val, path, "%s: missing", dot(pre, "overdraft.max_debt"))
+			ok = false
+		}
+	}
+	if g, has := fields["max_wait"]; has {
+		var good bool
+		if rl.MaxWait, good = p.duration(g.val, path, dot(pre, "max_wait")); !good {
+			ok = false
+		}
+	}
+	if g, has := fields["max_waiters"]; has {
+		n, good := p.positive(g.val, path, dot(pre, "max_waiters"))
+		switch {
+		case !good:
+			ok = false
+		case n > math.MaxInt32:
+			p.errorf(g.val, path, "%s: %d is too many", dot(pre, "max_waiters"), n)
+			ok = false
+		case rl.MaxWait == 0:
+			p.errorf(g.key, path, "%s: only means something with max_wait", dot(pre, "max_waiters"))
+			ok = false
+		default:
+			rl.MaxWaiters = int(n)
+		}
+	}
+	if rl.MaxWait > 0 && rl.MaxWaiters == 0 {
+		rl.MaxWaiters = DefaultMaxWaiters
+	}
+	if !ok {
+		return rl, false, false
+	}
+	if count == 0 {
+		for _, name := range []string{"burst", "overdraft", "max_wait"} {
+			if g, has := fields[name]; has {
+				p.errorf(g.key, path, "%s: not allowed with requests_per_unit: 0 (a rule that denies every request has no bucket)", dot(pre, name))
+				ok = false
+			}
+		}
+		return rl, ok, ok
+	}
+	if burst == 0 {
+		burst = count
+	}
+	unit := rl.Unit.Duration()
+	if rl.UnitMultiplier > math.MaxInt64/int64(unit) {
+		p.errorf(at, path, "%s: %d %ss is too long a period", pre, rl.UnitMultiplier, rl.Unit)
+		return rl, false, false
+	}
+	rl.Limit.Count, rl.Limit.Period, rl.Limit.Burst = count, time.Duration(rl.UnitMultiplier)*unit, burst
+	if err := rl.Limit.Validate(); err != nil {
+		p.errorf(at, path, "%s: %v", pre, err)
+		return rl, false, false
+	}
+	return rl, false, true
+}
+
+// duration reads a Go duration ("2s", "500ms").
+func (p *parser) duration(n *yaml.Node, path, name string) (time.Duration, bool) {
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str" {
+		if d, err := time.ParseDuration(n.Value); err == nil && d > 0 {
+			return d, true
+		}
+	}
+	p.errorf(n, path, "%s: want a positive duration such as 500ms or 2s, got %s", name, kind(n))
+	return 0, false
+}
+
+// rateLimits reads a descriptor's rate_limits list: several limits that a
+// request must all pass. Each needs a distinct identity (its name, else what
+// it counts and its period), which keeps its bucket.
+func (p *parser) rateLimits(f field, d *desc) []RateLimit {
+	const pre = "rate_limits"
+	if f.val.Kind != yaml.SequenceNode {
+		p.errorf(f.val, d.path, "%s: want a list of one or more limits, got %s", pre, kind(f.val))
+		return nil
+	}
+	if len(f.val.Content) == 0 {
+		p.errorf(f.val, d.path, "%s: empty: give one or more limits", pre)
+		return nil
+	}
+	var out []RateLimit
+	seen := map[string]int{}
+	ok := true
+	for i, item := range f.val.Content {
+		at := pre + "[" + strconv.Itoa(i) + "]"
+		fields := p.fields(item, d.path, at, limitFields)
+		if fields == nil {
+			ok = false
+			continue
+		}
+		rl, _, good := p.limit(fields, item, d.path, at, false)
+		if !good {
+			ok = false
+			continue
+		}
+		id := rl.identity()
+		if j, dup := seen[id]; dup {
+			p.errorf(item, d.path, "%s: same name, or same counts and period, as %s[%d]: give each limit a distinct name", at, pre, j)
+			ok = false
+			continue
+		}
+		seen[id] = i
+		out = append(out, rl)
+	}
+	if !ok {
+		return nil
+	}
+	return out
+}
+
+// identity tells apart the limits of one rule, for their bucket keys: the
+// name if any, else what the limit counts and its period. It does not
+// contain the rate, so editing a rate keeps the bucket.
+func (rl RateLimit) identity() string {
+	if rl.Name != "" {
+		return "name:" + rl.Name
+	}
+	return rl.Counts.String() + "/" + rl.Limit.Period.String()
+}
+
+// group is a quota group as written in one file.
+type group struct {
+	limit     RateLimit
+	file      string
+	line, col int
+}
+
+// quotaGroups reads the top-level quota_groups mapping.
+func (p *parser) quotaGroups(n *yaml.Node, path string) map[string]*group {
+	if n.Kind != yaml.MappingNode {
+		p.errorf(n, path, "quota_groups: want a mapping of group name to limit, got %s", kind(n))
+		return nil
+	}
+	out := make(map[string]*group, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if !p.plain(k, path) || !p.plain(v, path) {
+			continue
+		}
+		name, good := p.str(k, path, "quota_groups")
+		if !good || name == "" {
+			p.errorf(k, path, "quota_groups: a group needs a non-empty name")
+			continue
+		}
+		pre := "quota_groups." + name
+		if prev, dup := out[name]; dup {
+			p.errorf(k, path, "%s: repeated (first at line %d)", pre, prev.line)
+			continue
+		}
+		fields := p.fields(v, path, pre, groupFields)
+		if fields == nil {
+			continue
+		}
+		rl, _, good := p.limit(fields, k, path, pre, false)
+		if g, has := fields["shared"]; has {
+			var b bool
+			if rl.Shared, b = p.boolean(g.val, path, dot(pre, "shared")); !b {
+				good = false
+			}
+		}
+		if !good {
+			continue
+		}
+		rl.Name, rl.Group = name, name
+		out[name] = &group{limit: rl, file: p.file, line: k.Line, col: k.Column}
+	}
+	return out
+}
