@@ -189,6 +189,9 @@ func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.R
 	if mult < 1 {
 		return fmt.Errorf("unit_multiplier must be at least 1")
 	}
+	if mult > int64(limiter.MaxFill/unit.Duration()) {
+		return fmt.Errorf("unit_multiplier %d: %d %ss is longer than %v", mult, mult, unit, limiter.MaxFill)
+	}
 	l := limiter.Limit{
 		Count:  int64(o.GetRequestsPerUnit()),
 		Period: time.Duration(mult) * unit.Duration(),

@@ -434,6 +434,9 @@ func TestInvalidArgument(t *testing.T) {
 		{"absurd request hits", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("a", "b")}, HitsAddend: 5000}, "hits_addend 5000"},
 		{"override without unit", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries,
 			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5}}), "descriptors[0].limit: unit UNKNOWN"},
+		{"override too long", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries,
+			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(585)}}),
+			"unit_multiplier 585"},
 		{"override of zero", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries,
 			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{Unit: typev3.RateLimitUnit_SECOND}}), "count 0"},
 	}
