@@ -48,8 +48,9 @@ func TestPTTLIsTimeUntilFull(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// PTTL counts down in real time: allow a few ms for the test itself.
-		if ms := pttl.Milliseconds(); ms > tc.wantMS || ms < tc.wantMS-5 && ms != -2 {
+		// PTTL counts down in real time: allow some ms for the test itself on a
+		// loaded machine.
+		if ms := pttl.Milliseconds(); ms > tc.wantMS || ms < tc.wantMS-20 && ms != -2 {
 			t.Errorf("after Take(%v, %d hits), PTTL = %dms, want %dms", tc.l, tc.hits, ms, tc.wantMS)
 		}
 	}

@@ -70,6 +70,7 @@ func newStore(t testing.TB, c redisstore.Client, clock redisstore.Clock) *rediss
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 

@@ -16,6 +16,12 @@
 // Decisions use the Redis server's clock by default (ServerClock), so
 // replicas whose clocks disagree still share one bucket correctly.
 //
+// Concurrent Takes are coalesced: their script calls travel to Redis
+// together, as one pipeline, so that under load Redis sees far fewer round
+// trips than Takes, while a lone Take is sent at once (see Options.BatchMax).
+// Each script call is still its own atomic step: batching changes how calls
+// travel, not what they decide.
+//
 // It needs Redis 3.2 or later (scripts that read TIME and then write, by
 // effects replication, the default since Redis 5); it is tested with 7.0.
 package redisstore
@@ -84,10 +90,27 @@ type Options struct {
 	Prefix string
 	// Clock chooses whose clock decides. Default ServerClock.
 	Clock Clock
+
+	// BatchMax is the most script calls coalesced into one round trip (one
+	// pipeline). Default DefaultBatchMax, 64. 1 turns coalescing off: each
+	// call is then sent on its caller's goroutine. Clients without
+	// pipelines (anything but go-redis's clients) are never coalesced.
+	//
+	// Batches form opportunistically: a call that finds no round trip in
+	// flight is sent at once, with whatever other calls are already
+	// queued; calls that arrive while one is in flight collect for up to
+	// BatchWait (or until BatchMax) and go out together, in parallel with
+	// it; while two batches are in flight the next one keeps growing until
+	// one returns. A lone caller therefore never waits.
+	BatchMax int
+	// BatchWait bounds how long a batch collects calls while another round
+	// trip is in flight. Default DefaultBatchWait, 200µs; negative means
+	// not at all (a batch goes as soon as a sender is free).
+	BatchWait time.Duration
 }
 
-// Store is a limiter.Store in Redis. The zero Store is not usable; call New.
-// It is safe for concurrent use.
+// Store is a limiter.Store in Redis. The zero Store is not usable; call New,
+// and Close when done. It is safe for concurrent use.
 type Store struct {
 	client   Client
 	prefix   string
@@ -95,6 +118,44 @@ type Store struct {
 	group    func(keys []string) [][]int // nil: one script call for all keys
 	take     *redis.Script
 	giveBack *redis.Script
+	batch    *batcher // nil: not coalescing
+	stats    counters
+}
+
+// Stats counts what a Store sent to Redis, since New.
+type Stats struct {
+	// Takes is the number of Takes that went to Redis (valid and not
+	// empty).
+	Takes int64
+	// Calls is the number of script calls sent: one per Take, or on a
+	// cluster one per hash slot a Take spans, plus give-backs.
+	Calls int64
+	// RoundTrips is the number of round trips to Redis: pipelines when
+	// coalescing (one pipeline to a cluster goes to each node it names, in
+	// parallel, and counts once), script calls otherwise. A call retried
+	// with EVAL after NOSCRIPT adds one.
+	RoundTrips int64
+}
+
+// Stats returns the counts so far. It is safe to call concurrently with
+// Take.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Takes:      s.stats.takes.Load(),
+		Calls:      s.stats.calls.Load(),
+		RoundTrips: s.stats.roundTrips.Load(),
+	}
+}
+
+// Close stops the goroutines that coalesce calls (one collecting, two
+// sending); Takes in progress and after it fail with an error wrapping
+// limiter.ErrUnavailable. It does not close the client. It is safe to call
+// more than once.
+func (s *Store) Close() error {
+	if s.batch != nil {
+		s.batch.close()
+	}
+	return nil
 }
 
 var _ limiter.Store = (*Store)(nil)
@@ -132,6 +193,22 @@ func New(c Client, opts Options) (*Store, error) {
 		s.group = groupBy(slot)
 	case *redis.Ring:
 		s.group = groupBy(func(key string) string { return key })
+	}
+	batchMax, batchWait := opts.BatchMax, opts.BatchWait
+	switch {
+	case batchMax < 0:
+		return nil, fmt.Errorf("redisstore: Options.BatchMax %d: must not be negative", batchMax)
+	case batchMax == 0:
+		batchMax = DefaultBatchMax
+	}
+	switch {
+	case batchWait < 0:
+		batchWait = 0
+	case batchWait == 0:
+		batchWait = DefaultBatchWait
+	}
+	if p, ok := c.(pipeliner); ok && batchMax > 1 {
+		s.batch = newBatcher(p, batchMax, batchWait, &s.stats)
 	}
 	return s, nil
 }
@@ -187,6 +264,13 @@ func groupBy[P comparable](part func(string) P) func([]string) [][]int {
 //
 // A standalone or Sentinel-managed Redis has no slots: one script call
 // covers every key and none of this applies.
+//
+// When ctx is done, Take returns at once. A script call still waiting for
+// its batch is then dropped, unsent; one already sent may still run on
+// Redis and charge its buckets, as when a reply is lost (this errs toward
+// denying). On a cluster, the slots of a Take that had answered are given
+// back as above if one had denied; a slot still unanswered is left as it
+// lands.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	for i, r := range reqs {
 		if err := r.Validate(); err != nil {
@@ -196,6 +280,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 	if len(reqs) == 0 {
 		return []limiter.Decision{}, nil
 	}
+	s.stats.takes.Add(1)
 	keys := make([]string, len(reqs))
 	for i, r := range reqs {
 		keys[i] = s.Key(r.Key)
@@ -239,6 +324,20 @@ type giveBackRecord struct {
 // run runs take.lua on keys and their requests (all in one slot, or on a
 // server without slots).
 func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
+	cmd := s.script(ctx, scriptCall{s.take, keys, s.takeArgs(now, reqs, extras)})
+	return decodeTakeCmd(cmd, len(reqs), extras)
+}
+
+func decodeTakeCmd(cmd *redis.Cmd, n int, extras bool) (takeResult, error) {
+	reply, err := cmd.Int64Slice()
+	if err != nil {
+		return takeResult{}, err
+	}
+	return decodeTake(reply, n, extras)
+}
+
+// takeArgs are take.lua's ARGV for reqs.
+func (s *Store) takeArgs(now time.Time, reqs []limiter.Request, extras bool) []any {
 	args := make([]any, 2, 2+6*len(reqs))
 	args[0] = ""
 	if s.clock == CallerClock {
@@ -254,11 +353,58 @@ func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []li
 		p := r.Limit.Period.Microseconds()
 		args = append(args, r.Limit.Count, p/r.Limit.Count, p%r.Limit.Count, p, r.Limit.Burst, r.Hits)
 	}
-	reply, err := s.take.Run(ctx, s.client, keys, args...).Int64Slice()
-	if err != nil {
-		return takeResult{}, err
+	return args
+}
+
+// scriptCall is one run of a script.
+type scriptCall struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+}
+
+// script runs c: through the batcher when coalescing, else directly.
+func (s *Store) script(ctx context.Context, c scriptCall) *redis.Cmd {
+	if s.batch != nil {
+		return s.batch.await(ctx, s.batch.submit(ctx, c.script, c.keys, c.args))
 	}
-	return decodeTake(reply, len(reqs), extras)
+	return s.direct(ctx, c)
+}
+
+// scripts runs calls concurrently and returns their answers in order:
+// through the batcher when coalescing (they may share a round trip), else
+// one goroutine each.
+func (s *Store) scripts(ctx context.Context, calls []scriptCall) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(calls))
+	if s.batch != nil {
+		pending := make([]*call, len(calls))
+		for i, c := range calls {
+			pending[i] = s.batch.submit(ctx, c.script, c.keys, c.args)
+		}
+		for i, p := range pending {
+			cmds[i] = s.batch.await(ctx, p)
+		}
+		return cmds
+	}
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		wg.Go(func() { cmds[i] = s.direct(ctx, c) })
+	}
+	wg.Wait()
+	return cmds
+}
+
+// direct runs c on its own: EVALSHA, then EVAL if the server lacks the
+// script (which caches it again).
+func (s *Store) direct(ctx context.Context, c scriptCall) *redis.Cmd {
+	s.stats.calls.Add(1)
+	s.stats.roundTrips.Add(1)
+	cmd := c.script.EvalSha(ctx, s.client, c.keys, c.args...)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		s.stats.roundTrips.Add(1)
+		cmd = c.script.Eval(ctx, s.client, c.keys, c.args...)
+	}
+	return cmd
 }
 
 // decodeTake reads take.lua's reply (its header comment gives the layout).
@@ -307,18 +453,18 @@ func decision(v []int64) limiter.Decision {
 func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, groups [][]int) ([]limiter.Decision, error) {
 	results := make([]takeResult, len(groups))
 	errs := make([]error, len(groups))
-	var wg sync.WaitGroup
+	calls := make([]scriptCall, len(groups))
 	for g, idx := range groups {
 		gkeys := make([]string, len(idx))
 		greqs := make([]limiter.Request, len(idx))
 		for j, i := range idx {
 			gkeys[j], greqs[j] = keys[i], reqs[i]
 		}
-		wg.Go(func() {
-			results[g], errs[g] = s.run(ctx, now, gkeys, greqs, true)
-		})
+		calls[g] = scriptCall{s.take, gkeys, s.takeArgs(now, greqs, true)}
 	}
-	wg.Wait()
+	for g, cmd := range s.scripts(ctx, calls) {
+		results[g], errs[g] = decodeTakeCmd(cmd, len(groups[g]), true)
+	}
 
 	allowed := true
 	var failed []error
@@ -364,8 +510,7 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 // one): leaving tokens spent is the worse outcome; the client's read and
 // write timeouts bound it.
 func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, groups [][]int, results []takeResult, errs []error) error {
-	gerrs := make([]error, len(groups))
-	var wg sync.WaitGroup
+	var calls []scriptCall
 	for g, idx := range groups {
 		res := results[g]
 		if errs[g] != nil || !res.allowed {
@@ -391,12 +536,16 @@ func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string
 		if len(gkeys) == 0 {
 			continue
 		}
-		wg.Go(func() {
-			if err := s.giveBack.Run(ctx, s.client, gkeys, args...).Err(); err != nil {
-				gerrs[g] = fmt.Errorf("give back %d buckets: %w", len(gkeys), err)
-			}
-		})
+		calls = append(calls, scriptCall{s.giveBack, gkeys, args})
 	}
-	wg.Wait()
+	if len(calls) == 0 {
+		return nil
+	}
+	var gerrs []error
+	for i, cmd := range s.scripts(ctx, calls) {
+		if err := cmd.Err(); err != nil {
+			gerrs = append(gerrs, fmt.Errorf("give back %d buckets: %w", len(calls[i].keys), err))
+		}
+	}
 	return errors.Join(gerrs...)
 }

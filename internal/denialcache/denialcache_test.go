@@ -1,0 +1,435 @@
+package denialcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/denialcache"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// clock is a hand-turned clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// backend is a fake shared store: in-memory buckets deciding at the fake
+// clock's time, counting calls.
+type backend struct {
+	clock *clock
+	mem   *limiter.MemoryStore
+	err   error // returned instead, when set
+
+	mu    sync.Mutex
+	calls int
+}
+
+func newBackend(c *clock) *backend {
+	return &backend{clock: c, mem: limiter.NewMemoryStore(limiter.MemoryOptions{})}
+}
+
+func (b *backend) Take(ctx context.Context, _ time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	b.mu.Lock()
+	b.calls++
+	err := b.err
+	b.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return b.mem.Take(ctx, b.clock.Now(), reqs)
+}
+
+func (b *backend) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
+	return b.mem.Refund(ctx, b.clock.Now(), reqs)
+}
+
+func (b *backend) Calls() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.calls
+}
+
+func newCache(t testing.TB, opts denialcache.Options) *denialcache.Cache {
+	t.Helper()
+	c, err := denialcache.New(opts)
+	if err != nil {
+		t.Fatalf("New(%+v): %v", opts, err)
+	}
+	return c
+}
+
+func req(key string, l limiter.Limit, hits int64) limiter.Request {
+	return limiter.Request{Key: key, Limit: l, Hits: hits}
+}
+
+// step is one Take at at (since t0): want is its decision, and backend
+// whether the store was asked.
+type step struct {
+	at      time.Duration
+	reqs    []limiter.Request
+	want    []limiter.Decision
+	backend bool
+}
+
+func runSteps(t *testing.T, steps []step) {
+	t.Helper()
+	clk := &clock{t: t0}
+	be := newBackend(clk)
+	c := newCache(t, denialcache.Options{Now: clk.Now})
+	s := c.Wrap(be)
+	for i, st := range steps {
+		clk.t = t0.Add(st.at)
+		before := be.Calls()
+		got, err := s.Take(context.Background(), clk.Now(), st.reqs)
+		if err != nil {
+			t.Fatalf("step %d: Take(t0+%v, %v): %v", i, st.at, st.reqs, err)
+		}
+		if asked := be.Calls() > before; asked != st.backend {
+			t.Errorf("step %d: Take(t0+%v, %v) asked the store: %v, want %v", i, st.at, st.reqs, asked, st.backend)
+		}
+		for j := range st.want {
+			if got[j] != st.want[j] {
+				t.Errorf("step %d: Take(t0+%v, %v)[%d] = %+v, want %+v", i, st.at, st.reqs, j, got[j], st.want[j])
+			}
+		}
+	}
+}
+
+func ok(remaining int64, reset time.Duration) limiter.Decision {
+	return limiter.Decision{Allowed: true, Remaining: remaining, ResetAfter: reset}
+}
+
+func deny(retry, reset time.Duration) limiter.Decision {
+	return limiter.Decision{RetryAfter: retry, ResetAfter: reset}
+}
+
+var (
+	onePerSec = limiter.Limit{Count: 1, Period: time.Second, Burst: 1}
+	tenPerSec = limiter.Limit{Count: 10, Period: time.Second, Burst: 10}
+	ms        = time.Millisecond
+)
+
+func TestHotDeniedKey(t *testing.T) {
+	runSteps(t, []step{
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
+		// Denied locally until t0+1s, counting down.
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, false},
+		{500 * ms, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(500*ms, 500*ms)}, false},
+		{time.Second - time.Nanosecond, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Microsecond, time.Microsecond)}, false},
+		// At the deadline, the store is asked again, and admits.
+		{time.Second, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
+		{time.Second, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
+		{1500 * ms, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(500*ms, 500*ms)}, false},
+		// Another key is not affected.
+		{1500 * ms, []limiter.Request{req("other", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
+	})
+}
+
+func TestSmallerAsksAndChecksPassThrough(t *testing.T) {
+	runSteps(t, []step{
+		{0, []limiter.Request{req("k", tenPerSec, 8)}, []limiter.Decision{ok(2, 800*ms)}, true},
+		// 5 are missing 3 tokens, 300ms away.
+		{0, []limiter.Request{req("k", tenPerSec, 5)}, []limiter.Decision{deny(300*ms, 800*ms)}, true},
+		{0, []limiter.Request{req("k", tenPerSec, 6)}, []limiter.Decision{deny(300*ms, 800*ms)}, false},
+		// Fewer than 5 may pass: the store decides.
+		{0, []limiter.Request{req("k", tenPerSec, 2)}, []limiter.Decision{ok(0, time.Second)}, true},
+		// A check always goes to the store.
+		{100 * ms, []limiter.Request{req("k", tenPerSec, 0)}, []limiter.Decision{ok(1, 900*ms)}, true},
+		// More than a burst exceeds it: that is the store's answer.
+		{100 * ms, []limiter.Request{req("k", tenPerSec, 11)}, []limiter.Decision{{ExceedsBurst: true, ResetAfter: 900 * ms}}, true},
+	})
+}
+
+func TestChangedLimitPassesThrough(t *testing.T) {
+	twoPerSec := limiter.Limit{Count: 2, Period: time.Second, Burst: 2}
+	runSteps(t, []step{
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, false},
+		// A new limit applies to the stored state: the store decides.
+		{0, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{deny(500*ms, time.Second)}, true},
+		{500 * ms, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
+	})
+}
+
+func TestMultiRequestTakesPassThrough(t *testing.T) {
+	runSteps(t, []step{
+		{0, []limiter.Request{req("k", onePerSec, 1), req("j", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second), ok(0, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1), req("j", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second), deny(time.Second, time.Second)}, true},
+		// Not learned from a multi-request Take...
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
+		// ...nor answered from the cache.
+		{0, []limiter.Request{req("k", onePerSec, 1), req("x", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second), ok(1, 0)}, true},
+	})
+}
+
+func TestReservationsAndPostPaidPassThrough(t *testing.T) {
+	postPaid := limiter.Limit{Count: 1, Period: time.Second, Burst: 1, MaxDebt: 5}
+	wait := func(r limiter.Request, w time.Duration) limiter.Request { r.MaxWait = w; return r }
+	runSteps(t, []step{
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
+		// A reservation within its MaxWait is the store's to admit.
+		{0, []limiter.Request{wait(req("k", onePerSec, 1), 2*time.Second)}, []limiter.Decision{{Allowed: true, ResetAfter: 2 * time.Second, Wait: time.Second}}, true},
+		// Post-paid charges are always recorded.
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{ok(0, 2*time.Second)}, true},
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{deny(time.Second, 3*time.Second)}, true},
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{deny(2*time.Second, 4*time.Second)}, true},
+	})
+}
+
+// TestRefundForgets: a refund makes the bucket fuller, so the cache forgets
+// it and the store decides again.
+func TestRefundForgets(t *testing.T) {
+	clk := &clock{t: t0}
+	be := newBackend(clk)
+	c := newCache(t, denialcache.Options{Now: clk.Now})
+	s := c.Wrap(be)
+	ctx := context.Background()
+	r := []limiter.Request{req("k", onePerSec, 1)}
+	s.Take(ctx, t0, r)
+	s.Take(ctx, t0, r)
+	if c.Len() != 1 {
+		t.Fatalf("Len = %d after a denial, want 1", c.Len())
+	}
+	if err := s.(limiter.Refunder).Refund(ctx, t0, r); err != nil {
+		t.Fatalf("Refund: %v", err)
+	}
+	if d, _ := s.Take(ctx, t0, r); !d[0].Allowed {
+		t.Errorf("Take after Refund = %+v, want the refunded token", d[0])
+	}
+	if err := c.Wrap(denyAll{}).(limiter.Refunder).Refund(ctx, t0, r); !errors.Is(err, limiter.ErrInvalidRequest) {
+		t.Errorf("Refund through a store that cannot = %v, want ErrInvalidRequest", err)
+	}
+}
+
+func TestExceedsBurstIsCachedPerLimit(t *testing.T) {
+	threePerSec := limiter.Limit{Count: 3, Period: time.Second, Burst: 3}
+	exceeds := limiter.Decision{ExceedsBurst: true}
+	runSteps(t, []step{
+		{0, []limiter.Request{req("k", threePerSec, 4)}, []limiter.Decision{exceeds}, true},
+		{0, []limiter.Request{req("k", threePerSec, 4)}, []limiter.Decision{exceeds}, false},
+		{500 * ms, []limiter.Request{req("k", threePerSec, 100)}, []limiter.Decision{exceeds}, false},
+		// Within the burst: the store decides.
+		{500 * ms, []limiter.Request{req("k", threePerSec, 3)}, []limiter.Decision{ok(0, time.Second)}, true},
+		// A larger burst: the store decides.
+		{500 * ms, []limiter.Request{req("k2", threePerSec, 4)}, []limiter.Decision{exceeds}, true},
+		{500 * ms, []limiter.Request{req("k2", limiter.Limit{Count: 3, Period: time.Second, Burst: 5}, 4)}, []limiter.Decision{ok(1, 1333334*time.Microsecond)}, true},
+	})
+}
+
+func TestErrorsAndInvalidRequestsPassThrough(t *testing.T) {
+	clk := &clock{t: t0}
+	be := newBackend(clk)
+	c := newCache(t, denialcache.Options{Now: clk.Now})
+	s := c.Wrap(be)
+	ctx := context.Background()
+	be.err = fmt.Errorf("take: %w", limiter.ErrUnavailable)
+	if _, err := s.Take(ctx, t0, []limiter.Request{req("k", onePerSec, 1)}); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Take with a failing store = %v, want its error", err)
+	}
+	be.err = nil
+	s.Take(ctx, t0, []limiter.Request{req("k", onePerSec, 1)})
+	s.Take(ctx, t0, []limiter.Request{req("k", onePerSec, 1)}) // denied, learned
+	if _, err := s.Take(ctx, t0, []limiter.Request{req("k", onePerSec, limiter.MaxTokens+1)}); !errors.Is(err, limiter.ErrInvalidRequest) {
+		t.Errorf("Take(hits > MaxTokens) = %v, want ErrInvalidRequest from the store", err)
+	}
+	if st := c.Stats(); st.Learned != 1 {
+		t.Errorf("Stats = %+v, want one denial learned", st)
+	}
+}
+
+// TestAdmissionForgets: should the store admit what an entry denies (it
+// lost its state), the entry goes.
+func TestAdmissionForgets(t *testing.T) {
+	clk := &clock{t: t0}
+	be := newBackend(clk)
+	c := newCache(t, denialcache.Options{Now: clk.Now})
+	learn := c.Learn(be)
+	ctx := context.Background()
+	learn.Take(ctx, t0, []limiter.Request{req("k", onePerSec, 1)})
+	learn.Take(ctx, t0, []limiter.Request{req("k", onePerSec, 1)})
+	if c.Len() != 1 {
+		t.Fatalf("Len = %d after a denial, want 1", c.Len())
+	}
+	be.mem = limiter.NewMemoryStore(limiter.MemoryOptions{}) // state lost
+	if d, _ := learn.Take(ctx, t0, []limiter.Request{req("k", onePerSec, 1)}); !d[0].Allowed {
+		t.Fatalf("Take on a fresh store = %+v, want allowed", d[0])
+	}
+	if c.Len() != 0 {
+		t.Errorf("Len = %d after the store admitted, want 0", c.Len())
+	}
+}
+
+// TestSameAsStore: over a random timeline, the store behind the cache and
+// the same store without it admit exactly the same requests: the cache
+// denies nothing the store would admit, and admits nothing itself.
+func TestSameAsStore(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	clk := &clock{t: t0}
+	cached := newBackend(clk)
+	plain := newBackend(clk)
+	c := newCache(t, denialcache.Options{Now: clk.Now, MaxEntries: 64})
+	s := c.Wrap(cached)
+	limits := []limiter.Limit{onePerSec, tenPerSec, {Count: 3, Period: time.Second, Burst: 5}, {Count: 7, Period: 1001 * time.Microsecond, Burst: 3}}
+	ctx := context.Background()
+	for i := range 20000 {
+		// Whole microseconds: the store reads its clock to the
+		// microsecond, and decides at the instant the call is sent.
+		if rng.IntN(10) == 0 {
+			clk.Advance(time.Duration(rng.Int64N(10)) * time.Microsecond)
+		} else {
+			clk.Advance(time.Duration(rng.Int64N(50_000)) * time.Microsecond)
+		}
+		n := 1
+		if rng.IntN(10) == 0 {
+			n = 2
+		}
+		reqs := make([]limiter.Request, n)
+		for j := range reqs {
+			l := limits[rng.IntN(len(limits))]
+			reqs[j] = req(fmt.Sprintf("k%d", rng.IntN(8)), l, rng.Int64N(l.Burst+2))
+		}
+		got, err := s.Take(ctx, clk.Now(), reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := plain.Take(ctx, clk.Now(), reqs)
+		for j := range reqs {
+			if got[j].Allowed != want[j].Allowed || got[j].ExceedsBurst != want[j].ExceedsBurst {
+				t.Fatalf("step %d: Take(%v)[%d] = %+v through the cache, %+v without", i, reqs, j, got[j], want[j])
+			}
+			if !got[j].Allowed && !got[j].ExceedsBurst && (got[j].RetryAfter <= 0 || got[j].RetryAfter > want[j].RetryAfter) {
+				t.Fatalf("step %d: Take(%v)[%d] = %+v through the cache, want RetryAfter in (0, %v]", i, reqs, j, got[j], want[j].RetryAfter)
+			}
+		}
+	}
+	st := c.Stats()
+	if st.LocalDenials == 0 {
+		t.Errorf("Stats = %+v: the cache never answered", st)
+	}
+	t.Logf("%+v; store calls %d with the cache, %d without", st, cached.Calls(), plain.Calls())
+}
+
+// denyAll denies every request for an hour.
+type denyAll struct{}
+
+func (denyAll) Take(_ context.Context, _ time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	d := make([]limiter.Decision, len(reqs))
+	for i := range d {
+		d[i] = limiter.Decision{RetryAfter: time.Hour, ResetAfter: time.Hour}
+	}
+	return d, nil
+}
+
+// TestMemoryIsBounded: a million distinct denied keys fill the cache to
+// its bound and no further; entries past their deadline make room first.
+func TestMemoryIsBounded(t *testing.T) {
+	clk := &clock{t: t0}
+	const maxEntries = 1024
+	c := newCache(t, denialcache.Options{Now: clk.Now, MaxEntries: maxEntries})
+	s := c.Wrap(denyAll{})
+	ctx := context.Background()
+	l := onePerSec
+	for i := range 1_000_000 {
+		if _, err := s.Take(ctx, t0, []limiter.Request{req(fmt.Sprint(i), l, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		if i%100_000 == 0 && c.Len() > maxEntries {
+			t.Fatalf("after %d keys, Len = %d, want at most %d", i+1, c.Len(), maxEntries)
+		}
+	}
+	if n := c.Len(); n > maxEntries || n < maxEntries/2 {
+		t.Errorf("after a million keys, Len = %d, want at most %d (and near it)", n, maxEntries)
+	}
+	// The most recent keys are still denied locally.
+	if st := c.Stats(); st.Learned != 1_000_000 {
+		t.Errorf("Stats = %+v, want a million learned", st)
+	}
+	// An hour later every entry has expired: new ones replace them.
+	clk.Advance(time.Hour)
+	for i := range 2 * maxEntries {
+		s.Take(ctx, t0, []limiter.Request{req(fmt.Sprint("new", i), l, 1)})
+	}
+	if n := c.Len(); n > maxEntries {
+		t.Errorf("Len = %d, want at most %d", n, maxEntries)
+	}
+}
+
+// TestConcurrentHotKey: many goroutines on one denied key, with the clock
+// moving; run with -race.
+func TestConcurrentHotKey(t *testing.T) {
+	clk := &clock{t: t0}
+	be := newBackend(clk)
+	c := newCache(t, denialcache.Options{Now: clk.Now})
+	s := c.Wrap(be)
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 500 {
+				if g == 0 && i%50 == 0 {
+					clk.Advance(100 * ms)
+				}
+				d, err := s.Take(context.Background(), clk.Now(), []limiter.Request{req("hot", tenPerSec, 1)})
+				if err != nil || len(d) != 1 {
+					t.Errorf("Take = %v, %v", d, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// The clock moved 1s in all: at most 10 + 10 admitted, each a store
+	// call, and a store call per deadline that passed.
+	if calls := be.Calls(); calls > 500 {
+		t.Errorf("%d store calls for 8000 Takes on one hot key, want far fewer", calls)
+	}
+}
+
+func TestNewRejectsNegativeMaxEntries(t *testing.T) {
+	if _, err := denialcache.New(denialcache.Options{MaxEntries: -1}); err == nil {
+		t.Error("New(MaxEntries -1) succeeded, want an error")
+	}
+}
+
+// BenchmarkHotDeniedKey measures a Take on a bucket the cache denies.
+func BenchmarkHotDeniedKey(b *testing.B) {
+	c := newCache(b, denialcache.Options{})
+	s := c.Wrap(denyAll{})
+	reqs := []limiter.Request{req("v1\x0aai-gateway\x05model\x06gpt-4o", tenPerSec, 1)}
+	ctx := context.Background()
+	s.Take(ctx, time.Time{}, reqs)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if d, err := s.Take(ctx, time.Time{}, reqs); err != nil || d[0].Allowed {
+				b.Fatal(d, err)
+			}
+		}
+	})
+	if st := c.Stats(); st.Learned != 1 {
+		b.Errorf("Stats = %+v, want the store asked once", st)
+	}
+}

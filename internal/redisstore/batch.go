@@ -1,0 +1,306 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of Options.BatchMax and Options.BatchWait.
+const (
+	// DefaultBatchMax is the most script calls one round trip carries.
+	DefaultBatchMax = 64
+	// DefaultBatchWait is how long a batch that forms while another round
+	// trip is in flight keeps collecting calls before it is sent: well under
+	// one Redis round trip, so that it adds little latency while the batch
+	// grows.
+	DefaultBatchWait = 200 * time.Microsecond
+)
+
+// senders is how many batches may be in flight at once. Redis runs one
+// command at a time, so more buys little; two let a batch form and go out
+// while the previous one is answered.
+const senders = 2
+
+// errClosed is what calls get after Store.Close.
+var errClosed = errors.New("redisstore: store closed")
+
+// pipeliner is a Client that can send several commands in one round trip.
+// *redis.Client, *redis.ClusterClient (one pipeline per node, sent in
+// parallel), *redis.Ring and redis.UniversalClient are.
+type pipeliner interface {
+	Client
+	Pipeline() redis.Pipeliner
+}
+
+// call is one script run waiting for, or carried by, a batch.
+type call struct {
+	ctx    context.Context // the caller's: a call whose ctx is done before it is sent is dropped
+	script *redis.Script
+	keys   []string
+	args   []any
+	cmd    *redis.Cmd    // the answer, set before done is closed
+	done   chan struct{} // closed when cmd is set
+}
+
+// batcher coalesces script calls into pipelines. One goroutine (collect)
+// forms batches; senders goroutines send them. A call that arrives while no
+// batch is in flight is sent at once, alone if it is alone; calls that
+// arrive while one is in flight wait up to wait (or until max) and go out
+// together in the next; while every sender is busy, the next batch keeps
+// growing up to max.
+type batcher struct {
+	client pipeliner
+	max    int
+	wait   time.Duration
+
+	calls    chan *call
+	batches  chan []*call
+	inflight atomic.Int32
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+
+	stats *counters
+}
+
+// counters are the Store's Stats.
+type counters struct {
+	takes, calls, roundTrips atomic.Int64
+}
+
+func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batcher {
+	b := &batcher{
+		client:  c,
+		max:     max,
+		wait:    wait,
+		calls:   make(chan *call, max),
+		batches: make(chan []*call),
+		stop:    make(chan struct{}),
+		stats:   stats,
+	}
+	b.wg.Go(b.collect)
+	for range senders {
+		b.wg.Go(b.send)
+	}
+	return b
+}
+
+// close stops the goroutines; calls not yet sent fail with errClosed.
+func (b *batcher) close() {
+	b.stopOnce.Do(func() { close(b.stop) })
+	b.wg.Wait()
+	// Calls that slipped into the channel as it stopped.
+	for {
+		select {
+		case c := <-b.calls:
+			c.fail(errClosed)
+		default:
+			return
+		}
+	}
+}
+
+// submit queues a call for script with keys and args. The answer comes
+// through await.
+func (b *batcher) submit(ctx context.Context, script *redis.Script, keys []string, args []any) *call {
+	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+	select {
+	case <-b.stop:
+		c.fail(errClosed)
+	default:
+		select {
+		case b.calls <- c:
+		case <-ctx.Done():
+			c.fail(ctx.Err())
+		case <-b.stop:
+			c.fail(errClosed)
+		}
+	}
+	return c
+}
+
+// await returns c's answer, or, as soon as ctx is done, ctx's error. A call
+// given up on that was already sent may still run on Redis.
+func (b *batcher) await(ctx context.Context, c *call) *redis.Cmd {
+	select {
+	case <-c.done:
+		return c.cmd
+	default:
+	}
+	select {
+	case <-c.done:
+		return c.cmd
+	case <-ctx.Done():
+		return errCmd(ctx, fmt.Errorf("waiting for a batched call: %w", ctx.Err()))
+	case <-b.stop:
+		return errCmd(ctx, errClosed)
+	}
+}
+
+func (c *call) fail(err error) {
+	c.cmd = errCmd(c.ctx, err)
+	close(c.done)
+}
+
+func errCmd(ctx context.Context, err error) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(err)
+	return cmd
+}
+
+// collect forms batches and hands them to the senders.
+func (b *batcher) collect() {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	batch := make([]*call, 0, b.max)
+	fail := func() {
+		for _, c := range batch {
+			c.fail(errClosed)
+		}
+	}
+	for {
+		select {
+		case c := <-b.calls:
+			batch = append(batch, c)
+		case <-b.stop:
+			return
+		}
+		// Whatever is already queued goes along.
+	drain:
+		for len(batch) < b.max {
+			select {
+			case c := <-b.calls:
+				batch = append(batch, c)
+			default:
+				break drain
+			}
+		}
+		// With a round trip in flight, latecomers are likely: wait a
+		// little for them. With none, go at once (a lone caller never
+		// waits).
+		if len(batch) < b.max && b.wait > 0 && b.inflight.Load() > 0 {
+			timer.Reset(b.wait)
+		wait:
+			for len(batch) < b.max {
+				select {
+				case c := <-b.calls:
+					batch = append(batch, c)
+				case <-timer.C:
+					break wait
+				case <-b.stop:
+					timer.Stop()
+					fail()
+					return
+				}
+			}
+			timer.Stop()
+		}
+		// Hand over, growing the batch while every sender is busy.
+	handOver:
+		for {
+			if len(batch) == b.max {
+				select {
+				case b.batches <- batch:
+					break handOver
+				case <-b.stop:
+					fail()
+					return
+				}
+			}
+			select {
+			case b.batches <- batch:
+				break handOver
+			case c := <-b.calls:
+				batch = append(batch, c)
+			case <-b.stop:
+				fail()
+				return
+			}
+		}
+		batch = make([]*call, 0, b.max)
+	}
+}
+
+// send sends the batches it is handed, one pipeline each.
+func (b *batcher) send() {
+	for {
+		select {
+		case batch := <-b.batches:
+			b.inflight.Add(1)
+			b.exec(batch)
+			b.inflight.Add(-1)
+		case <-b.stop:
+			return
+		}
+	}
+}
+
+// exec sends batch as one pipeline of EVALSHA, and those that find their
+// script missing (NOSCRIPT: a restarted or flushed server) again as EVAL,
+// which runs them and caches the script. Calls whose caller has given up
+// are dropped first.
+func (b *batcher) exec(batch []*call) {
+	live := batch[:0]
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.fail(fmt.Errorf("before sending: %w", err))
+			continue
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := batchContext(live)
+	defer cancel()
+	cmds := make([]*redis.Cmd, len(live))
+	pipe := b.client.Pipeline()
+	for i, c := range live {
+		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	b.stats.roundTrips.Add(1)
+	b.stats.calls.Add(int64(len(live)))
+
+	var again redis.Pipeliner
+	for i, c := range live {
+		if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
+			if again == nil {
+				again = b.client.Pipeline()
+			}
+			cmds[i] = c.script.Eval(ctx, again, c.keys, c.args...)
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
+		b.stats.roundTrips.Add(1)
+	}
+	for i, c := range live {
+		c.cmd = cmds[i]
+		close(c.done)
+	}
+}
+
+// batchContext is the context a batch is sent under: no caller's
+// cancellation (the others still want their answers), and the latest of
+// their deadlines, after which nobody waits for it; none if one of them has
+// none (the client's read and write timeouts still bound it).
+func batchContext(batch []*call) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, c := range batch {
+		d, ok := c.ctx.Deadline()
+		if !ok {
+			return context.Background(), func() {}
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.Background(), latest)
+}

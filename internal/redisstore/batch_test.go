@@ -1,0 +1,269 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+func newStoreOpts(t testing.TB, c redisstore.Client, opts redisstore.Options) *redisstore.Store {
+	t.Helper()
+	opts.Prefix = prefix(t)
+	s, err := redisstore.New(c, opts)
+	if err != nil {
+		t.Fatalf("New(%+v): %v", opts, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestCoalescesConcurrentTakes: 64 goroutines hammer one slow bucket and
+// their own fast ones. Redis sees far fewer round trips than Takes, and
+// the slow bucket admits exactly its burst, not one more.
+func TestCoalescesConcurrentTakes(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	slow := limiter.Limit{Count: 1, Period: time.Hour, Burst: 100}
+	fast := limiter.Limit{Count: 1e6, Period: time.Second, Burst: 1e6}
+	const goroutines, perGoroutine = 64, 40
+	var admitted, fastAdmitted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range perGoroutine {
+				req := limiter.Request{Key: "slow", Limit: slow, Hits: 1}
+				if i%2 == 1 {
+					req = limiter.Request{Key: fmt.Sprintf("fast%d", g), Limit: fast, Hits: 1}
+				}
+				d, err := s.Take(context.Background(), t0, []limiter.Request{req})
+				if err != nil {
+					errs <- err
+					return
+				}
+				switch {
+				case d[0].Allowed && req.Key == "slow":
+					admitted.Add(1)
+				case d[0].Allowed:
+					fastAdmitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := admitted.Load(); got != slow.Burst {
+		t.Errorf("%d concurrent Takes on a bucket of %d admitted %d, want exactly %d",
+			goroutines*perGoroutine/2, slow.Burst, got, slow.Burst)
+	}
+	if got, want := fastAdmitted.Load(), int64(goroutines*perGoroutine/2); got != want {
+		t.Errorf("fast buckets admitted %d, want all %d", got, want)
+	}
+	st := s.Stats()
+	if st.Takes != goroutines*perGoroutine || st.Calls != st.Takes {
+		t.Errorf("Stats = %+v, want %d Takes and as many Calls", st, goroutines*perGoroutine)
+	}
+	if float64(st.RoundTrips) >= 0.3*float64(st.Takes) {
+		t.Errorf("Stats = %+v: %d round trips for %d concurrent Takes, want fewer than 0.3 per Take",
+			st, st.RoundTrips, st.Takes)
+	}
+	t.Logf("%d Takes in %d round trips (%.3f per Take)", st.Takes, st.RoundTrips, float64(st.RoundTrips)/float64(st.Takes))
+}
+
+// TestLoneCallerIsSentAtOnce: one caller at a time gets one round trip per
+// Take: nothing waits for company that is not coming.
+func TestLoneCallerIsSentAtOnce(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	l := limiter.Limit{Count: 10, Period: time.Second, Burst: 10}
+	for i := range 50 {
+		before := s.Stats()
+		take(t, s, t0.Add(time.Duration(i)*time.Second), limiter.Request{Key: "k", Limit: l, Hits: 1})
+		after := s.Stats()
+		if trips, takes := after.RoundTrips-before.RoundTrips, after.Takes-before.Takes; trips != 1 || takes != 1 {
+			t.Fatalf("Take %d alone: %d round trips for %d Takes, want 1 for 1", i, trips, takes)
+		}
+	}
+}
+
+// TestBatchMaxOneIsDirect: BatchMax 1 turns coalescing off, and Take still
+// decides exactly.
+func TestBatchMaxOneIsDirect(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStoreOpts(t, c, redisstore.Options{Clock: redisstore.CallerClock, BatchMax: 1})
+	l := limiter.Limit{Count: 3, Period: time.Second, Burst: 3}
+	d := take(t, s, t0, limiter.Request{Key: "a", Limit: l, Hits: 2})
+	if want := (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: 666667 * time.Microsecond}); d[0] != want {
+		t.Errorf("Take = %+v, want %+v", d[0], want)
+	}
+	if st := s.Stats(); st != (redisstore.Stats{Takes: 1, Calls: 1, RoundTrips: 1}) {
+		t.Errorf("Stats = %+v, want one of each", st)
+	}
+}
+
+func TestNewRejectsNegativeBatchMax(t *testing.T) {
+	if _, err := redisstore.New(standaloneClientless{}, redisstore.Options{BatchMax: -1}); err == nil {
+		t.Error("New(BatchMax -1) succeeded, want an error")
+	}
+}
+
+// TestDoneContextIsNotSent: a Take whose context is already done fails at
+// once with ErrUnavailable, and its call never reaches Redis.
+func TestDoneContextIsNotSent(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 20 {
+		if _, err := s.Take(ctx, t0, []limiter.Request{{Key: "k", Limit: l, Hits: 1}}); !errors.Is(err, limiter.ErrUnavailable) {
+			t.Fatalf("Take %d with a cancelled context = %v, want an error wrapping ErrUnavailable", i, err)
+		}
+	}
+	if st := s.Stats(); st.Calls != 0 {
+		t.Errorf("Stats = %+v after cancelled Takes, want no calls sent", st)
+	}
+	if d := take(t, s, t0, limiter.Request{Key: "k", Limit: l, Hits: 1}); !d[0].Allowed {
+		t.Errorf("Take after cancelled ones = %+v, want the bucket's one token", d[0])
+	}
+}
+
+// TestDeadlineReturnsPromptly: with Redis paused, a caller whose deadline
+// passes gets its error at once, though the batch it rode in is still out.
+func TestDeadlineReturnsPromptly(t *testing.T) {
+	srv := standalone(t)
+	c := srv.Client()
+	s := newStore(t, c, redisstore.ServerClock)
+	l := limiter.Limit{Count: 10, Period: time.Second, Burst: 10}
+	req := []limiter.Request{{Key: "k", Limit: l, Hits: 1}}
+	take(t, s, time.Time{}, req...)
+
+	// Another client pauses the server briefly: callers queue behind the
+	// paused batch.
+	admin := srv.Client()
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "300", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Do(context.Background(), "CLIENT", "UNPAUSE")
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			checkUnavailable(t, s, req, 20*time.Millisecond)
+		})
+	}
+	wg.Wait()
+}
+
+// TestClosedStoreFails: after Close, Take fails with ErrUnavailable.
+func TestClosedStoreFails(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+	take(t, s, t0, limiter.Request{Key: "k", Limit: l, Hits: 0})
+	s.Close()
+	s.Close()
+	if _, err := s.Take(context.Background(), t0, []limiter.Request{{Key: "k", Limit: l, Hits: 1}}); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Take after Close = %v, want an error wrapping ErrUnavailable", err)
+	}
+}
+
+// TestClusterCoalescesAcrossSlots: concurrent Takes spanning two slots
+// share round trips, stay all-or-nothing, and charge each bucket once per
+// admitted Take.
+func TestClusterCoalescesAcrossSlots(t *testing.T) {
+	c := cluster(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	a, b := twoSlots(t, s)
+	la := limiter.Limit{Count: 1, Period: time.Hour, Burst: 30}
+	lb := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1000}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Go(func() {
+			for range 10 {
+				d, err := s.Take(context.Background(), t0, []limiter.Request{{Key: a, Limit: la, Hits: 1}, {Key: b, Limit: lb, Hits: 1}})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if d[0].Allowed != d[1].Allowed {
+					// A denied Take reports the other bucket as a check
+					// would; only a bucket that cannot give one more token
+					// denies.
+					if d[0].Allowed && d[0].Remaining == 0 || d[1].Allowed && d[1].Remaining == 0 {
+						errs <- fmt.Errorf("Take = %+v: a denied Take reports an allowed bucket as empty", d)
+						return
+					}
+				}
+				if d[0].Allowed && d[1].Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	n := admitted.Load()
+	if n < 1 || n > la.Burst {
+		t.Fatalf("admitted %d, want between 1 and %d", n, la.Burst)
+	}
+	us := t0.UnixMicro()
+	if got, _ := getState(t, c, s.Key(a)); got != (limiter.State{TAT: us + n*time.Hour.Microseconds()}) {
+		t.Errorf("a = %+v, want charged exactly %d times", got, n)
+	}
+	if got, _ := getState(t, c, s.Key(b)); got != (limiter.State{TAT: us + n*time.Minute.Microseconds()}) {
+		t.Errorf("b = %+v, want charged exactly %d times", got, n)
+	}
+	st := s.Stats()
+	if st.RoundTrips >= st.Calls {
+		t.Errorf("Stats = %+v: want fewer round trips than script calls", st)
+	}
+	t.Logf("%+v", st)
+}
+
+// BenchmarkTakeParallel measures concurrent Takes on distinct buckets of
+// one standalone server, coalesced (the default) and not (BatchMax 1), and
+// reports Redis round trips per Take.
+func BenchmarkTakeParallel(b *testing.B) {
+	for _, batchMax := range []int{0, 1} {
+		name := "coalesced"
+		if batchMax == 1 {
+			name = "direct"
+		}
+		b.Run(name, func(b *testing.B) {
+			c := standalone(b).Client()
+			s := newStoreOpts(b, c, redisstore.Options{BatchMax: batchMax})
+			l := limiter.Limit{Count: 1e9, Period: time.Second, Burst: 1e9}
+			var ids atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(16) // 16 × GOMAXPROCS callers
+			b.ResetTimer()
+			before := s.Stats()
+			b.RunParallel(func(pb *testing.PB) {
+				reqs := []limiter.Request{{Key: fmt.Sprintf("bucket%d", ids.Add(1)), Limit: l, Hits: 1}}
+				for pb.Next() {
+					if _, err := s.Take(context.Background(), time.Time{}, reqs); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			after := s.Stats()
+			b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(after.Takes-before.Takes), "roundtrips/op")
+		})
+	}
+}
