@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin
 CONFIG ?= examples/envoy/ratelimit
 
-.PHONY: all build run test vet check fuzz bench clean
+.PHONY: all build run test vet check fuzz bench clean test-browser
 
 all: build
 
@@ -30,6 +30,12 @@ fuzz:
 		echo "$(GO) test -run='^$$' -fuzz='^$${t%%:*}$$' -fuzztime=$(FUZZTIME) $${t#*:}"; \
 		$(GO) test -run='^$$' -fuzz="^$${t%%:*}\$$" -fuzztime=$(FUZZTIME) $${t#*:} || exit 1; \
 	done
+
+## test-browser: load the /limits page in a real headless Chromium (Debian's
+## chromium package: apt-get install -y chromium); fails if it is missing.
+test-browser:
+	$(GO) vet -tags browser ./internal/limitspage
+	$(GO) test -tags browser -count=1 -timeout 3m -run Browser -v ./internal/limitspage
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }

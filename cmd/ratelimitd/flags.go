@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
 
 // serveConfig is everything the serve command reads from flags and the
@@ -27,6 +28,10 @@ type serveConfig struct {
 	limits          server.RequestLimits
 	maxMessageBytes int
 	redis           redisFlags
+	pprof           bool           // serve /debug/pprof/ on the HTTP port
+	nearLimitRatio  float64        // metrics: share of burst in use that is near_limit
+	maxMetricValues int            // metrics: values labelled per detailed_metric rule
+	tracing         tracing.Config // from the OTEL_* variables
 	failure         failover.Options
 	watch           bool     // reload the config when its files change
 	tls             tlsFlags // gRPC over TLS when certFile is set
@@ -80,6 +85,9 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&c.limits.MaxDomainBytes, "max-domain-bytes", 256, "longest domain")
 	fs.Uint64Var(&c.limits.MaxHits, "max-hits", 1_000_000_000, "largest hits_addend")
 	fs.IntVar(&c.maxMessageBytes, "max-message-bytes", 1<<20, "largest gRPC request message")
+	fs.BoolVar(&c.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
+	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", 0.8, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use")
+	fs.IntVar(&c.maxMetricValues, "metrics-max-values", 100, "metrics: distinct values labelled per detailed_metric rule; the rest count as _other")
 	fs.StringVar(&c.redis.url, "redis-url", "", "Redis backend: redis:// or rediss:// URL (user, password, db); empty means in-memory")
 	fs.StringVar(&c.redis.sentinelMaster, "redis-sentinel-master", "", "Redis backend through Sentinel: the master's name")
 	fs.StringVar(&c.redis.sentinelAddrs, "redis-sentinel-addrs", "", "comma-separated Sentinel addresses, with --redis-sentinel-master")
@@ -114,6 +122,14 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	}
 	if err := applyEnv(fs, getenv); err != nil {
 		return c, usageError{err}
+	}
+	tc, terr := tracing.ConfigFromEnv(getenv)
+	if terr != nil {
+		return c, usageError{terr}
+	}
+	c.tracing = tc
+	if c.nearLimitRatio <= 0 || c.nearLimitRatio > 1 {
+		return c, usageError{fmt.Errorf("--near-limit-ratio %v: want more than 0 and at most 1", c.nearLimitRatio)}
 	}
 	if c.configPath == "" {
 		return c, usageError{fmt.Errorf("--config is required (or %s)", envName("config"))}

@@ -64,8 +64,20 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("load config %s:\n%w", c.configPath, err)
 	}
+	backendName := "memory"
+	if c.redis.enabled() {
+		backendName = "redis"
+	}
+	obs, err := newObservability(ctx, c, backendName)
+	if err != nil {
+		return err
+	}
+	defer obs.close()
 	hs := health.NewServer()
 	onHealth := func(healthy bool) {
+		if !healthy {
+			obs.metrics.FailureModeActivated(c.failure.Mode.String())
+		}
 		// Only with --on-backend-failure error does a failing backend make
 		// this replica unable to answer: tell Envoy's health checks.
 		if c.failure.Mode == failover.Error {
@@ -90,14 +102,16 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		Limits:           c.limits,
 		RetryAfter:       c.retryAfter,
 		RateLimitHeaders: c.rateLimitHeader,
+		Observer:         obs.observer(),
 	})
 	if err != nil {
 		return err
 	}
 	srv.SetConfig(set)
-	// hooks tell metrics of reloads; set them where the metrics are made
-	// (metrics.Metrics' ConfigLoaded and ConfigRejected fit).
+	// hooks tell metrics of reloads.
 	var hooks reloadHooks
+	obs.metrics.ConfigLoaded(set.Hash())
+	hooks.loaded, hooks.rejected = obs.metrics.ConfigLoaded, obs.metrics.ConfigRejected
 	watcher, err := newWatcher(c, set, srv, log, &hooks)
 	if err != nil {
 		return err
@@ -117,7 +131,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		return fmt.Errorf("listen for HTTP: %w", err)
 	}
 
-	gs := grpc.NewServer(append(grpcOpts, grpc.MaxRecvMsgSize(c.maxMessageBytes))...)
+	gs := grpc.NewServer(append(append(grpcOpts, obs.grpcOptions...), grpc.MaxRecvMsgSize(c.maxMessageBytes))...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	for _, name := range healthNames {
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
@@ -125,7 +139,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	healthpb.RegisterHealthServer(gs, hs)
 
 	hsrv := &http.Server{
-		Handler:           httpHandler(srv, be),
+		Handler:           obs.handler(httpHandler(srv, be), srv),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 

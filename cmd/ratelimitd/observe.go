@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/ratelimitd/ratelimitd/internal/limitspage"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/tracing"
+)
+
+// observability is what serve adds for operators: Prometheus metrics, the
+// /limits page's tracker, and tracing's gRPC options.
+type observability struct {
+	metrics     *metrics.Metrics
+	tracker     *limitspage.Tracker
+	grpcOptions []grpc.ServerOption
+	stopTracing func(context.Context) error
+	pprof       bool
+}
+
+// newObservability builds them from the serve flags; backend labels the
+// latency histogram and backend errors.
+func newObservability(ctx context.Context, c serveConfig, backend string) (*observability, error) {
+	m, err := metrics.New(metrics.Options{
+		NearLimitRatio:   c.nearLimitRatio,
+		MaxValuesPerRule: c.maxMetricValues,
+		Backend:          backend,
+		ProcessMetrics:   true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	opts, stop, err := tracing.Setup(ctx, c.tracing)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	return &observability{
+		metrics:     m,
+		tracker:     limitspage.NewTracker(limitspage.TrackerOptions{}),
+		grpcOptions: opts,
+		stopTracing: stop,
+		pprof:       c.pprof,
+	}, nil
+}
+
+// observer is the server.Observer that feeds metrics and the page.
+func (o *observability) observer() server.Observer { return metrics.Tee(o.metrics, o.tracker) }
+
+// close flushes the spans not yet exported.
+func (o *observability) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	o.stopTracing(ctx)
+}
+
+// handler serves /metrics, /limits, /limits.json and, with --pprof,
+// /debug/pprof/; everything else goes to next.
+func (o *observability) handler(next http.Handler, srv *server.Server) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", next)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(o.metrics.Registry(), promhttp.HandlerOpts{}))
+	page, err := limitspage.NewHandler(limitspage.Options{Config: srv.Config, Tracker: o.tracker})
+	if err == nil { // it fails only without Config or Tracker
+		mux.Handle("GET /limits", page)
+		mux.Handle("GET /limits.json", page)
+	}
+	if o.pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}

@@ -1,0 +1,87 @@
+package metrics_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+)
+
+// TestGrafanaDashboardUsesRealMetrics parses the example dashboard and
+// checks that every metric its queries name is exported after some
+// traffic, so the dashboard cannot drift from the metric names.
+func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
+	data, err := os.ReadFile("../../examples/envoy/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Title  string `json:"title"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatalf("grafana-dashboard.json is not valid JSON: %v", err)
+	}
+	if dash.Title == "" || len(dash.Panels) == 0 {
+		t.Fatalf("dashboard has title %q and %d panels, want both", dash.Title, len(dash.Panels))
+	}
+
+	m, err := metrics.New(metrics.Options{Backend: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(t, m)
+	for _, d := range [][]string{{"model", "gpt-4o"}, {"model", "unknown"}, {"caller", "internal"}} {
+		if _, err := srv.ShouldRateLimit(context.Background(), request("api", d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.ConfigLoaded("hash")
+	m.ConfigRejected(errors.New("bad"))
+	m.BackendError("timeout")
+	m.FailureModeActivated("allow")
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exported []string
+	for _, mf := range mfs {
+		exported = append(exported, mf.GetName())
+	}
+
+	name := regexp.MustCompile(`\bratelimitd_[a-z_]+`)
+	used := 0
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			for _, n := range name.FindAllString(tg.Expr, -1) {
+				used++
+				base := n
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					if b, ok := strings.CutSuffix(n, suffix); ok && strings.HasSuffix(b, "_seconds") {
+						base = b
+					}
+				}
+				if !slices.Contains(exported, base) {
+					t.Errorf("panel %q queries %s, which ratelimitd does not export (it has %v)", p.Title, n, exported)
+				}
+			}
+		}
+	}
+	if used == 0 {
+		t.Errorf("the dashboard names no ratelimitd metric")
+	}
+}
