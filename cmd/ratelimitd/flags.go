@@ -55,6 +55,10 @@ type redisFlags struct {
 	readTimeout    time.Duration
 	writeTimeout   time.Duration
 	poolTimeout    time.Duration
+	batchMax       int           // calls coalesced into one round trip; 0 the default, 1 none
+	batchWait      time.Duration // 0 the default
+	denialCache    bool
+	denialEntries  int // 0 the default
 }
 
 func (r redisFlags) enabled() bool {
@@ -99,6 +103,10 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&c.redis.readTimeout, "redis-read-timeout", 0, "Redis read timeout (0: the backend's default)")
 	fs.DurationVar(&c.redis.writeTimeout, "redis-write-timeout", 0, "Redis write timeout (0: the backend's default)")
 	fs.DurationVar(&c.redis.poolTimeout, "redis-pool-timeout", 0, "how long a call waits for a free Redis connection (0: the backend's default)")
+	fs.IntVar(&c.redis.batchMax, "redis-batch-max", 0, "most Redis calls coalesced into one round trip (0: 64; 1: no coalescing)")
+	fs.DurationVar(&c.redis.batchWait, "redis-batch-wait", 0, "how long a batch collects calls while another round trip is in flight (0: 200µs; negative: not at all)")
+	fs.BoolVar(&c.redis.denialCache, "denial-cache", true, "deny locally, until Redis's own retry-after, single-descriptor requests for buckets Redis just denied")
+	fs.IntVar(&c.redis.denialEntries, "denial-cache-size", 0, "most buckets the denial cache remembers (0: 65536)")
 	onFailure := fs.String("on-backend-failure", "error", "answer while Redis fails: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow, deny, or local (in-process buckets)")
 	fs.DurationVar(&c.failure.Timeout, "backend-timeout", 5*time.Millisecond, "deadline of each Redis call")
 	fs.IntVar(&c.failure.FailureThreshold, "breaker-failures", 3, "consecutive Redis failures that open the circuit breaker")

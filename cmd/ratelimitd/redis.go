@@ -6,14 +6,21 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 // openRedis connects the Redis backend the flags describe, behind the
 // failure handling of --on-backend-failure. It does not fail when Redis is
 // down at start: calls are answered per the failure mode until it answers.
 // onHealth is called each time Redis is found failing or working again.
+//
+// The chain is: denial cache (front) → failover → denial cache (learning)
+// → Redis store (coalescing). The cache learns only from Redis's own
+// answers, never from the failure mode's, and answers before the failover
+// layer, so that local denials neither reach nor count for the breaker.
 func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealth func(healthy bool)) (backend, error) {
 	opts := redisstore.ClientOptions{
 		URL:            r.url,
@@ -30,14 +37,32 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 	if r.sentinelMaster != "" {
 		opts.SentinelPassword = r.password
 	}
+	if r.batchMax < 0 {
+		return backend{}, fmt.Errorf("--redis-batch-max %d: must be 0 (the default), 1 (no coalescing) or more", r.batchMax)
+	}
+	var cache *denialcache.Cache
+	if r.denialCache {
+		var err error
+		if cache, err = denialcache.New(denialcache.Options{MaxEntries: r.denialEntries}); err != nil {
+			return backend{}, fmt.Errorf("--denial-cache-size: %w", err)
+		}
+	}
 	client, err := redisstore.Dial(opts)
 	if err != nil {
 		return backend{}, fmt.Errorf("redis: %w", err)
 	}
-	store, err := redisstore.New(client, redisstore.Options{Prefix: r.prefix})
+	store, err := redisstore.New(client, redisstore.Options{Prefix: r.prefix, BatchMax: r.batchMax, BatchWait: r.batchWait})
 	if err != nil {
 		client.Close()
 		return backend{}, fmt.Errorf("redis: %w", err)
+	}
+	closeAll := func() error {
+		store.Close()
+		return client.Close()
+	}
+	var shared limiter.Store = store
+	if cache != nil {
+		shared = cache.Learn(store)
 	}
 	name := "redis"
 	switch {
@@ -46,7 +71,7 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 	case r.sentinelMaster != "":
 		name = "redis-sentinel"
 	}
-	be := backend{name: name, close: client.Close, failureMode: failure.Mode}
+	be := backend{name: name, close: closeAll, failureMode: failure.Mode}
 	failure.OnChange = func(healthy bool, err error) {
 		if healthy {
 			log.Info("backend answers again", "backend", name)
@@ -55,12 +80,15 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 		}
 		onHealth(healthy)
 	}
-	fs, err := failover.New(store, failure)
+	fs, err := failover.New(shared, failure)
 	if err != nil {
-		client.Close()
+		closeAll()
 		return backend{}, err
 	}
 	be.store, be.sweep, be.healthy = fs, fs.Sweep, fs.Healthy
+	if cache != nil {
+		be.store = cache.Front(fs)
+	}
 	be.ready = func(ctx context.Context) error { return client.Ping(ctx).Err() }
 	return be, nil
 }
