@@ -81,6 +81,9 @@ type item struct {
 	// plan.takes[first].
 	limits []config.RateLimit
 	first  int
+	// configured is set when rule and limits come from the loaded config
+	// (not from a limit override), so their protobuf parts can be cached.
+	configured bool
 }
 
 // planRequest matches each descriptor of a checked request to its rule and
@@ -89,11 +92,13 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
 	p := plan{items: make([]item, len(descs))}
-	var entries []config.Entry
+	var eb [8]config.Entry // most descriptors have few entries: no allocation
+	entries := eb[:0]
 	replacing := false
 	for i, d := range descs {
 		entries = toEntries(entries[:0], d)
 		it := item{rule: set.Lookup(domain, entries)}
+		it.configured = it.rule != nil
 		if it.rule != nil {
 			it.limited = !it.rule.Unlimited && !it.rule.DenyAll
 			it.denyAll = it.rule.DenyAll
@@ -116,13 +121,18 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 	for _, it := range p.items {
 		checkOnly = checkOnly || it.denyAll && !it.replaced && !it.rule.ShadowMode
 	}
-	var key []byte
+	var kb [256]byte // keys are built here, then copied into their string
+	key := kb[:0]
 	for i, d := range descs {
 		it := &p.items[i]
 		if !it.limited {
 			continue
 		}
 		entries = toEntries(entries[:0], d)
+		if p.takes == nil {
+			n := len(it.limits) + len(descs) - i - 1
+			p.takes, p.limits = make([]limiter.Request, 0, n), make([]config.RateLimit, 0, n)
+		}
 		it.first = len(p.takes)
 		hits := hitsOf(req, d)
 		for j, l := range it.limits {
@@ -206,7 +216,7 @@ func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.R
 	} else if len(it.limits) > 0 {
 		rl.Name = it.limits[0].Name
 	}
-	it.limited, it.denyAll, it.limits = true, false, []config.RateLimit{rl}
+	it.limited, it.denyAll, it.limits, it.configured = true, false, []config.RateLimit{rl}, false
 	return nil
 }
 

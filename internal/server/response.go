@@ -45,37 +45,36 @@ const (
 
 // buildResponse turns a plan and the store's decisions (one per plan.takes)
 // into Envoy's answer; queueFull[k], when set, says take k could not wait
-// because too many requests already waited on its bucket. It is pure: the
-// same inputs give the same answer.
-func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts answerOptions) *rlsv3.RateLimitResponse {
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(p.items)),
-	}
+// because too many requests already waited on its bucket. cache, when not
+// nil, holds the read-only protobuf parts of the loaded config's rules. It
+// is pure: the same inputs give the same answer.
+func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts answerOptions, cache *protoCache) *rlsv3.RateLimitResponse {
+	resp := newResponse(len(p.items))
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	var (
-		matched, deniedBy, shadow, exceeds, waited, full []any
-		retry                              time.Duration // longest wait among denials
-		denier, least                      = -1, -1      // the longest denial; the least remaining
+		matched, deniedBy, shadow, exceeds, waited, full []*config.Rule
+		retry                                            time.Duration // longest wait among denials
+		denier, least                                    = -1, -1      // the longest denial; the least remaining
 	)
 	for i, it := range p.items {
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		resp.Statuses[i] = st
+		st := resp.Statuses[i]
+		st.Code = rlsv3.RateLimitResponse_OK
 		if it.rule != nil {
-			matched = append(matched, ruleID(it.rule))
+			matched = append(matched, it.rule)
 		}
 		var (
 			allowed bool
 			wait    time.Duration // denied: until it would pass; admitted: until full
-			limit   config.RateLimit
+			limit   *config.RateLimit
 		)
 		switch {
 		case it.denyAll:
-			limit = config.RateLimit{Name: it.rule.Name, Unit: it.rule.Unit, UnitMultiplier: it.rule.UnitMultiplier}
+			limit = &config.RateLimit{Name: it.rule.Name, Unit: it.rule.Unit, UnitMultiplier: it.rule.UnitMultiplier}
 			wait = time.Duration(it.rule.UnitMultiplier) * it.rule.Unit.Duration()
 		case it.limited:
 			j := pickLimit(decisions[it.first : it.first+len(it.limits)])
 			d := decisions[it.first+j]
-			limit = it.limits[j]
+			limit = &it.limits[j]
 			st.LimitRemaining = clampUint32(d.Remaining)
 			allowed, wait = d.Allowed, d.ResetAfter
 			if !d.Allowed {
@@ -84,40 +83,49 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 			if d.ExceedsBurst {
 				// Retrying cannot help; say how long a full bucket takes.
 				wait = limit.Limit.FillTime()
-				exceeds = append(exceeds, ruleID(it.rule))
+				exceeds = append(exceeds, it.rule)
 			}
 			if d.Wait > 0 {
-				waited = append(waited, ruleID(it.rule))
+				waited = append(waited, it.rule)
 			}
 			if !d.Allowed && queueFull != nil && queueFull[it.first+j] {
-				full = append(full, ruleID(it.rule))
+				full = append(full, it.rule)
 			}
 		default:
 			continue
 		}
-		st.CurrentLimit = currentLimit(it.rule, limit)
-		st.DurationUntilReset = &durationpb.Duration{Seconds: ceilSeconds(wait)}
+		if it.configured {
+			st.CurrentLimit = cache.currentLimit(it.rule, limit)
+		} else {
+			st.CurrentLimit = currentLimit(it.rule, limit)
+		}
+		st.DurationUntilReset.Seconds = ceilSeconds(wait)
 		if least < 0 || st.LimitRemaining < resp.Statuses[least].LimitRemaining {
 			least = i
 		}
 		switch {
 		case allowed:
 		case it.rule.ShadowMode:
-			shadow = append(shadow, ruleID(it.rule))
+			shadow = append(shadow, it.rule)
 		default:
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-			deniedBy = append(deniedBy, ruleID(it.rule))
+			deniedBy = append(deniedBy, it.rule)
 			if denier < 0 || wait > retry {
 				denier, retry = i, wait
 			}
+		}
+	}
+	for i, st := range resp.Statuses {
+		if st.CurrentLimit == nil {
+			resp.Statuses[i].DurationUntilReset = nil
 		}
 	}
 	over := resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT
 	if over && opts.retryAfter == RetryAfterSend {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			&corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(max(1, ceilSeconds(retry)), 10)},
-			&corev3.HeaderValue{Key: "cache-control", Value: "no-store"})
+			noStore)
 	}
 	if pick := least; opts.headers == RateLimitHeadersDraft03 && pick >= 0 {
 		if over {
@@ -125,11 +133,19 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 		}
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(resp.Statuses[pick])...)
 	}
-	if len(matched) > 0 {
-		fields := map[string]*structpb.Value{metaMatched: structpb.NewListValue(&structpb.ListValue{Values: values(matched)})}
-		for k, v := range map[string][]any{metaDeniedBy: deniedBy, metaShadowDenied: shadow, metaExceedsBurst: exceeds, metaWaited: waited, metaQueueFull: full} {
-			if len(v) > 0 {
-				fields[k] = structpb.NewListValue(&structpb.ListValue{Values: values(v)})
+	switch {
+	case len(matched) == 0:
+	case len(p.items) == 1 && p.items[0].configured && len(shadow)+len(exceeds)+len(waited)+len(full) == 0:
+		// The common answers: one rule, admitted or denied. Shared, read-only.
+		resp.DynamicMetadata = cache.alone(matched[0], len(deniedBy) > 0)
+	default:
+		fields := make(map[string]*structpb.Value, 2)
+		for _, f := range []struct {
+			key   string
+			rules []*config.Rule
+		}{{metaMatched, matched}, {metaDeniedBy, deniedBy}, {metaShadowDenied, shadow}, {metaExceedsBurst, exceeds}, {metaWaited, waited}, {metaQueueFull, full}} {
+			if len(f.rules) > 0 {
+				fields[f.key] = cache.list(f.rules)
 			}
 		}
 		resp.DynamicMetadata = &structpb.Struct{Fields: fields}
@@ -137,12 +153,32 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 	return resp
 }
 
-func values(xs []any) []*structpb.Value {
-	out := make([]*structpb.Value, len(xs))
-	for i, x := range xs {
-		out[i] = structpb.NewStringValue(x.(string))
+// noStore keeps caches from replaying a 429; shared, read-only.
+var noStore = &corev3.HeaderValue{Key: "cache-control", Value: "no-store"}
+
+// newResponse allocates an answer with n statuses, each with its
+// duration, in as few allocations as it can.
+func newResponse(n int) *rlsv3.RateLimitResponse {
+	if n == 1 {
+		b := &struct {
+			resp rlsv3.RateLimitResponse
+			ptrs [1]*rlsv3.RateLimitResponse_DescriptorStatus
+			st   rlsv3.RateLimitResponse_DescriptorStatus
+			dur  durationpb.Duration
+		}{}
+		b.st.DurationUntilReset = &b.dur
+		b.ptrs[0] = &b.st
+		b.resp.Statuses = b.ptrs[:]
+		return &b.resp
 	}
-	return out
+	resp := &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	durs := make([]durationpb.Duration, n)
+	for i := range sts {
+		sts[i].DurationUntilReset = &durs[i]
+		resp.Statuses[i] = &sts[i]
+	}
+	return resp
 }
 
 // ruleID names a rule in metadata and logs: its name, else its path.
@@ -171,7 +207,7 @@ func pickLimit(ds []limiter.Decision) int {
 
 // currentLimit is Envoy's view of limit l of rule r; its name is the
 // limit's, else the rule's.
-func currentLimit(r *config.Rule, l config.RateLimit) *rlsv3.RateLimitResponse_RateLimit {
+func currentLimit(r *config.Rule, l *config.RateLimit) *rlsv3.RateLimitResponse_RateLimit {
 	name := l.Name
 	if name == "" {
 		name = r.Name

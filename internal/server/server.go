@@ -111,7 +111,7 @@ type Server struct {
 	answer   answerOptions
 	observer Observer
 	maxWait  time.Duration
-	current  atomic.Pointer[config.Set]
+	current  atomic.Pointer[loaded]
 	waits    waitQueues
 
 	// lastFailureLog (Unix ns) and quietFailures keep backend failures to
@@ -161,11 +161,24 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
+// loaded is a config in force and what is built from it.
+type loaded struct {
+	set   *config.Set
+	cache *protoCache
+}
+
 // SetConfig makes set the config for every request that starts after it.
-func (s *Server) SetConfig(set *config.Set) { s.current.Store(set) }
+func (s *Server) SetConfig(set *config.Set) {
+	s.current.Store(&loaded{set: set, cache: &protoCache{}})
+}
 
 // Config returns the config in force, or nil before the first SetConfig.
-func (s *Server) Config() *config.Set { return s.current.Load() }
+func (s *Server) Config() *config.Set {
+	if l := s.current.Load(); l != nil {
+		return l.set
+	}
+	return nil
+}
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -189,11 +202,11 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if err := s.limits.check(req); err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	set := s.current.Load()
-	if set == nil {
+	cur := s.current.Load()
+	if cur == nil {
 		return plan{}, nil, nil, status.Error(codes.Unavailable, "no rate limit configuration loaded yet")
 	}
-	p, err := planRequest(set, req, s.maxWait)
+	p, err := planRequest(cur.set, req, s.maxWait)
 	if err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -208,7 +221,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 		}
 	}
 	if len(p.takes) == 0 {
-		return p, nil, buildResponse(p, nil, nil, s.answer), nil
+		return p, nil, buildResponse(p, nil, nil, s.answer, cur.cache), nil
 	}
 	claimed, full := s.waits.claim(&p)
 	defer s.waits.release(&p, claimed)
@@ -217,7 +230,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 		s.logFailure(ctx, now, req.GetDomain(), err)
 		return p, nil, nil, statusFromError(err)
 	}
-	resp := buildResponse(p, decisions, full, s.answer)
+	resp := buildResponse(p, decisions, full, s.answer, cur.cache)
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && waits(decisions) {
 		if err := s.hold(ctx, p, decisions, now); err != nil {
 			s.refund(p, s.now())

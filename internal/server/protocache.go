@@ -1,0 +1,79 @@
+package server
+
+import (
+	"sync"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/ratelimitd/ratelimitd/config"
+)
+
+// protoCache holds the protobuf parts of answers that depend only on a
+// rule of the loaded config, built once and then shared read-only by every
+// answer (protobuf messages are safe to marshal concurrently). A new one
+// comes with each config, so rules of old configs are dropped with it.
+// A nil *protoCache builds everything afresh.
+type protoCache struct {
+	names  sync.Map    // *config.Rule → *structpb.Value, the rule's name
+	alones [2]sync.Map // *config.Rule → *structpb.Struct, metadata naming only it: [admitted, denied]
+	limits sync.Map    // *config.RateLimit → *rlsv3.RateLimitResponse_RateLimit
+}
+
+// name is the metadata value naming r.
+func (c *protoCache) name(r *config.Rule) *structpb.Value {
+	if c == nil {
+		return structpb.NewStringValue(ruleID(r))
+	}
+	if v, ok := c.names.Load(r); ok {
+		return v.(*structpb.Value)
+	}
+	v, _ := c.names.LoadOrStore(r, structpb.NewStringValue(ruleID(r)))
+	return v.(*structpb.Value)
+}
+
+// list is a metadata list naming rules.
+func (c *protoCache) list(rules []*config.Rule) *structpb.Value {
+	values := make([]*structpb.Value, len(rules))
+	for i, r := range rules {
+		values[i] = c.name(r)
+	}
+	return structpb.NewListValue(&structpb.ListValue{Values: values})
+}
+
+// alone is the metadata of an answer in which only r matched, and either
+// admitted or denied the request.
+func (c *protoCache) alone(r *config.Rule, denied bool) *structpb.Struct {
+	build := func() *structpb.Struct {
+		rules := []*config.Rule{r}
+		fields := map[string]*structpb.Value{metaMatched: c.list(rules)}
+		if denied {
+			fields[metaDeniedBy] = c.list(rules)
+		}
+		return &structpb.Struct{Fields: fields}
+	}
+	if c == nil {
+		return build()
+	}
+	m := &c.alones[0]
+	if denied {
+		m = &c.alones[1]
+	}
+	if v, ok := m.Load(r); ok {
+		return v.(*structpb.Struct)
+	}
+	v, _ := m.LoadOrStore(r, build())
+	return v.(*structpb.Struct)
+}
+
+// currentLimit is currentLimit(r, l), shared.
+func (c *protoCache) currentLimit(r *config.Rule, l *config.RateLimit) *rlsv3.RateLimitResponse_RateLimit {
+	if c == nil || l.Limit.Count == 0 { // a deny-all rule's limit is made per call
+		return currentLimit(r, l)
+	}
+	if v, ok := c.limits.Load(l); ok {
+		return v.(*rlsv3.RateLimitResponse_RateLimit)
+	}
+	v, _ := c.limits.LoadOrStore(l, currentLimit(r, l))
+	return v.(*rlsv3.RateLimitResponse_RateLimit)
+}
