@@ -27,6 +27,7 @@ type serveConfig struct {
 	rateLimitHeader server.RateLimitHeaders
 	limits          server.RequestLimits
 	maxMessageBytes int
+	maxWait         time.Duration
 	redis           redisFlags
 	pprof           bool           // serve /debug/pprof/ on the HTTP port
 	nearLimitRatio  float64        // metrics: share of burst in use that is near_limit
@@ -89,6 +90,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&c.limits.MaxDomainBytes, "max-domain-bytes", 256, "longest domain")
 	fs.Uint64Var(&c.limits.MaxHits, "max-hits", 1_000_000_000, "largest hits_addend")
 	fs.IntVar(&c.maxMessageBytes, "max-message-bytes", 1<<20, "largest gRPC request message")
+	fs.DurationVar(&c.maxWait, "max-wait", 5*time.Second, "cap on every limit's max_wait: the longest a call is held for reserved tokens")
 	fs.BoolVar(&c.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", 0.8, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use")
 	fs.IntVar(&c.maxMetricValues, "metrics-max-values", 100, "metrics: distinct values labelled per detailed_metric rule; the rest count as _other")

@@ -97,6 +97,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	defer be.close()
 
 	srv, err := server.New(server.Options{
+		MaxWait:          c.maxWait,
 		Store:            be.store,
 		Logger:           log,
 		Limits:           c.limits,
