@@ -116,6 +116,10 @@ descriptors:
 		}
 	}
 
+	// A span ends after its answer is sent: once the server has stopped,
+	// every one has ended.
+	conn.Close()
+	gs.GracefulStop()
 	spans := exp.GetSpans()
 	if len(spans) != 2 {
 		t.Fatalf("%d spans, want 2: %v", len(spans), spans)
