@@ -48,20 +48,19 @@ type call struct {
 	done   chan struct{} // closed when cmd is set
 }
 
-// batcher coalesces script calls into pipelines. One goroutine (collect)
-// forms batches; senders goroutines send them. A call that arrives while no
-// batch is in flight is sent at once, alone if it is alone; calls that
-// arrive while one is in flight wait up to wait (or until max) and go out
-// together in the next; while every sender is busy, the next batch keeps
-// growing up to max.
+// batcher coalesces script calls into pipelines. Calls queue in one
+// channel; senders goroutines each take what is queued as a batch and send
+// it. A call that arrives while no batch is in flight is sent at once, alone
+// if it is alone; calls that arrive while one is in flight wait up to wait
+// (or until max) and go out together in the next; while every sender is
+// busy, they queue, and the next free sender takes up to max of them.
 type batcher struct {
 	client pipeliner
 	max    int
 	wait   time.Duration
 
 	calls    chan *call
-	batches  chan []*call
-	inflight atomic.Int32
+	inflight atomic.Int32 // batches being sent
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -76,15 +75,13 @@ type counters struct {
 
 func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batcher {
 	b := &batcher{
-		client:  c,
-		max:     max,
-		wait:    wait,
-		calls:   make(chan *call, max),
-		batches: make(chan []*call),
-		stop:    make(chan struct{}),
-		stats:   stats,
+		client: c,
+		max:    max,
+		wait:   wait,
+		calls:  make(chan *call, senders*max),
+		stop:   make(chan struct{}),
+		stats:  stats,
 	}
-	b.wg.Go(b.collect)
 	for range senders {
 		b.wg.Go(b.send)
 	}
@@ -154,20 +151,18 @@ func errCmd(ctx context.Context, err error) *redis.Cmd {
 	return cmd
 }
 
-// collect forms batches and hands them to the senders.
-func (b *batcher) collect() {
+// send forms batches from the queued calls and sends them, one pipeline
+// each; senders of them run at once. A batch is what is queued when a
+// sender comes for it, plus, while another batch is in flight, what
+// arrives within wait, up to max.
+func (b *batcher) send() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	batch := make([]*call, 0, b.max)
-	fail := func() {
-		for _, c := range batch {
-			c.fail(errClosed)
-		}
-	}
 	for {
+		var batch []*call
 		select {
 		case c := <-b.calls:
-			batch = append(batch, c)
+			batch = append(make([]*call, 0, b.max), c)
 		case <-b.stop:
 			return
 		}
@@ -195,49 +190,17 @@ func (b *batcher) collect() {
 					break wait
 				case <-b.stop:
 					timer.Stop()
-					fail()
+					for _, c := range batch {
+						c.fail(errClosed)
+					}
 					return
 				}
 			}
 			timer.Stop()
 		}
-		// Hand over, growing the batch while every sender is busy.
-	handOver:
-		for {
-			if len(batch) == b.max {
-				select {
-				case b.batches <- batch:
-					break handOver
-				case <-b.stop:
-					fail()
-					return
-				}
-			}
-			select {
-			case b.batches <- batch:
-				break handOver
-			case c := <-b.calls:
-				batch = append(batch, c)
-			case <-b.stop:
-				fail()
-				return
-			}
-		}
-		batch = make([]*call, 0, b.max)
-	}
-}
-
-// send sends the batches it is handed, one pipeline each.
-func (b *batcher) send() {
-	for {
-		select {
-		case batch := <-b.batches:
-			b.inflight.Add(1)
-			b.exec(batch)
-			b.inflight.Add(-1)
-		case <-b.stop:
-			return
-		}
+		b.inflight.Add(1)
+		b.exec(batch)
+		b.inflight.Add(-1)
 	}
 }
 

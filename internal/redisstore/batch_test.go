@@ -247,7 +247,7 @@ func BenchmarkTakeParallel(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			c := standalone(b).Client()
 			s := newStoreOpts(b, c, redisstore.Options{BatchMax: batchMax})
-			l := limiter.Limit{Count: 1e9, Period: time.Second, Burst: 1e9}
+			l := limiter.Limit{Count: 1e7, Period: time.Second, Burst: 1e7}
 			var ids atomic.Int64
 			b.ReportAllocs()
 			b.SetParallelism(16) // 16 × GOMAXPROCS callers
@@ -262,6 +262,31 @@ func BenchmarkTakeParallel(b *testing.B) {
 					}
 				}
 			})
+			after := s.Stats()
+			b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(after.Takes-before.Takes), "roundtrips/op")
+		})
+	}
+}
+
+// BenchmarkTakeSerial measures one caller at a time, coalesced (the
+// default) and not: a lone caller must not wait for company.
+func BenchmarkTakeSerial(b *testing.B) {
+	for _, batchMax := range []int{0, 1} {
+		name := "coalesced"
+		if batchMax == 1 {
+			name = "direct"
+		}
+		b.Run(name, func(b *testing.B) {
+			c := standalone(b).Client()
+			s := newStoreOpts(b, c, redisstore.Options{BatchMax: batchMax})
+			reqs := []limiter.Request{{Key: "serial", Limit: limiter.Limit{Count: 1e7, Period: time.Second, Burst: 1e7}, Hits: 1}}
+			b.ReportAllocs()
+			before := s.Stats()
+			for b.Loop() {
+				if _, err := s.Take(context.Background(), time.Time{}, reqs); err != nil {
+					b.Fatal(err)
+				}
+			}
 			after := s.Stats()
 			b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(after.Takes-before.Takes), "roundtrips/op")
 		})

@@ -100,8 +100,9 @@ type Options struct {
 	// flight is sent at once, with whatever other calls are already
 	// queued; calls that arrive while one is in flight collect for up to
 	// BatchWait (or until BatchMax) and go out together, in parallel with
-	// it; while two batches are in flight the next one keeps growing until
-	// one returns. A lone caller therefore never waits.
+	// it; while two batches are in flight, calls queue, and the first to
+	// return takes up to BatchMax of them. A lone caller therefore never
+	// waits (beyond two goroutine hand-offs).
 	BatchMax int
 	// BatchWait bounds how long a batch collects calls while another round
 	// trip is in flight. Default DefaultBatchWait, 200µs; negative means
@@ -147,8 +148,7 @@ func (s *Store) Stats() Stats {
 	}
 }
 
-// Close stops the goroutines that coalesce calls (one collecting, two
-// sending); Takes in progress and after it fail with an error wrapping
+// Close stops the two goroutines that coalesce and send calls; Takes in progress and after it fail with an error wrapping
 // limiter.ErrUnavailable. It does not close the client. It is safe to call
 // more than once.
 func (s *Store) Close() error {
