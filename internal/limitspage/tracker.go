@@ -141,7 +141,7 @@ func (t *Tracker) ObserveCall(c server.Call) {
 		var n Counts
 		switch d.Outcome {
 		case server.WithinLimit, server.OverLimit, server.ShadowOverLimit, server.Unlimited:
-			n = Counts{Requests: 1, Tokens: d.Hits}
+			n = Counts{Requests: 1, Tokens: max(d.Hits, 0)} // a refund adds no tokens
 		default:
 			continue
 		}

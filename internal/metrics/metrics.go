@@ -267,7 +267,9 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome) 
 	if int(d.Outcome) < len(vc.requests) && vc.requests[d.Outcome] != nil {
 		vc.requests[d.Outcome].Inc()
 	}
-	hits := float64(d.Hits)
+	// Refunds (negative hits) give tokens back: counters only go up, so
+	// they count as a request without tokens.
+	hits := float64(max(d.Hits, 0))
 	switch d.Outcome {
 	case server.WithinLimit:
 		vc.hits.Add(hits)

@@ -247,6 +247,27 @@ func TestDetailedValuesAreBounded(t *testing.T) {
 	}
 }
 
+func TestRefundDoesNotPanic(t *testing.T) {
+	m, err := metrics.New(metrics.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(testConfig)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpt := set.Lookup("api", []config.Entry{{Key: "model", Value: "gpt-4o"}})
+	req := request("api", []string{"model", "gpt-4o"})
+	m.ObserveCall(server.Call{Domain: "api", Code: codes.OK, Descriptors: []server.DescriptorOutcome{
+		{Descriptor: req.Descriptors[0], Rule: gpt, Outcome: server.WithinLimit, Hits: -3, Limit: gpt.Limit, Decision: limiter.Decision{Allowed: true, Remaining: 5}},
+	}})
+	hits, _ := value(t, m.Registry(), "ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "gpt-4o"})
+	reqs, _ := value(t, m.Registry(), "ratelimitd_descriptor_requests_total", map[string]string{"domain": "api", "rule": "gpt-4o", "outcome": "within_limit"})
+	if hits != 0 || reqs != 1 {
+		t.Errorf("after a refund of 3: hits %v, requests %v; want 0 and 1", hits, reqs)
+	}
+}
+
 func TestNewRejectsBadRatio(t *testing.T) {
 	for _, r := range []float64{-0.1, 1.5} {
 		if _, err := metrics.New(metrics.Options{NearLimitRatio: r}); err == nil {
