@@ -50,6 +50,10 @@ type redisFlags struct {
 	sentinelAddrs  string
 	clusterAddrs   string
 	password       string
+	username       string
+	tlsCA          string
+	tlsCert        string
+	tlsKey         string
 	prefix         string
 	poolSize       int
 	dialTimeout    time.Duration
@@ -99,6 +103,10 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&c.redis.sentinelAddrs, "redis-sentinel-addrs", "", "comma-separated Sentinel addresses, with --redis-sentinel-master")
 	fs.StringVar(&c.redis.clusterAddrs, "redis-cluster-addrs", "", "Redis Cluster backend: comma-separated seed addresses")
 	fs.StringVar(&c.redis.password, "redis-password", "", "password for Sentinel or Cluster nodes (for a URL, put it in the URL)")
+	fs.StringVar(&c.redis.username, "redis-username", "", "ACL user for Sentinel or Cluster nodes (for a URL, put it in the URL)")
+	fs.StringVar(&c.redis.tlsCA, "redis-tls-ca", "", "PEM file of the CA that signed the Redis servers' certificates (TLS: rediss:// URL, or any Sentinel/Cluster address)")
+	fs.StringVar(&c.redis.tlsCert, "redis-tls-cert", "", "PEM client certificate for Redis servers that require one (with --redis-tls-key)")
+	fs.StringVar(&c.redis.tlsKey, "redis-tls-key", "", "PEM key of --redis-tls-cert")
 	fs.StringVar(&c.redis.prefix, "redis-prefix", "ratelimitd:", "prefix of every Redis key")
 	fs.IntVar(&c.redis.poolSize, "redis-pool-size", 0, "connections per Redis node (0: 10 per CPU)")
 	fs.DurationVar(&c.redis.dialTimeout, "redis-dial-timeout", 0, "Redis dial timeout (0: the backend's default)")

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
@@ -37,12 +40,17 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 	if r.sentinelMaster != "" {
 		opts.SentinelPassword = r.password
 	}
+	opts.Username = r.username
+	tlsConfig, err := r.tlsConfig()
+	if err != nil {
+		return backend{}, err
+	}
+	opts.TLSConfig = tlsConfig
 	if r.batchMax < 0 {
 		return backend{}, fmt.Errorf("--redis-batch-max %d: must be 0 (the default), 1 (no coalescing) or more", r.batchMax)
 	}
 	var cache *denialcache.Cache
 	if r.denialCache {
-		var err error
 		if cache, err = denialcache.New(denialcache.Options{MaxEntries: r.denialEntries}); err != nil {
 			return backend{}, fmt.Errorf("--denial-cache-size: %w", err)
 		}
@@ -91,6 +99,36 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 	}
 	be.ready = func(ctx context.Context) error { return client.Ping(ctx).Err() }
 	return be, nil
+}
+
+// tlsConfig is the TLS to speak to Redis with, or nil for the defaults: a
+// rediss:// URL alone uses the system's roots.
+func (r redisFlags) tlsConfig() (*tls.Config, error) {
+	if r.tlsCA == "" && r.tlsCert == "" && r.tlsKey == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if r.tlsCA != "" {
+		pem, err := os.ReadFile(r.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-tls-ca: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--redis-tls-ca %s: no PEM certificate in it", r.tlsCA)
+		}
+	}
+	if (r.tlsCert == "") != (r.tlsKey == "") {
+		return nil, fmt.Errorf("--redis-tls-cert and --redis-tls-key go together")
+	}
+	if r.tlsCert != "" {
+		pair, err := tls.LoadX509KeyPair(r.tlsCert, r.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-tls-cert/--redis-tls-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.
