@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -52,23 +53,6 @@ func (b *backend) Take(ctx context.Context, now time.Time, reqs []limiter.Reques
 	return b.mem.Take(ctx, now, reqs)
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 var (
 	t0      = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	tenMin  = limiter.Limit{Count: 10, Period: time.Minute, Burst: 10}
@@ -76,9 +60,10 @@ var (
 	unavail = limiter.ErrUnavailable
 )
 
-func newStore(t *testing.T, b *backend, opts failover.Options) (*failover.Store, *clock) {
+func newStore(t *testing.T, b *backend, opts failover.Options) (*failover.Store, *clocktest.Clock) {
 	t.Helper()
-	clk := &clock{t: t0}
+	clk := clocktest.New()
+	clk.Set(t0)
 	opts.Now = clk.Now
 	s, err := failover.New(b, opts)
 	if err != nil {

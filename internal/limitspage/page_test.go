@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/limitspage"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
@@ -41,28 +41,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10, unit_multiplier: 5}
 `
 
-// clock is a hand-set clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // fixture is a server on the memory store with a Tracker, and the page
 // handler over them, all on one hand-set clock.
 type fixture struct {
-	clock   *clock
+	clock   *clocktest.Clock
 	srv     *server.Server
 	handler *limitspage.Handler
 }
@@ -73,7 +55,7 @@ func newFixture(t testing.TB) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	clk := clocktest.New()
 	tr := limitspage.NewTracker(limitspage.TrackerOptions{})
 	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clk.Now, Observer: tr})
 	if err != nil {
@@ -294,7 +276,7 @@ func TestTrackerBucketsAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	clk := clocktest.New()
 	tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 20})
 	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clk.Now, Observer: tr})
 	if err != nil {

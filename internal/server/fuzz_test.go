@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -164,7 +165,7 @@ func checkAnswer(t *testing.T, how string, req *rlsv3.RateLimitRequest, resp *rl
 // hold at most one bucket per descriptor (memory stays bounded).
 func FuzzShouldRateLimit(f *testing.F) {
 	set := mustParse(f, testConfig)
-	now := newClock().Now
+	now := clocktest.New().Now
 	limits := server.RequestLimits{MaxDescriptors: 8, MaxEntries: 4, MaxKeyBytes: 100, MaxValueBytes: 150, MaxDomainBytes: 64, MaxHits: 1 << 20}
 
 	sw := &switchable{}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -56,7 +57,7 @@ descriptors:
 `
 
 func TestAliasesShareTheirQuotaGroup(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, modelsConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, modelsConfig))
 	aliases := []string{"gpt-4o", "gpt-4o-latest", "chat-default"}
 	for i := range 11 {
 		resp := call(t, c, request("ai", desc("model", aliases[i%3])))
@@ -71,7 +72,7 @@ func TestAliasesShareTheirQuotaGroup(t *testing.T) {
 }
 
 func TestSeveralLimitsOnOneRule(t *testing.T) {
-	clk := newClock()
+	clk := clocktest.New()
 	c, _ := startServer(t, server.Options{Now: clk.Now}, mustParse(t, modelsConfig))
 	req := request("ai", desc("model", "o3"))
 	expect := func(step string, want rlsv3.RateLimitResponse_Code, wantLimit string) {
@@ -100,7 +101,7 @@ func TestSeveralLimitsOnOneRule(t *testing.T) {
 }
 
 func TestPostpaidTokens(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, modelsConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, modelsConfig))
 	// At request time Envoy sends the request descriptor (one request) and
 	// the tokens descriptor with hits_addend 0 (a check); when the stream
 	// is done it sends the tokens descriptor with the usage.
@@ -143,7 +144,7 @@ func TestPostpaidTokens(t *testing.T) {
 }
 
 func TestNegativeHitsGiveTokensBack(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
 	call(t, c, request("api", withHits(desc("client", "zed"), 2)))
 	refund := withHits(desc("client", "zed"), 1)
 	refund.IsNegativeHits = true

@@ -23,29 +23,10 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
-
-// clock is a hand-set clock for the server.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 const testConfig = `
 domain: api
@@ -152,7 +133,7 @@ func call(t *testing.T, c rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequ
 }
 
 func TestFivePerMinuteCountsDownThenDenies(t *testing.T) {
-	clk := newClock()
+	clk := clocktest.New()
 	c, _ := startServer(t, server.Options{Now: clk.Now}, mustParse(t, testConfig))
 	req := request("api", desc("model", "gpt-4o"))
 	for i, want := range []uint32{4, 3, 2, 1, 0} {
@@ -218,7 +199,7 @@ func TestHitsAddend(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+			c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
 			for i := range 3 {
 				d := desc("client", "bob")
 				if tt.descHits != nil {
@@ -248,7 +229,7 @@ func codes3(a, b, c rlsv3.RateLimitResponse_Code) []rlsv3.RateLimitResponse_Code
 func ptr[T any](v T) *T { return &v }
 
 func TestDeniedRequestSpendsFromNoDescriptor(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
 	// per-client allows 2; free-plan allows 1.
 	both := request("api", desc("client", "ann"), desc("plan", "free"))
 	if resp := call(t, c, both); resp.GetOverallCode() != ok {
@@ -268,7 +249,7 @@ func TestDeniedRequestSpendsFromNoDescriptor(t *testing.T) {
 }
 
 func TestDescriptorsWithoutLimit(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
 	tests := []struct {
 		name string
 		req  *rlsv3.RateLimitRequest
@@ -292,7 +273,7 @@ func TestDescriptorsWithoutLimit(t *testing.T) {
 }
 
 func TestShadowModeNeverDenies(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
 	req := request("api", desc("shadow", "x"))
 	call(t, c, req)
 	resp := call(t, c, req)
@@ -309,7 +290,7 @@ func TestShadowModeNeverDenies(t *testing.T) {
 }
 
 func TestReplaces(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
 	// trial-plan replaces free-plan: with both, free-plan's 1/hour is not applied.
 	req := request("api", desc("plan", "free"), desc("plan", "trial"))
 	for i := range 3 {
@@ -328,7 +309,7 @@ func TestReplaces(t *testing.T) {
 }
 
 func TestZeroRateDeniesEverything(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
 	req := request("api", desc("client", "eve"), desc("ip", "10.0.0.66"))
 	for i := range 3 {
 		resp := call(t, c, req)
@@ -346,7 +327,7 @@ func TestZeroRateDeniesEverything(t *testing.T) {
 }
 
 func TestLimitOverride(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
 	override := func(d *ratelimitv3.RateLimitDescriptor, n uint32) *ratelimitv3.RateLimitDescriptor {
 		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_HOUR}
 		return d
@@ -369,7 +350,7 @@ func TestLimitOverride(t *testing.T) {
 }
 
 func TestHitsAboveBurstAreDeniedForGood(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
 	resp := call(t, c, request("api", withHits(desc("model", "gpt-4o"), 6)))
 	if resp.GetOverallCode() != over {
 		t.Fatalf("6 hits on a burst of 5: %v, want OVER_LIMIT", resp.GetOverallCode())
@@ -388,7 +369,7 @@ func TestHitsAboveBurstAreDeniedForGood(t *testing.T) {
 }
 
 func TestRateLimitHeadersNameTheDenyingLimit(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: newClock().Now, RateLimitHeaders: server.RateLimitHeadersDraft03, RetryAfter: server.RetryAfterOmit},
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, RateLimitHeaders: server.RateLimitHeadersDraft03, RetryAfter: server.RetryAfterOmit},
 		mustParse(t, testConfig))
 	// The key-only model rule (10/s burst 20) has plenty left; per-client (2/min) runs out.
 	req := request("api", desc("model", "llama"), desc("client", "cid"))
@@ -557,7 +538,7 @@ func (r *recorder) ObserveCall(c server.Call) {
 
 func TestObserverSeesEveryOutcome(t *testing.T) {
 	rec := &recorder{}
-	c, _ := startServer(t, server.Options{Now: newClock().Now, Observer: rec}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Observer: rec}, mustParse(t, testConfig))
 	ctx := context.Background()
 	calls := []*rlsv3.RateLimitRequest{
 		request("api", desc("client", "a"), desc("color", "red"), desc("internal", "x")),
@@ -585,7 +566,7 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 
 func TestBackendFailuresAreLoggedOnceASecond(t *testing.T) {
 	var logs bytes.Buffer
-	clk := newClock()
+	clk := clocktest.New()
 	down := fmt.Errorf("redis take: %w: connection refused", limiter.ErrUnavailable)
 	c, _ := startServer(t, server.Options{Store: failingStore{down}, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
 		mustParse(t, testConfig))

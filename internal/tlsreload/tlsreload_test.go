@@ -24,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
 )
 
@@ -96,30 +97,12 @@ func (a authority) issue(t *testing.T, name string, server bool) (certPEM, keyPE
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
 
-// clock is a hand-set clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // setup holds a server's files and a running gRPC server that uses them.
 type setup struct {
 	dir              string
 	cert, key, ca    string
 	addr             string
-	clock            *clock
+	clock            *clocktest.Clock
 	mu               sync.Mutex
 	reloads          int
 	errs             []error
@@ -145,7 +128,7 @@ func start(t *testing.T, mtls bool) *setup {
 	dir := t.TempDir()
 	s := &setup{
 		dir: dir, cert: filepath.Join(dir, "tls.crt"), key: filepath.Join(dir, "tls.key"),
-		clock:    &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)},
+		clock:    clocktest.New(),
 		serverCA: newAuthority(t, "server CA"), client: newAuthority(t, "client CA"),
 	}
 	certPEM, keyPEM := s.serverCA.issue(t, "server-1", true)
