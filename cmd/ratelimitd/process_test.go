@@ -454,3 +454,38 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 		t.Errorf("untrusted certificate: %v, want Unavailable", err)
 	}
 }
+
+// TestQuotaGroupAcrossReplicas: three aliases of one 10/min quota group,
+// called through two replicas sharing Redis, admit 10 in all.
+func TestQuotaGroupAcrossReplicas(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := writeConfig(t, map[string]string{"ai.yaml": `domain: ai
+quota_groups:
+  deployment: {unit: minute, requests_per_unit: 10}
+descriptors:
+  - {key: model, value: gpt-4o, quota_group: deployment}
+  - {key: model, value: gpt-4o-latest, quota_group: deployment}
+  - {key: model, value: chat-default, quota_group: deployment}
+`})
+	var clients []rlsv3.RateLimitServiceClient
+	for range 2 {
+		p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--backend-timeout", "1s")
+		clients = append(clients, rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr)))
+	}
+	aliases := []string{"gpt-4o", "gpt-4o-latest", "chat-default"}
+	var got []string
+	for i := range 12 {
+		req := &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: aliases[i%3]}},
+		}}}
+		resp, err := clients[i%2].ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatalf("call %d: %v", i+1, err)
+		}
+		got = append(got, resp.GetOverallCode().String())
+	}
+	want := strings.Repeat("OK ", 10) + "OVER_LIMIT OVER_LIMIT"
+	if strings.Join(got, " ") != want {
+		t.Errorf("12 calls over 3 aliases and 2 replicas: %v, want 10 OK then OVER_LIMIT", got)
+	}
+}
