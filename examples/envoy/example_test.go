@@ -10,6 +10,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -32,6 +33,7 @@ import (
 	// Extensions that envoy.yaml names only in typed_config "@type" URLs;
 	// the import registers them so that protojson can resolve the Any.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/json_to_metadata/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 )
 
@@ -357,8 +359,9 @@ func TestRateLimitCluster(t *testing.T) {
 }
 
 // An entry is one descriptor entry as a route action produces it. Value is
-// "" when it comes from the request (a header) and is not known here.
-type entry struct{ key, value string }
+// "" when it comes from the request (a header) and is not known here;
+// header then names the request header.
+type entry struct{ key, value, header string }
 
 func (e entry) String() string {
 	if e.value == "" {
@@ -367,42 +370,115 @@ func (e entry) String() string {
 	return e.key + "=" + e.value
 }
 
-// sentDescriptors returns, per route, the descriptors its rate_limits (and
-// its virtual host's) make Envoy send. An action this test does not know is
-// an error, so that a new kind of action cannot slip past the checks.
-func sentDescriptors(t *testing.T, hcm *hcmv3.HttpConnectionManager) map[string][][]entry {
+// sent is one descriptor a route makes Envoy send: one rate_limits entry.
+type sent struct {
+	where   string // "route claude-sonnet rate_limits[2]", for messages
+	route   string // the route's name, "" for a virtual host's
+	entries []entry
+	// perFilter is true for the rate_limits of typed_per_filter_config
+	// (RateLimitPerRoute), the only place where Envoy honours hits_addend.
+	perFilter bool
+	// hits is the rate limit's hits_addend, nil when absent.
+	hits *routev3.RateLimit_HitsAddend
+	// onStreamDone: sent in a second call once the stream is done.
+	onStreamDone bool
+}
+
+// isCheck reports whether d spends nothing: hits_addend number 0.
+func (d sent) isCheck() bool {
+	return d.perFilter && d.hits.GetNumber() != nil && d.hits.GetNumber().GetValue() == 0 && d.hits.GetFormat() == ""
+}
+
+func (d sent) sameEntries(o sent) bool {
+	return slices.Equal(d.entries, o.entries)
+}
+
+// perRouteRateLimits returns the RateLimitPerRoute that typed_per_filter_config
+// gives the ratelimit filter, or nil.
+func perRouteRateLimits(t *testing.T, where string, cfg map[string]*anypb.Any) *ratelimitv3.RateLimitPerRoute {
 	t.Helper()
-	out := make(map[string][][]entry)
-	add := func(where string, limits []*routev3.RateLimit) {
+	a, ok := cfg[rateLimitFilter]
+	if !ok {
+		return nil
+	}
+	// typed_per_filter_config may wrap the message in a FilterConfig.
+	if fc := new(routev3.FilterConfig); a.MessageIs(fc) {
+		if err := a.UnmarshalTo(fc); err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+		a = fc.GetConfig()
+	}
+	pr := new(ratelimitv3.RateLimitPerRoute)
+	if !a.MessageIs(pr) {
+		t.Errorf("%s: typed_per_filter_config[%s] is a %s, want RateLimitPerRoute", where, rateLimitFilter, a.GetTypeUrl())
+		return nil
+	}
+	if err := a.UnmarshalTo(pr); err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	return pr
+}
+
+// sentDescriptors returns, per route (or virtual host), the descriptors its
+// rate limits make Envoy send, as Envoy picks them: a route's
+// RateLimitPerRoute rate_limits when it has any, else its
+// route.rate_limits. An action this test does not know is an error, so that
+// a new kind of action cannot slip past the checks.
+func sentDescriptors(t *testing.T, hcm *hcmv3.HttpConnectionManager) map[string][]sent {
+	t.Helper()
+	out := make(map[string][]sent)
+	add := func(where, route string, perFilter bool, limits []*routev3.RateLimit) {
 		for i, rl := range limits {
-			var d []entry
+			d := sent{
+				where:        fmt.Sprintf("%s rate_limits[%d]", where, i),
+				route:        route,
+				perFilter:    perFilter,
+				hits:         rl.GetHitsAddend(),
+				onStreamDone: rl.GetApplyOnStreamDone(),
+			}
 			for _, a := range rl.GetActions() {
 				switch a := a.GetActionSpecifier().(type) {
 				case *routev3.RateLimit_Action_RequestHeaders_:
-					d = append(d, entry{key: a.RequestHeaders.GetDescriptorKey()})
+					d.entries = append(d.entries, entry{key: a.RequestHeaders.GetDescriptorKey(), header: a.RequestHeaders.GetHeaderName()})
 				case *routev3.RateLimit_Action_GenericKey_:
 					k := a.GenericKey.GetDescriptorKey()
 					if k == "" {
 						k = "generic_key" // Envoy's default
 					}
-					d = append(d, entry{key: k, value: a.GenericKey.GetDescriptorValue()})
+					d.entries = append(d.entries, entry{key: k, value: a.GenericKey.GetDescriptorValue()})
 				case *routev3.RateLimit_Action_HeaderValueMatch_:
 					k := a.HeaderValueMatch.GetDescriptorKey()
 					if k == "" {
 						k = "header_match" // Envoy's default
 					}
-					d = append(d, entry{key: k, value: a.HeaderValueMatch.GetDescriptorValue()})
+					d.entries = append(d.entries, entry{key: k, value: a.HeaderValueMatch.GetDescriptorValue()})
 				default:
-					t.Errorf("%s rate_limits[%d]: action %T is unknown to this test; teach sentDescriptors what it sends", where, i, a)
+					t.Errorf("%s: action %T is unknown to this test; teach sentDescriptors what it sends", d.where, a)
 				}
 			}
 			out[where] = append(out[where], d)
 		}
 	}
 	for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
-		add("virtual host "+vh.GetName(), vh.GetRateLimits())
+		where := "virtual host " + vh.GetName()
+		if pr := perRouteRateLimits(t, where, vh.GetTypedPerFilterConfig()); len(pr.GetRateLimits()) > 0 {
+			t.Errorf("%s: RateLimitPerRoute rate_limits on a virtual host: this test does not model how Envoy merges them; put them on routes", where)
+		}
+		add(where, "", false, vh.GetRateLimits())
 		for _, r := range vh.GetRoutes() {
-			add("route "+r.GetName(), r.GetRoute().GetRateLimits())
+			where := "route " + r.GetName()
+			pr := perRouteRateLimits(t, where, r.GetTypedPerFilterConfig())
+			if d := pr.GetDomain(); d != "" {
+				t.Errorf("%s: RateLimitPerRoute sets domain %q; this example keeps one domain, the filter's", where, d)
+			}
+			if len(pr.GetRateLimits()) > 0 {
+				if len(r.GetRoute().GetRateLimits()) > 0 {
+					t.Errorf("%s: has both route.rate_limits and RateLimitPerRoute rate_limits; Envoy ignores the former", where)
+				}
+				add(where, r.GetName(), true, pr.GetRateLimits())
+				continue
+			}
+			add(where, r.GetName(), false, r.GetRoute().GetRateLimits())
 		}
 	}
 	return out
@@ -452,6 +528,15 @@ func loadDescriptorFiles(t *testing.T) map[string]descriptorFile {
 	return out
 }
 
+func loadSet(t *testing.T) *config.Set {
+	t.Helper()
+	set, err := config.Load(descriptorDir)
+	if err != nil {
+		t.Fatalf("config.Load(%q): %v", descriptorDir, err)
+	}
+	return set
+}
+
 // TestDescriptorsHaveRules checks that every descriptor the routes send
 // has somewhere to go in the filter's domain: each key appears as a key: in
 // the descriptor files, and some request makes the descriptor match a rule
@@ -460,43 +545,160 @@ func loadDescriptorFiles(t *testing.T) map[string]descriptorFile {
 func TestDescriptorsHaveRules(t *testing.T) {
 	g := loadGateway(t)
 	files := loadDescriptorFiles(t)
-	set, err := config.Load(descriptorDir)
-	if err != nil {
-		t.Fatalf("config.Load(%q): %v", descriptorDir, err)
-	}
+	set := loadSet(t)
 	for _, rl := range g.rateLimited(t) {
 		domain := rl.filter.GetDomain()
-		values := make(map[string][]string) // key: the values the files list for it
-		for _, f := range files {
-			if f.Domain == domain {
-				collectValues(f.Descriptors, values)
-			}
-		}
+		values := domainValues(files, domain)
 		sent := sentDescriptors(t, rl.hcm)
 		if len(sent) == 0 {
 			t.Errorf("listener %s: no route sends a descriptor", rl.listener)
 		}
 		for _, where := range slices.Sorted(maps.Keys(sent)) {
 			for _, d := range sent[where] {
-				if len(d) == 0 {
-					t.Errorf("listener %s, %s: a rate_limits entry with no actions", rl.listener, where)
+				if len(d.entries) == 0 {
+					t.Errorf("listener %s, %s: a rate_limits entry with no actions", rl.listener, d.where)
 					continue
 				}
-				for _, e := range d {
+				for _, e := range d.entries {
 					if _, ok := values[e.key]; !ok {
-						t.Errorf("listener %s, %s: descriptor key %q is not a key: in domain %q", rl.listener, where, e.key, domain)
+						t.Errorf("listener %s, %s: descriptor key %q is not a key: in domain %q", rl.listener, d.where, e.key, domain)
 					}
 				}
-				if !matchesSomeRule(set, domain, d, values) {
-					t.Errorf("listener %s, %s: no request makes descriptor %v match a rule in domain %q", rl.listener, where, d, domain)
+				if len(rulesFor(set, domain, d.entries, values)) == 0 {
+					t.Errorf("listener %s, %s: no request makes descriptor %v match a rule in domain %q", rl.listener, d.where, d.entries, domain)
 				}
 			}
 		}
 	}
 }
 
-// collectValues records, for every key in ds and below, the values the
-// descriptors give it ("" for a key-only descriptor).
+// hitsFormat is what Envoy accepts in hits_addend.format: exactly one
+// substitution command, such as %DYNAMIC_METADATA(ns:key)% or
+// %RESP(x-usage)%, and nothing around it.
+var hitsFormat = regexp.MustCompile(`^%[A-Z_]+(\([^%]*\))?(:[0-9]+)?%$`)
+
+// TestPostpaidCharges checks the descriptors that carry a hits_addend or
+// are sent when the stream is done (the claude-sonnet tokens):
+//   - hits_addend is only in RateLimitPerRoute rate_limits, where Envoy
+//     reads it (it ignores it in route.rate_limits);
+//   - every apply_on_stream_done rate limit has a hits_addend (else it
+//     charges 1 after the fact, which is not what anyone means), with a
+//     format of one substitution or a number;
+//   - every stream-done charge has a request-time check (hits_addend 0) of
+//     the same descriptor on the same route, and every check a charge: a
+//     charge nobody checks never denies, a check nobody charges never
+//     fills;
+//   - every rule such a descriptor can reach counts tokens with an
+//     overdraft, because Envoy ignores the stream-done answer and nothing
+//     in it says "post-paid": without overdraft, usage that does not fit
+//     would be lost.
+func TestPostpaidCharges(t *testing.T) {
+	g := loadGateway(t)
+	files := loadDescriptorFiles(t)
+	set := loadSet(t)
+	charges := 0
+	for _, rl := range g.rateLimited(t) {
+		domain := rl.filter.GetDomain()
+		values := domainValues(files, domain)
+		all := sentDescriptors(t, rl.hcm)
+		for _, where := range slices.Sorted(maps.Keys(all)) {
+			ds := all[where]
+			for _, d := range ds {
+				if d.hits != nil && !d.perFilter {
+					t.Errorf("%s: hits_addend in route.rate_limits, where Envoy ignores it: move the route's rate limits to typed_per_filter_config.%s (RateLimitPerRoute)", d.where, rateLimitFilter)
+				}
+				if d.onStreamDone && d.hits == nil {
+					t.Errorf("%s: apply_on_stream_done without hits_addend: the stream-done call would charge 1, not the usage", d.where)
+				}
+				if d.hits != nil {
+					num, format := d.hits.GetNumber(), d.hits.GetFormat()
+					switch {
+					case (num == nil) == (format == ""):
+						t.Errorf("%s: hits_addend needs exactly one of number and format", d.where)
+					case format != "" && !hitsFormat.MatchString(format):
+						t.Errorf("%s: hits_addend.format %q: Envoy wants exactly one substitution command, nothing else", d.where, format)
+					}
+				}
+				if !d.onStreamDone && !d.isCheck() {
+					continue
+				}
+				want, role := d.isCheck(), "check (hits_addend: {number: 0})"
+				if d.isCheck() {
+					role = "stream-done charge"
+				}
+				twin := slices.ContainsFunc(ds, func(o sent) bool {
+					return o.sameEntries(d) && o.onStreamDone == want && (want || o.isCheck())
+				})
+				if !twin {
+					t.Errorf("%s: descriptor %v has no matching %s on the same route", d.where, d.entries, role)
+				}
+				if !d.onStreamDone {
+					continue
+				}
+				charges++
+				rules := rulesFor(set, domain, d.entries, values)
+				if len(rules) == 0 {
+					t.Errorf("%s: the stream-done charge %v reaches no rule", d.where, d.entries)
+				}
+				for _, r := range rules {
+					if !slices.ContainsFunc(r.Limits, func(l config.RateLimit) bool {
+						return l.Counts == config.Tokens && l.Limit.MaxDebt > 0
+					}) {
+						t.Errorf("%s: the stream-done charge %v reaches rule %s (%s:%d), which has no limit with counts: tokens and an overdraft", d.where, d.entries, r.Path, r.File, r.Line)
+					}
+				}
+			}
+		}
+	}
+	if charges == 0 {
+		t.Errorf("%s: no route charges usage when the stream is done (apply_on_stream_done)", bootstrapFile)
+	}
+}
+
+// TestTimeoutExceedsMaxWait: a request that waits for its turn is held by
+// ratelimitd up to max_wait; Envoy's filter timeout must outlast that, or
+// it gives up first and failure_mode_deny lets the request through
+// unmetered (or answers 500).
+func TestTimeoutExceedsMaxWait(t *testing.T) {
+	g := loadGateway(t)
+	set := loadSet(t)
+	waits := 0
+	for _, rl := range g.rateLimited(t) {
+		timeout := rl.filter.GetTimeout().AsDuration()
+		for _, d := range set.Domains() {
+			if d.Name != rl.filter.GetDomain() {
+				continue
+			}
+			for _, r := range d.Rules {
+				for _, l := range r.Limits {
+					if l.MaxWait <= 0 {
+						continue
+					}
+					waits++
+					if timeout <= l.MaxWait {
+						t.Errorf("listener %s: ratelimit filter timeout %v does not exceed max_wait %v of %s (%s:%d)", rl.listener, timeout, l.MaxWait, r.Path, r.File, r.Line)
+					}
+				}
+			}
+		}
+	}
+	if waits == 0 {
+		t.Errorf("%s: no limit with max_wait; the example is meant to show one", descriptorDir)
+	}
+}
+
+// domainValues records, for every key in the domain's files, the values
+// the descriptors give it ("" for a key-only descriptor).
+func domainValues(files map[string]descriptorFile, domain string) map[string][]string {
+	values := make(map[string][]string)
+	for _, f := range files {
+		if f.Domain == domain {
+			collectValues(f.Descriptors, values)
+		}
+	}
+	return values
+}
+
 func collectValues(ds []descriptor, into map[string][]string) {
 	for _, d := range ds {
 		into[d.Key] = append(into[d.Key], d.Value)
@@ -504,11 +706,11 @@ func collectValues(ds []descriptor, into map[string][]string) {
 	}
 }
 
-// matchesSomeRule reports whether some request makes descriptor d match a
-// rule. Entries whose value comes from the request are tried with every
-// value the files list for their key (a wildcard with its '*'s filled in)
-// and with a value the files do not list.
-func matchesSomeRule(set *config.Set, domain string, d []entry, values map[string][]string) bool {
+// rulesFor returns the distinct rules descriptor d matches over the
+// requests this test can think of: entries whose value comes from the
+// request are tried with every value the files list for their key (a
+// wildcard with its '*'s filled in) and with a value the files do not list.
+func rulesFor(set *config.Set, domain string, d []entry, values map[string][]string) []*config.Rule {
 	candidates := make([][]string, len(d))
 	for i, e := range d {
 		if e.value != "" {
@@ -522,59 +724,111 @@ func matchesSomeRule(set *config.Set, domain string, d []entry, values map[strin
 			}
 		}
 	}
+	var out []*config.Rule
 	entries := make([]config.Entry, len(d))
-	var try func(i int) bool
-	try = func(i int) bool {
+	var try func(i int)
+	try = func(i int) {
 		if i == len(d) {
-			return set.Lookup(domain, entries) != nil
+			if r := set.Lookup(domain, entries); r != nil && !slices.Contains(out, r) {
+				out = append(out, r)
+			}
+			return
 		}
 		for _, v := range candidates[i] {
 			entries[i] = config.Entry{Key: d[i].key, Value: v}
-			if try(i + 1) {
-				return true
-			}
+			try(i + 1)
 		}
-		return false
 	}
-	return try(0)
+	try(0)
+	return out
 }
 
 // TestDescriptorFilesLoad loads ratelimit/ as ratelimitd does (make run)
 // and checks that the descriptors Envoy sends get the rules the comments in
 // ai-gateway.yaml promise.
 func TestDescriptorFilesLoad(t *testing.T) {
-	set, err := config.Load(descriptorDir)
-	if err != nil {
-		t.Fatalf("config.Load(%q): %v", descriptorDir, err)
-	}
+	set := loadSet(t)
 	const domain = "ai-gateway"
-	if r := set.Lookup(domain, []config.Entry{{Key: "model", Value: "gpt-4o"}}); r == nil {
-		t.Fatalf("Lookup(%q, model=gpt-4o) = nil, want a rule", domain)
-	}
 	tests := []struct {
 		entries   []config.Entry
-		name      string // "" for no rule
+		name      string // the rule's name; "" with group or for no rule
+		group     string // Limits[0].Group
 		unlimited bool
 	}{
-		{entries("model", "gpt-4o"), "gpt-4o", false},
-		{entries("model", "gpt-4o", "client", "team-a"), "gpt-4o-per-client", false},
-		{entries("model", "claude-sonnet"), "claude-sonnet", false},
-		{entries("model", "claude-sonnet", "client", "team-a"), "", false},
-		{entries("model", "some-new-model"), "other-models", false},
-		{entries("model", "some-new-model", "client", "team-a"), "", false},
-		{entries("caller", "internal"), "internal", true},
-		{entries("caller", "someone-else"), "", false},
+		{entries: entries("model", "gpt-4o"), group: "openai-gpt-4o"},
+		{entries: entries("model", "gpt-4o", "client", "team-a"), group: "openai-gpt-4o-per-client"},
+		{entries: entries("model", "chat-default", "client", "team-a"), group: "openai-gpt-4o-per-client"},
+		{entries: entries("model", "claude-sonnet", "kind", "requests"), name: "claude-sonnet-rpm"},
+		{entries: entries("model", "claude-sonnet", "kind", "tokens"), name: "claude-sonnet-otpm"},
+		{entries: entries("model", "claude-sonnet")},                        // only its kinds are limited
+		{entries: entries("model", "claude-sonnet", "client", "team-a")},    // no per-client level
+		{entries: entries("model", "llama-3.1-70b"), name: "llama-3.1-70b"}, // waits
+		{entries: entries("model", "gpt-4o-mini"), name: "other-models"},    // not a gpt-4o alias
+		{entries: entries("model", "some-new-model"), name: "other-models"},
+		{entries: entries("model", "some-new-model", "client", "team-a")},
+		{entries: entries("caller", "internal"), name: "internal", unlimited: true},
+		{entries: entries("caller", "someone-else")},
 	}
 	for _, tt := range tests {
 		r := set.Lookup(domain, tt.entries)
+		want := tt.name != "" || tt.group != ""
 		switch {
-		case tt.name == "" && r != nil:
-			t.Errorf("Lookup(%q, %v) = rule %q (%s), want none", domain, tt.entries, r.Name, r.Path)
-		case tt.name != "" && r == nil:
-			t.Errorf("Lookup(%q, %v) = nil, want rule %q", domain, tt.entries, tt.name)
-		case r != nil && (r.Name != tt.name || r.Unlimited != tt.unlimited):
+		case !want && r != nil:
+			t.Errorf("Lookup(%q, %v) = rule %s, want none", domain, tt.entries, r.Path)
+		case want && r == nil:
+			t.Errorf("Lookup(%q, %v) = nil, want rule %q (group %q)", domain, tt.entries, tt.name, tt.group)
+		case r == nil:
+		case r.Name != tt.name || r.Unlimited != tt.unlimited:
 			t.Errorf("Lookup(%q, %v) = rule %q (unlimited %v), want %q (unlimited %v)", domain, tt.entries, r.Name, r.Unlimited, tt.name, tt.unlimited)
+		case tt.group != "" && (len(r.Limits) == 0 || r.Limits[0].Group != tt.group):
+			t.Errorf("Lookup(%q, %v) = rule %s with limits %+v, want quota group %q", domain, tt.entries, r.Path, r.Limits, tt.group)
 		}
+	}
+
+	// The tokens rule is post-paid and counts tokens; the llama rule waits.
+	if r := set.Lookup(domain, entries("model", "claude-sonnet", "kind", "tokens")); r != nil {
+		if l := r.Limits[0]; l.Counts != config.Tokens || l.Limit.MaxDebt <= 0 {
+			t.Errorf("claude-sonnet tokens: counts %v, max_debt %d; want tokens with an overdraft", l.Counts, l.Limit.MaxDebt)
+		}
+	}
+	if r := set.Lookup(domain, entries("model", "llama-3.1-70b")); r != nil && r.Limits[0].MaxWait <= 0 {
+		t.Errorf("llama-3.1-70b: no max_wait")
+	}
+}
+
+// gpt4oAliases are the names of the one OpenAI gpt-4o deployment; the last
+// is matched by the wildcard gpt-4o-20*.
+var gpt4oAliases = []string{"gpt-4o", "gpt-4o-latest", "chat-default", "gpt-4o-2024-08-06"}
+
+// TestAliasesShareOneBucket: whatever alias a request names, it spends from
+// the deployment's one bucket, and a client's per-client bucket is the same
+// under every alias. A different client has its own.
+func TestAliasesShareOneBucket(t *testing.T) {
+	set := loadSet(t)
+	const domain = "ai-gateway"
+	key := func(e []config.Entry) (string, string) {
+		t.Helper()
+		r := set.Lookup(domain, e)
+		if r == nil || len(r.Limits) == 0 {
+			t.Fatalf("Lookup(%v): no limited rule", e)
+		}
+		return r.Limits[0].Group, string(r.AppendKey(nil, 0, e))
+	}
+	group, bucket := key(entries("model", gpt4oAliases[0]))
+	clientGroup, clientBucket := key(entries("model", gpt4oAliases[0], "client", "team-a"))
+	if group == "" || clientGroup == "" || group == clientGroup {
+		t.Fatalf("gpt-4o: groups %q and per-client %q; want two distinct groups", group, clientGroup)
+	}
+	for _, alias := range gpt4oAliases[1:] {
+		if g, b := key(entries("model", alias)); g != group || b != bucket {
+			t.Errorf("model=%s: group %q, bucket %q; want %q's group %q and its bucket", alias, g, b, gpt4oAliases[0], group)
+		}
+		if g, b := key(entries("model", alias, "client", "team-a")); g != clientGroup || b != clientBucket {
+			t.Errorf("model=%s, client=team-a: group %q, bucket %q; want group %q and the same bucket as under %s", alias, g, b, clientGroup, gpt4oAliases[0])
+		}
+	}
+	if _, b := key(entries("model", "chat-default", "client", "team-b")); b == clientBucket {
+		t.Errorf("team-b shares team-a's per-client bucket; want one bucket per client")
 	}
 }
 
