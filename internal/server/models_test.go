@@ -276,3 +276,26 @@ func TestFullQueueShedsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+func TestWaitsStopShortOfTheCallersDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv, _ := waitServer(t)
+		req := request("ai", desc("agent", "d1"))
+		srv.ShouldRateLimit(context.Background(), req) // takes the one token
+		// The next token is 1s away; a caller that gives up in 500ms is told
+		// OVER_LIMIT at once instead of being held past its deadline.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		resp, err := srv.ShouldRateLimit(ctx, req)
+		if err != nil || resp.GetOverallCode() != over || time.Since(start) != 0 {
+			t.Errorf("deadline 500ms, token in 1s: %v %v after %v, want OVER_LIMIT at once", resp.GetOverallCode(), err, time.Since(start))
+		}
+		ctx2, cancel2 := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+		defer cancel2()
+		resp, err = srv.ShouldRateLimit(ctx2, req)
+		if err != nil || resp.GetOverallCode() != ok || time.Since(start) != time.Second {
+			t.Errorf("deadline 1.5s, token in 1s: %v %v after %v, want OK after 1s", resp.GetOverallCode(), err, time.Since(start))
+		}
+	})
+}

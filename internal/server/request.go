@@ -146,7 +146,7 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 			if checkOnly && !r.Charge() {
 				r.Hits = 0
 			}
-			if r.Hits > 0 && l.MaxWait > 0 {
+			if r.Hits > 0 && l.MaxWait > 0 && maxWait > 0 {
 				r.MaxWait = min(l.MaxWait, maxWait)
 			}
 			p.takes = append(p.takes, r)

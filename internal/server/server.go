@@ -206,7 +206,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if cur == nil {
 		return plan{}, nil, nil, status.Error(codes.Unavailable, "no rate limit configuration loaded yet")
 	}
-	p, err := planRequest(cur.set, req, s.maxWait)
+	p, err := planRequest(cur.set, req, s.waitCap(ctx, now))
 	if err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -238,6 +238,21 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 		}
 	}
 	return p, decisions, resp, nil
+}
+
+// deadlineMargin is kept between a wait and the caller's deadline, for the
+// answer to reach it.
+const deadlineMargin = 5 * time.Millisecond
+
+// waitCap is the longest a call may wait for reserved tokens: --max-wait,
+// and less than the caller's deadline (Envoy's timeout), since a caller
+// that gives up mid-wait falls back to its failure mode, unmetered.
+func (s *Server) waitCap(ctx context.Context, now time.Time) time.Duration {
+	limit := s.maxWait
+	if dl, ok := ctx.Deadline(); ok {
+		limit = min(limit, dl.Sub(now)-deadlineMargin)
+	}
+	return max(limit, 0)
 }
 
 func waits(decisions []limiter.Decision) bool {
