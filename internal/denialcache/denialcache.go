@@ -23,7 +23,8 @@
 // buckets says which one denied only through its decisions, and the others
 // may be admitted next time. Checks (Hits 0), reservations (MaxWait) and
 // requests on post-paid buckets (Limit.MaxDebt, whose charges must always
-// be recorded) always go to the store.
+// be recorded) always go to the store. Shadow requests are cached like the
+// others: their denial is the bucket's, and charges nothing.
 //
 // A refund (limiter.Refunder) makes a bucket fuller, against the proof.
 // Refunds through this replica's layers forget the buckets they name; a
@@ -225,18 +226,29 @@ func (f front) Refund(ctx context.Context, now time.Time, reqs []limiter.Request
 	return f.c.refund(ctx, now, reqs, f.next)
 }
 
+// refund forgets the buckets reqs name, before the refund and again after
+// it: a denial learned from a Take answered while the refund was on its way
+// may predate it.
 func (c *Cache) refund(ctx context.Context, now time.Time, reqs []limiter.Request, next limiter.Store) error {
+	refunder, ok := next.(limiter.Refunder)
+	if !ok {
+		c.drop(reqs)
+		return fmt.Errorf("%w: the backend cannot give tokens back", limiter.ErrInvalidRequest)
+	}
+	c.drop(reqs)
+	err := refunder.Refund(ctx, now, reqs)
+	c.drop(reqs)
+	return err
+}
+
+// drop forgets the buckets reqs name.
+func (c *Cache) drop(reqs []limiter.Request) {
 	for _, r := range reqs {
 		sh := c.shard(r.Key)
 		sh.mu.Lock()
 		delete(sh.m, r.Key)
 		sh.mu.Unlock()
 	}
-	refunder, ok := next.(limiter.Refunder)
-	if !ok {
-		return fmt.Errorf("%w: the backend cannot give tokens back", limiter.ErrInvalidRequest)
-	}
-	return refunder.Refund(ctx, now, reqs)
 }
 
 func (c *Cache) shard(key string) *shard {

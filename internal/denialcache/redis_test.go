@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
+	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/limiter"
@@ -67,4 +68,66 @@ func TestTwoReplicasOnRedis(t *testing.T) {
 	}
 	t.Logf("admitted %d+%d of %d+%d in %v; cache %+v; Redis Takes %d and %d",
 		admitted[0].Load(), admitted[1].Load(), takes[0].Load(), takes[1].Load(), elapsed, st, replicas[0].Stats().Takes, replicas[1].Stats().Takes)
+}
+
+// TestRefundThroughTheChainOnRedis: the chain the server builds, denial
+// cache (front) → failover → denial cache (learning) → Redis store, is a
+// limiter.Refunder end to end. A refund reaches Redis and makes both layers
+// forget the denial they held, and a reservation's Wait comes back through
+// every layer.
+func TestRefundThroughTheChainOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	store, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: "chain:", Clock: redisstore.CallerClock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	cache := newCache(t, denialcache.Options{})
+	fs, err := failover.New(cache.Learn(store), failover.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chain limiter.Store = cache.Front(fs)
+	refunder, ok := chain.(limiter.Refunder)
+	if !ok {
+		t.Fatalf("%T does not implement limiter.Refunder", chain)
+	}
+	ctx := context.Background()
+	l := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
+	one := []limiter.Request{{Key: "k", Limit: l, Hits: 1}}
+	takeOne := func(step string, reqs []limiter.Request) limiter.Decision {
+		t.Helper()
+		d, err := chain.Take(ctx, t0, reqs)
+		if err != nil {
+			t.Fatalf("%s: Take: %v", step, err)
+		}
+		return d[0]
+	}
+	if d := takeOne("first", one); !d.Allowed {
+		t.Fatalf("first Take = %+v, want admitted", d)
+	}
+	if d := takeOne("second", one); d.Allowed {
+		t.Fatalf("second Take = %+v, want denied", d)
+	}
+	if d := takeOne("third", one); d.Allowed || cache.Stats().LocalDenials != 1 {
+		t.Fatalf("third Take = %+v, cache %+v: want denied from the cache", d, cache.Stats())
+	}
+	if err := refunder.Refund(ctx, t0, one); err != nil {
+		t.Fatalf("Refund: %v", err)
+	}
+	if d := takeOne("after the refund", one); !d.Allowed {
+		t.Errorf("Take after the refund = %+v, want the refunded token", d)
+	}
+	wait := []limiter.Request{{Key: "k", Limit: l, Hits: 1, MaxWait: 2 * time.Minute}}
+	if d := takeOne("reservation", wait); !d.Allowed || d.Wait != time.Minute {
+		t.Errorf("reservation = %+v, want admitted with Wait 1m", d)
+	}
+	// The caller gives up: its token goes back, and the next reservation
+	// waits only for the first one's.
+	if err := refunder.Refund(ctx, t0, wait); err != nil {
+		t.Fatalf("Refund: %v", err)
+	}
+	if d := takeOne("reservation after the refund", wait); !d.Allowed || d.Wait != time.Minute {
+		t.Errorf("reservation after the refund = %+v, want admitted with Wait 1m", d)
+	}
 }

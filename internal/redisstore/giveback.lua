@@ -1,21 +1,24 @@
 -- ratelimitd give-back: undoes what take.lua wrote for one hash slot when
--- another slot of the same Take denied it (Store.giveBack in store.go). The
--- arithmetic is limiter/bucket.go's (instant.sub, instant.less, State.Full),
--- as in take.lua.
+-- another slot of the same Take denied it (Store.giveBack in store.go): it
+-- takes each bucket from the state the admitted Take left (W) to the state
+-- a denied Take leaves (T: the stored state with only the post-paid charges
+-- applied, which are never given back). The arithmetic is limiter/bucket.go's
+-- (instant.sub, instant.less, State.Full), as in take.lua.
 --
 -- KEYS[j]   a bucket take.lua wrote.
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
 -- ARGV[2]   the now take.lua used, in Unix microseconds.
--- ARGV[3+6(j-1)..8+6(j-1)]  for KEYS[j]: count (of the last request on it),
---           stored present (0/1), stored TAT µs, stored frac (what take.lua
---           read), written TAT µs, written frac (what it wrote).
+-- ARGV[3+5(j-1)..7+5(j-1)]  for KEYS[j]: count (of the last request on it),
+--           W TAT µs, W frac, T TAT µs, T frac (take.lua's admitted and
+--           denied states).
 --
 -- For each key:
---   - missing, or the written TAT already passed: the bucket is full, or
---     would have been without the take: nothing to give back;
---   - holding exactly what take.lua wrote: put back what it read;
+--   - missing, or W already passed: the bucket is full, or would have been
+--     without the take: nothing to give back;
+--   - holding exactly W: write T;
 --   - holding something else (other takes chained on ours since): move the
---     TAT back by exactly what the take added.
+--     TAT back by exactly what the admitted Take added beyond the denied
+--     one, W − max(T, its now).
 -- A bucket moved back to (or before) now is deleted: full.
 -- Returns the number of buckets given back.
 
@@ -83,36 +86,33 @@ end
 
 local given = 0
 for j, key in ipairs(KEYS) do
-  local a = 2 + 6 * (j - 1)
+  local a = 2 + 5 * (j - 1)
   local count = tonumber(ARGV[a + 1])
-  local s0present = ARGV[a + 2] == '1'
-  local s0us, s0fr = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local s1us, s1fr = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+  local wus, wfr = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local tus, tfr = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   local v = redis.call('GET', key)
-  if v and not full(s1us, s1fr, now) then
+  if v and not full(wus, wfr, now) then
     local cs, fs = string.match(v, '^(-?%d+):(%d+)$')
     if not cs then
       return error('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac')
     end
     local cus, cfr = tonumber(cs), tonumber(fs)
-    if cus == s1us and cfr == s1fr then
-      if s0present then
-        store(key, s0us, s0fr)
-      else
-        redis.call('DEL', key)
-      end
+    if cus == wus and cfr == wfr then
+      store(key, tus, tfr)
     else
-      -- What the take added: written − max(stored, its now), as in Decide.
-      local bus, bfr = s0us, math.min(s0fr, count - 1)
+      -- What the admitted Take added: W − max(T, its now), as in Decide.
+      local bus, bfr = tus, math.min(tfr, count - 1)
       if less(bus, bfr, taken, 0) then
         bus, bfr = taken, 0
       end
-      local dus, dfr = sub(s1us, s1fr, bus, bfr, count)
-      cfr = math.min(cfr, count - 1)
-      if less(cus, cfr, dus, dfr) then
-        redis.call('DEL', key)
-      else
-        store(key, sub(cus, cfr, dus, dfr, count))
+      if less(bus, bfr, wus, wfr) then
+        local dus, dfr = sub(wus, wfr, bus, bfr, count)
+        cfr = math.min(cfr, count - 1)
+        if less(cus, cfr, dus, dfr) then
+          redis.call('DEL', key)
+        else
+          store(key, sub(cus, cfr, dus, dfr, count))
+        end
       end
     end
     given = given + 1

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/big"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -24,8 +25,47 @@ func logUniform(rng *rand.Rand, lo, hi int64) int64 {
 	return max(lo, min(v, hi))
 }
 
-// randLimit returns a valid Limit, often near the bounds.
+// randLimit returns a valid Limit, often near the bounds, post-paid (with
+// MaxDebt) a third of the time.
 func randLimit(rng *rand.Rand) limiter.Limit {
+	l := randPrepaid(rng)
+	if rng.IntN(3) == 0 {
+		if most := maxDebt(l); most > 0 {
+			switch rng.IntN(4) {
+			case 0:
+				l.MaxDebt = most
+			case 1:
+				l.MaxDebt = 1
+			case 2:
+				l.MaxDebt = min(most, 5*l.Burst)
+			default:
+				l.MaxDebt = logUniform(rng, 1, most)
+			}
+		}
+		if l.Validate() != nil {
+			panic(fmt.Sprintf("randLimit: %+v is invalid: %v", l, l.Validate()))
+		}
+	}
+	return l
+}
+
+// maxDebt is the largest MaxDebt that Limit.Validate accepts for l: at most
+// MaxTokens, (Burst+MaxDebt)·Count at most 2^50, and Burst+MaxDebt tokens
+// arriving within MaxFill, floor((Burst+MaxDebt)·Period/Count) ≤ MaxFill.
+func maxDebt(l limiter.Limit) int64 {
+	most := min(int64(limiter.MaxTokens), (1<<50)/l.Count-l.Burst)
+	// n·p/count < MaxFill+1 ⟺ n ≤ ((MaxFill+1)·count − 1)/p, exactly.
+	n := new(big.Int).Mul(big.NewInt(limiter.MaxFill.Microseconds()+1), big.NewInt(l.Count))
+	n.Sub(n, big.NewInt(1))
+	n.Quo(n, big.NewInt(l.Period.Microseconds()))
+	if n.IsInt64() {
+		most = min(most, n.Int64()-l.Burst)
+	}
+	return most
+}
+
+// randPrepaid returns a valid Limit without MaxDebt, often near the bounds.
+func randPrepaid(rng *rand.Rand) limiter.Limit {
 	maxFill := limiter.MaxFill.Microseconds()
 	switch rng.IntN(6) {
 	case 0: // everyday limits
@@ -72,8 +112,24 @@ func randLimit(rng *rand.Rand) limiter.Limit {
 	}
 }
 
-// randHits returns a number of tokens to ask from a bucket of burst b.
-func randHits(rng *rand.Rand, b int64) int64 {
+// randHits returns a number of tokens to ask from (or give back to) a
+// bucket of limit l.
+func randHits(rng *rand.Rand, l limiter.Limit) int64 {
+	b := l.Burst
+	if l.MaxDebt > 0 && rng.IntN(3) == 0 {
+		// Charges up to and past the debt floor.
+		most := min(b+l.MaxDebt, limiter.MaxTokens)
+		switch rng.IntN(4) {
+		case 0:
+			return most
+		case 1:
+			return min(most+1+rng.Int64N(3), limiter.MaxTokens)
+		case 2:
+			return limiter.MaxTokens
+		default:
+			return 1 + rng.Int64N(most)
+		}
+	}
 	switch rng.IntN(8) {
 	case 0:
 		return 0
@@ -90,14 +146,38 @@ func randHits(rng *rand.Rand, b int64) int64 {
 	}
 }
 
+// randMaxWait returns a Request.MaxWait for limit l at now: none half the
+// time, else anything up to limiter.MaxFill, within what keeps a written TAT
+// (at most now + FillTime + MaxWait) below 2^53 µs, where the Redis
+// script's doubles are exact (see take.lua).
+func randMaxWait(rng *rand.Rand, l limiter.Limit, now time.Time) time.Duration {
+	var w time.Duration
+	switch rng.IntN(8) {
+	case 0, 1, 2, 3:
+		return 0
+	case 4:
+		w = limiter.MaxFill
+	case 5: // not a whole microsecond: compared as Decide does
+		w = time.Duration(1+rng.Int64N(3))*time.Microsecond + time.Duration(rng.Int64N(1000))
+	case 6:
+		w = time.Duration(rng.Float64() * 2 * float64(fillOf(l)))
+	default:
+		w = time.Duration(logUniform(rng, 1, limiter.MaxFill.Microseconds())) * time.Microsecond
+	}
+	exact := (1<<53 - now.UnixMicro() - l.FillTime().Microseconds()) - 10e6
+	return max(0, min(w, limiter.MaxFill, time.Duration(exact)*time.Microsecond))
+}
+
 // fillOf is a Limit's fill time, approximately.
 func fillOf(l limiter.Limit) time.Duration {
 	return time.Duration(float64(l.Period) * float64(l.Burst) / float64(l.Count))
 }
 
-// testMatchesDecideAll runs random Takes against the store and against
-// limiter.DecideAll with a map of states, and requires exactly the same
-// decisions and stored states.
+// testMatchesDecideAll runs random Takes (with post-paid charges,
+// reservations and shadow requests) and Refunds against the store and
+// against limiter.DecideAll and limiter.Refund with a map of states, and
+// requires exactly the same decisions and stored states, and a TTL of the
+// time until full on what was written.
 //
 // The store's keys expire on Redis's clock while decisions use the caller's
 // now; so that a key never vanishes before the model's bucket is full, now
@@ -121,6 +201,7 @@ func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, 
 	model := map[string]limiter.State{}
 	start := time.Now()
 	var jumped time.Duration
+	var takes, refunds, denied, charges, waits, shadows int
 	for step := range steps {
 		switch rng.IntN(6) {
 		case 0:
@@ -145,8 +226,35 @@ func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, 
 		stored := make([]limiter.State, len(reqs))
 		for i := range reqs {
 			b := rng.IntN(len(buckets))
-			reqs[i] = limiter.Request{Key: buckets[b], Limit: limits[b], Hits: randHits(rng, limits[b].Burst)}
+			l := limits[b]
+			reqs[i] = limiter.Request{Key: buckets[b], Limit: l, Hits: randHits(rng, l)}
 			stored[i] = model[buckets[b]]
+		}
+
+		if rng.IntN(8) == 0 {
+			// A Refund, request after request, as limiter.Refund.
+			refunds++
+			if err := store.Refund(ctx, now, reqs); err != nil {
+				t.Fatalf("step %d: Refund(%v, %v): %v", step, now, reqs, err)
+			}
+			for _, r := range reqs {
+				s := limiter.Refund(r.Limit, model[r.Key], now, r.Hits)
+				if s.Full(now) {
+					s = limiter.State{}
+				}
+				model[r.Key] = s
+			}
+			checkStored(t, rdb, store, model, stored, reqs, now, fmt.Sprintf("step %d: after Refund(%v, %v)", step, now, reqs))
+			continue
+		}
+
+		takes++
+		for i := range reqs {
+			reqs[i].MaxWait = randMaxWait(rng, reqs[i].Limit, now)
+			reqs[i].Shadow = rng.IntN(5) == 0
+			if reqs[i].Charge() {
+				charges++
+			}
 		}
 		want, next, allowed := limiter.DecideAll(now, reqs, stored)
 		got, err := store.Take(ctx, now, reqs)
@@ -164,53 +272,71 @@ func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, 
 				}
 			}
 			if w, n, a := limiter.DecideAll(now, reqs, expired); slices.Equal(got, w) {
-				want, next, allowed = w, n, a
+				want, next, allowed, stored = w, n, a, expired
 			}
 		}
 		for i := range want {
 			if got[i] != want[i] {
 				t.Fatalf("step %d: Take(%v, %v)[%d] = %+v, DecideAll gives %+v", step, now, reqs, i, got[i], want[i])
 			}
+			if got[i].Wait > 0 {
+				waits++
+			}
+			if reqs[i].Shadow && !got[i].Allowed {
+				shadows++
+			}
 		}
 		if !allowed {
-			continue
+			denied++
 		}
+		// DecideAll's write rule: next[i] for each request with hits > 0.
 		for i, r := range reqs {
 			if r.Hits > 0 {
 				model[r.Key] = next[i]
 			}
 		}
-		for _, r := range reqs {
-			if r.Hits == 0 {
-				continue
-			}
-			s := model[r.Key]
-			key := store.Key(r.Key)
-			v, err := rdb.Get(ctx, key).Result()
-			if err == redis.Nil && s.TAT-now.UnixMicro() < 100_000 {
-				continue // expired already: it was full within the test's own latency
-			}
+		checkStored(t, rdb, store, model, stored, reqs, now, fmt.Sprintf("step %d: after Take(%v, %v)", step, now, reqs))
+	}
+	t.Logf("%d Takes (%d denied; %d charges, %d reservations, %d shadow denials), %d Refunds",
+		takes, denied, charges, waits, shadows, refunds)
+}
+
+// checkStored compares what Redis holds for the buckets of reqs with model,
+// and, for those whose state changed from stored (the states before the
+// call, one per request), the TTL with the time until full.
+func checkStored(t *testing.T, rdb redis.Cmdable, store *redisstore.Store, model map[string]limiter.State, stored []limiter.State, reqs []limiter.Request, now time.Time, call string) {
+	t.Helper()
+	ctx := context.Background()
+	for i, r := range reqs {
+		s := model[r.Key]
+		key := store.Key(r.Key)
+		v, err := rdb.Get(ctx, key).Result()
+		if err == redis.Nil && s.TAT-now.UnixMicro() < 100_000 {
+			continue // full, or expired already: it was full within the test's own latency
+		}
+		if err != nil {
+			t.Fatalf("%s: GET %s: %v", call, key, err)
+		}
+		if w := fmt.Sprintf("%d:%d", s.TAT, s.Frac); v != w {
+			t.Fatalf("%s: %s holds %q, want %q", call, key, v, w)
+		}
+		if s == stored[i] {
+			continue // not written: its TTL counts from an earlier now
+		}
+		// PTTL counts down from the time until full, rounded up to the
+		// millisecond (allow for the test's own slowness).
+		untilFull := s.TAT - now.UnixMicro()
+		if s.Frac > 0 {
+			untilFull++
+		}
+		wantMS := (untilFull + 999) / 1000
+		if wantMS > 1000 {
+			pttl, err := rdb.PTTL(ctx, key).Result()
 			if err != nil {
-				t.Fatalf("step %d: GET %s: %v", step, key, err)
+				t.Fatalf("PTTL %s: %v", key, err)
 			}
-			if w := fmt.Sprintf("%d:%d", s.TAT, s.Frac); v != w {
-				t.Fatalf("step %d: after Take(%v, %v), %s holds %q, want %q", step, now, reqs, key, v, w)
-			}
-			// PTTL counts down from the time until full, rounded up to
-			// the millisecond (allow for the test's own slowness).
-			untilFull := s.TAT - now.UnixMicro()
-			if s.Frac > 0 {
-				untilFull++
-			}
-			wantMS := (untilFull + 999) / 1000
-			if wantMS > 1000 {
-				pttl, err := rdb.PTTL(ctx, key).Result()
-				if err != nil {
-					t.Fatalf("PTTL %s: %v", key, err)
-				}
-				if ms := pttl.Milliseconds(); ms > wantMS || ms < wantMS-500 {
-					t.Fatalf("step %d: PTTL %s = %dms, want %dms (the time until full)", step, key, ms, wantMS)
-				}
+			if ms := pttl.Milliseconds(); ms > wantMS || ms < wantMS-500 {
+				t.Fatalf("%s: PTTL %s = %dms, want %dms (the time until full)", call, key, ms, wantMS)
 			}
 		}
 	}

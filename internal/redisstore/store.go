@@ -5,8 +5,10 @@
 // theoretical arrival time in Unix microseconds plus Frac/Count of one),
 // expiring when the bucket is full again: a missing key is a full bucket. One
 // Lua script (take.lua) reads every bucket of a Take, decides with exactly
-// the arithmetic of limiter.Decide and limiter.DecideAll, and writes back only
-// if every request is admitted; Redis runs it atomically.
+// the arithmetic of limiter.Decide and limiter.DecideAll, and writes back
+// what DecideAll says a store writes (everything if every request is
+// admitted, else only the post-paid charges); Redis runs it atomically.
+// Another (refund.lua) gives tokens back as limiter.Refund does.
 //
 // On Redis Cluster the keys of one Take may live in several hash slots, which
 // one script cannot touch. The Store then runs the script once per slot, in
@@ -45,6 +47,8 @@ var (
 	takeSource string
 	//go:embed giveback.lua
 	giveBackSource string
+	//go:embed refund.lua
+	refundSource string
 )
 
 // Client is what a Store needs from Redis: running Lua scripts.
@@ -119,6 +123,7 @@ type Store struct {
 	group    func(keys []string) [][]int // nil: one script call for all keys
 	take     *redis.Script
 	giveBack *redis.Script
+	refund   *redis.Script
 	batch    *batcher // nil: not coalescing
 	stats    counters
 }
@@ -158,7 +163,10 @@ func (s *Store) Close() error {
 	return nil
 }
 
-var _ limiter.Store = (*Store)(nil)
+var (
+	_ limiter.Store    = (*Store)(nil)
+	_ limiter.Refunder = (*Store)(nil)
+)
 
 // New returns a Store keeping its buckets through c.
 //
@@ -176,6 +184,7 @@ func New(c Client, opts Options) (*Store, error) {
 		clock:    opts.Clock,
 		take:     redis.NewScript(takeSource),
 		giveBack: redis.NewScript(giveBackSource),
+		refund:   redis.NewScript(refundSource),
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
@@ -240,6 +249,15 @@ func groupBy[P comparable](part func(string) P) func([]string) [][]int {
 	}
 }
 
+// groups splits keys by hash slot (or Ring shard): nil when one script call
+// covers them all.
+func (s *Store) groups(keys []string) [][]int {
+	if s.group == nil {
+		return nil
+	}
+	return s.group(keys)
+}
+
 // Take implements limiter.Store: it applies reqs all-or-nothing, deciding
 // exactly as limiter.DecideAll at the time of the Redis server (ServerClock)
 // or at now (CallerClock). Backend failures, including ctx's deadline,
@@ -248,9 +266,11 @@ func groupBy[P comparable](part func(string) P) func([]string) [][]int {
 //
 // When the keys span several Redis Cluster hash slots (or Ring shards), the
 // slots are taken in parallel, and if one denies, a second script gives back
-// what the others took: it restores a bucket exactly if nothing wrote to it
-// meanwhile, and otherwise moves its TAT back by exactly what this Take
-// added. This is not one atomic step, and it leaves a window of one round
+// what the others took (their takes and reservations; post-paid charges
+// stay, as DecideAll keeps them): it puts a bucket in the state a denied Take
+// leaves exactly if nothing wrote to it meanwhile, and otherwise moves its
+// TAT back by exactly what the admitted Take added beyond that. This is not
+// one atomic step, and it leaves a window of one round
 // trip (the take, then the give-back):
 //   - during it, other requests see those buckets emptier than they are, and
 //     may be denied when they should not be;
@@ -285,10 +305,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 	for i, r := range reqs {
 		keys[i] = s.Key(r.Key)
 	}
-	var groups [][]int
-	if s.group != nil {
-		groups = s.group(keys)
-	}
+	groups := s.groups(keys)
 	if len(groups) <= 1 {
 		res, err := s.run(ctx, now, keys, reqs, false)
 		if err != nil {
@@ -309,16 +326,16 @@ type takeResult struct {
 	allowed   bool
 	decisions []limiter.Decision
 	// With extras only:
-	checks   []limiter.Decision // a check (hits 0) on each stored state
-	giveBack []giveBackRecord   // one per request; written false for most
+	denied   []limiter.Decision // what each request answers if the Take is denied
+	giveBack []giveBackRecord   // one per request; needed false for most
 }
 
-// giveBackRecord is what giveback.lua needs to undo one written bucket.
+// giveBackRecord is what giveback.lua needs to take one bucket from the
+// state the admitted Take left to the one a denied Take leaves.
 type giveBackRecord struct {
-	written                 bool
-	storedPresent           bool
-	storedTAT, storedFrac   int64
-	writtenTAT, writtenFrac int64
+	needed                    bool
+	admittedTAT, admittedFrac int64
+	deniedTAT, deniedFrac     int64
 }
 
 // run runs take.lua on keys and their requests (all in one slot, or on a
@@ -338,7 +355,7 @@ func decodeTakeCmd(cmd *redis.Cmd, n int, extras bool) (takeResult, error) {
 
 // takeArgs are take.lua's ARGV for reqs.
 func (s *Store) takeArgs(now time.Time, reqs []limiter.Request, extras bool) []any {
-	args := make([]any, 2, 2+6*len(reqs))
+	args := make([]any, 2, 2+9*len(reqs))
 	args[0] = ""
 	if s.clock == CallerClock {
 		args[0] = now.UnixMicro()
@@ -351,7 +368,12 @@ func (s *Store) takeArgs(now time.Time, reqs []limiter.Request, extras bool) []a
 		// As Limit.advance: Period = q·Count + r. q ≤ the fill time and
 		// r < Count stay below 2^53; the period itself may not.
 		p := r.Limit.Period.Microseconds()
-		args = append(args, r.Limit.Count, p/r.Limit.Count, p%r.Limit.Count, p, r.Limit.Burst, r.Hits)
+		shadow := 0
+		if r.Shadow {
+			shadow = 1
+		}
+		args = append(args, r.Limit.Count, p/r.Limit.Count, p%r.Limit.Count, p, r.Limit.Burst, r.Hits,
+			r.Limit.MaxDebt, r.MaxWait.Microseconds(), shadow)
 	}
 	return args
 }
@@ -409,35 +431,35 @@ func (s *Store) direct(ctx context.Context, c scriptCall) *redis.Cmd {
 
 // decodeTake reads take.lua's reply (its header comment gives the layout).
 func decodeTake(reply []int64, n int, extras bool) (takeResult, error) {
-	per := 5
+	per := 6
 	if extras {
-		per = 5 + 5 + 6
+		per = 6 + 6 + 5
 	}
 	if len(reply) != 2+per*n {
 		return takeResult{}, fmt.Errorf("take script returned %d integers, want %d", len(reply), 2+per*n)
 	}
 	res := takeResult{now: reply[0], allowed: reply[1] == 1, decisions: make([]limiter.Decision, n)}
 	if extras {
-		res.checks = make([]limiter.Decision, n)
+		res.denied = make([]limiter.Decision, n)
 		res.giveBack = make([]giveBackRecord, n)
 	}
 	for i := range n {
 		v := reply[2+per*i:]
-		res.decisions[i] = decision(v[:5])
+		res.decisions[i] = decision(v[:6])
 		if extras {
-			res.checks[i] = decision(v[5:10])
-			g := v[10:16]
+			res.denied[i] = decision(v[6:12])
+			g := v[12:17]
 			res.giveBack[i] = giveBackRecord{
-				written: g[0] == 1, storedPresent: g[1] == 1,
-				storedTAT: g[2], storedFrac: g[3],
-				writtenTAT: g[4], writtenFrac: g[5],
+				needed:      g[0] == 1,
+				admittedTAT: g[1], admittedFrac: g[2],
+				deniedTAT: g[3], deniedFrac: g[4],
 			}
 		}
 	}
 	return res, nil
 }
 
-// decision reads {allowed, exceeds, remaining, retry µs, reset µs}.
+// decision reads {allowed, exceeds, remaining, retry µs, reset µs, wait µs}.
 func decision(v []int64) limiter.Decision {
 	return limiter.Decision{
 		Allowed:      v[0] == 1,
@@ -445,6 +467,7 @@ func decision(v []int64) limiter.Decision {
 		Remaining:    v[2],
 		RetryAfter:   time.Duration(v[3]) * time.Microsecond,
 		ResetAfter:   time.Duration(v[4]) * time.Microsecond,
+		Wait:         time.Duration(v[5]) * time.Microsecond,
 	}
 }
 
@@ -487,9 +510,9 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 				// answered as DecideAll does.
 				decisions[i] = res.decisions[j]
 			default:
-				// Admitted here, denied elsewhere: as DecideAll, report a
-				// check on the stored state.
-				decisions[i] = res.checks[j]
+				// Admitted here, denied elsewhere: as DecideAll, the
+				// post-paid charges alone, the others reported as checks.
+				decisions[i] = res.denied[j]
 			}
 		}
 	}
@@ -505,7 +528,8 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 	return decisions, nil
 }
 
-// giveBackGroups runs giveback.lua on every group that admitted and wrote.
+// giveBackGroups runs giveback.lua on every group that admitted, for the
+// buckets whose state differs from what a denied Take leaves.
 // It does not stop at ctx's deadline (the caller passes a context without
 // one): leaving tokens spent is the worse outcome; the client's read and
 // write timeouts bound it.
@@ -523,15 +547,11 @@ func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string
 		}
 		for j, i := range idx {
 			r := res.giveBack[j]
-			if !r.written {
+			if !r.needed {
 				continue
 			}
 			gkeys = append(gkeys, keys[i])
-			present := 0
-			if r.storedPresent {
-				present = 1
-			}
-			args = append(args, reqs[i].Limit.Count, present, r.storedTAT, r.storedFrac, r.writtenTAT, r.writtenFrac)
+			args = append(args, reqs[i].Limit.Count, r.admittedTAT, r.admittedFrac, r.deniedTAT, r.deniedFrac)
 		}
 		if len(gkeys) == 0 {
 			continue
@@ -548,4 +568,65 @@ func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string
 		}
 	}
 	return errors.Join(gerrs...)
+}
+
+// Refund implements limiter.Refunder: it gives back the Hits of each
+// request, one after the other, exactly as limiter.Refund does, at the time
+// of the Redis server (ServerClock) or at now (CallerClock): each bucket's
+// TAT moves back by the time those tokens take to arrive, but never before
+// now. A bucket left full is deleted; a missing one (full) stays missing.
+// On a cluster the slots are refunded in parallel, each atomically.
+// Backend failures are returned wrapping limiter.ErrUnavailable (some slots
+// may have been refunded); invalid requests wrapping
+// limiter.ErrInvalidRequest, before anything is sent.
+func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
+	for i, r := range reqs {
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = s.Key(r.Key)
+	}
+	var err error
+	if groups := s.groups(keys); len(groups) <= 1 {
+		err = s.script(ctx, scriptCall{s.refund, keys, s.refundArgs(now, reqs)}).Err()
+	} else {
+		calls := make([]scriptCall, len(groups))
+		for g, idx := range groups {
+			gkeys := make([]string, len(idx))
+			greqs := make([]limiter.Request, len(idx))
+			for j, i := range idx {
+				gkeys[j], greqs[j] = keys[i], reqs[i]
+			}
+			calls[g] = scriptCall{s.refund, gkeys, s.refundArgs(now, greqs)}
+		}
+		var errs []error
+		for _, cmd := range s.scripts(ctx, calls) {
+			errs = append(errs, cmd.Err())
+		}
+		err = errors.Join(errs...)
+	}
+	if err != nil {
+		return fmt.Errorf("redis refund: %w: %w", limiter.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// refundArgs are refund.lua's ARGV for reqs.
+func (s *Store) refundArgs(now time.Time, reqs []limiter.Request) []any {
+	args := make([]any, 1, 1+5*len(reqs))
+	args[0] = ""
+	if s.clock == CallerClock {
+		args[0] = now.UnixMicro()
+	}
+	for _, r := range reqs {
+		p := r.Limit.Period.Microseconds()
+		args = append(args, r.Limit.Count, p/r.Limit.Count, p%r.Limit.Count, r.Limit.Burst+r.Limit.MaxDebt, r.Hits)
+	}
+	return args
 }

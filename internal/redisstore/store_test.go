@@ -21,3 +21,17 @@ func TestConformanceCluster(t *testing.T) {
 		return newStore(t, c, redisstore.CallerClock)
 	})
 }
+
+func TestPostpaidConformanceStandalone(t *testing.T) {
+	c := standalone(t).Client()
+	limitertest.RunPostpaidTests(t, func(t *testing.T) limiter.Store {
+		return newStore(t, c, redisstore.CallerClock)
+	})
+}
+
+func TestPostpaidConformanceCluster(t *testing.T) {
+	c := cluster(t).Client()
+	limitertest.RunPostpaidTests(t, func(t *testing.T) limiter.Store {
+		return newStore(t, c, redisstore.CallerClock)
+	})
+}

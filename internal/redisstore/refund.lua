@@ -1,0 +1,105 @@
+-- ratelimitd refund: gives tokens back to buckets (Store.Refund in
+-- store.go), one request after the other. It is limiter.Refund
+-- (limiter/bucket.go) step by step, with the arithmetic of take.lua: a
+-- bucket's TAT moves back by the time its hits take to arrive, but never
+-- before now (a bucket cannot be fuller than full). A missing key is a full
+-- bucket and stays missing; a bucket left full is deleted, as MemoryStore
+-- does; any other is written with the time until full as its TTL.
+--
+-- KEYS[i]   the bucket of request i; a key may repeat.
+-- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
+-- ARGV[2+5(i-1)..6+5(i-1)]  of request i: count, q and r (the period in µs
+--           is q·count + r, as in take.lua), burst + max debt, hits.
+--
+-- Returns the number of buckets written or deleted.
+
+local function divmod(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q, r = q - 1, r + b
+  elseif r >= b then
+    q, r = q + 1, r - b
+  end
+  return q, r
+end
+
+-- mirrors instant.less
+local function less(aus, afr, bus, bfr)
+  return aus < bus or (aus == bus and afr < bfr)
+end
+
+-- mirrors instant.sub (a ≥ b)
+local function sub(aus, afr, bus, bfr, count)
+  local us, fr = aus - bus, afr - bfr
+  if fr < 0 then
+    fr = fr + count
+    us = us - 1
+  end
+  return us, fr
+end
+
+-- mirrors State.Full
+local function full(us, fr, now)
+  return us < now or (us == now and fr == 0)
+end
+
+local server_clock = ARGV[1] == ''
+local now
+if server_clock then
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+
+local changed = 0
+for i, key in ipairs(KEYS) do
+  local a = 1 + 5 * (i - 1)
+  local count, q, r = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local most, hits = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local v = redis.call('GET', key)
+  if v then
+    local cs, fs = string.match(v, '^(-?%d+):(%d+)$')
+    if not cs then
+      return error('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac')
+    end
+    local sus, sfr = tonumber(cs), tonumber(fs)
+    local tus, tfr = sus, math.min(sfr, count - 1)
+    -- mirrors Refund
+    local nus, nfr = sus, sfr -- the next state
+    if less(now, 0, tus, tfr) then
+      -- back = advance(0, min(hits, burst + max debt)), as Limit.advance
+      local n = math.min(hits, most)
+      local carry, bfr = divmod(n * r, count)
+      local bus = n * q + carry
+      local dus, dfr = sub(tus, tfr, now, 0, count) -- time until full
+      if less(bus, bfr, dus, dfr) then
+        nus, nfr = sub(tus, tfr, bus, bfr, count)
+      else
+        nus, nfr = now, 0
+      end
+    end
+    if full(nus, nfr, now) then
+      redis.call('DEL', key)
+      changed = changed + 1
+    elseif nus ~= sus or nfr ~= sfr then
+      local s = string.format('%.0f:%.0f', nus, nfr)
+      local c = nus
+      if nfr > 0 then
+        c = c + 1
+      end
+      if server_clock then
+        redis.call('SET', key, s)
+        redis.call('PEXPIREAT', key, (divmod(c + 999, 1000)))
+      else
+        redis.call('SET', key, s, 'PX', (divmod(c - now + 999, 1000)))
+      end
+      changed = changed + 1
+    end
+  end
+end
+return changed
