@@ -141,7 +141,13 @@ func Decide(r Request, s State, now time.Time) (State, Decision) {
 // charge records a post-paid charge of hits tokens on a bucket whose TAT is
 // tat (at least now), down to MaxDebt tokens below empty.
 func (l Limit) charge(tat, now, tau, before instant, hits int64) (State, Decision) {
-	floor := l.advance(tau, l.MaxDebt) // the longest a bucket may take to fill
+	// The deepest debt a charge may reach: MaxDebt below empty, or where the
+	// bucket already is (after a reservation or a lowered rate), since a
+	// charge never makes a bucket fuller.
+	floor := l.advance(tau, l.MaxDebt)
+	if floor.less(before) {
+		floor = before
+	}
 	next := l.advance(tat, min(hits, l.Burst+l.MaxDebt))
 	used := next.sub(now, l.Count)
 	if floor.less(used) {

@@ -101,6 +101,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false) // rule paths hold '>'
 		return enc.Encode(ans)
 	}
 	return ans.writeTable(stdout)
@@ -202,11 +203,13 @@ func (a checkAnswer) writeTable(w io.Writer) error {
 	headers("response headers", a.ResponseHeadersToAdd)
 	headers("request headers", a.RequestHeadersToAdd)
 	if len(a.DynamicMetadata) > 0 {
-		md, err := json.Marshal(a.DynamicMetadata)
-		if err != nil {
+		var md strings.Builder
+		enc := json.NewEncoder(&md)
+		enc.SetEscapeHTML(false) // rule paths hold '>'
+		if err := enc.Encode(a.DynamicMetadata); err != nil {
 			return fmt.Errorf("check: metadata: %w", err)
 		}
-		fmt.Fprintf(&b, "\ndynamic metadata: %s\n", md)
+		fmt.Fprintf(&b, "\ndynamic metadata: %s", md.String())
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -124,6 +124,9 @@ local function decide(l, sus, sfr, now, hits, charge, maxwait)
   if charge then
     -- mirrors Limit.charge
     local lus, lfr = advance(l, fus, ffr, l.maxdebt) -- floor
+    if less(lus, lfr, tus, tfr) then -- already deeper: a charge never refills
+      lus, lfr = tus, tfr
+    end
     local h = math.min(hits, l.burst + l.maxdebt)
     local hus, hfr = advance(l, 0, 0, h)
     local mus, mfr = sub(lus, lfr, hus, hfr, l.count) -- floor − h's time

@@ -43,6 +43,17 @@ var postpaidTimelines = []struct {
 		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 100000)}, want: []limiter.Decision{ok(0, 6*time.Minute)}},
 		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 1)}, want: []limiter.Decision{deny(5*time.Minute, 6*time.Minute)}},
 	}},
+	{"a charge never makes a bucket deeper in debt than the floor fuller", []step{
+		// A reservation of 10 s under a limit without overdraft...
+		{at: 0, reqs: []limiter.Request{waitReq("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 1, 0)}, want: []limiter.Decision{ok(0, time.Second)}},
+		{at: 0, reqs: []limiter.Request{waitReq("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 9, 0)}, want: []limiter.Decision{{ExceedsBurst: true, ResetAfter: time.Second}}},
+		{at: 0, reqs: []limiter.Request{waitReq("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 1, 20*time.Second)}, want: []limiter.Decision{waited(time.Second, 2*time.Second)}},
+		{at: 0, reqs: []limiter.Request{waitReq("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 1, 20*time.Second)}, want: []limiter.Decision{waited(2*time.Second, 3*time.Second)}},
+		// ...then a post-paid limit with a floor of 2 s: the bucket owes 3 s,
+		// deeper than the floor; the charge leaves it there, not at 2 s.
+		{at: 0, reqs: []limiter.Request{req("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1, MaxDebt: 1}, 1)}, want: []limiter.Decision{deny(2*time.Second, 3*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 0)}, want: []limiter.Decision{deny(2*time.Second, 3*time.Second)}},
+	}},
 	{"a denied request still records its post-paid charges", []step{
 		{at: 0, reqs: []limiter.Request{req("b", onePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
 		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 300), req("b", onePerMinute, 1)},
