@@ -185,28 +185,31 @@ func (t *Tracker) noteBucket(d *server.DescriptorOutcome, at time.Time) {
 }
 
 // evict forgets the buckets that have refilled by now, and if that is not
-// enough, the least full, down to three quarters of maxBuckets.
+// enough, the least full, down to half of maxBuckets, so that the sort it
+// may need is paid for by as many new buckets as it frees.
 func (t *Tracker) evict(now time.Time) {
-	var all []*bucket
+	var all []filled
 	for path, byDesc := range t.buckets {
 		for k, b := range byDesc {
-			if b.usedAt(now) == 0 {
+			used := b.usedAt(now)
+			if used == 0 {
 				delete(byDesc, k)
 				t.nb--
 				continue
 			}
-			all = append(all, b)
+			all = append(all, filled{b, used})
 		}
 		if len(byDesc) == 0 {
 			delete(t.buckets, path)
 		}
 	}
-	keep := t.maxBuckets * 3 / 4
+	keep := t.maxBuckets / 2
 	if len(all) <= keep {
 		return
 	}
-	slices.SortFunc(all, func(x, y *bucket) int { return compareFill(x, y, now) })
-	for _, b := range all[keep:] {
+	slices.SortFunc(all, compareFilled)
+	for _, f := range all[keep:] {
+		b := f.b
 		delete(t.buckets[b.path], b.desc)
 		t.nb--
 		if len(t.buckets[b.path]) == 0 {
@@ -215,13 +218,18 @@ func (t *Tracker) evict(now time.Time) {
 	}
 }
 
-// compareFill orders buckets fullest first at now: by share of burst in
-// use, then by tokens in use, then by name.
-func compareFill(x, y *bucket, now time.Time) int {
-	ux, uy := x.usedAt(now), y.usedAt(now)
+// filled is a bucket and the tokens in use in it at one instant.
+type filled struct {
+	b    *bucket
+	used int64
+}
+
+// compareFilled orders buckets fullest first: by share of burst in use,
+// then by tokens in use, then by name.
+func compareFilled(x, y filled) int {
 	// ux/bx > uy/by  ⇔  ux·by > uy·bx (bursts are at most 2^40, used ≤ burst).
-	fx, fy := float64(ux)*float64(y.limit.Burst), float64(uy)*float64(x.limit.Burst)
-	return cmp.Or(cmp.Compare(fy, fx), cmp.Compare(uy, ux), cmp.Compare(x.path, y.path), cmp.Compare(x.desc, y.desc))
+	fx, fy := float64(x.used)*float64(y.b.limit.Burst), float64(y.used)*float64(x.b.limit.Burst)
+	return cmp.Or(cmp.Compare(fy, fx), cmp.Compare(y.used, x.used), cmp.Compare(x.b.path, y.b.path), cmp.Compare(x.b.desc, y.b.desc))
 }
 
 // appendDescriptor appends entries as "key=value, key=value", with ",",
@@ -284,19 +292,19 @@ func (t *Tracker) LastMinute(path string, now time.Time) Counts {
 // fullest first.
 func (t *Tracker) Busiest(n int, now time.Time) []BucketState {
 	t.mu.Lock()
-	var all []*bucket
+	var all []filled
 	for _, byDesc := range t.buckets {
 		for _, b := range byDesc {
-			if b.usedAt(now) > 0 {
-				all = append(all, b)
+			if u := b.usedAt(now); u > 0 {
+				all = append(all, filled{b, u})
 			}
 		}
 	}
-	slices.SortFunc(all, func(x, y *bucket) int { return compareFill(x, y, now) })
+	slices.SortFunc(all, compareFilled)
 	all = all[:min(n, len(all))]
 	out := make([]BucketState, len(all))
-	for i, b := range all {
-		u := b.usedAt(now)
+	for i, f := range all {
+		b, u := f.b, f.used
 		out[i] = BucketState{Rule: b.path, Descriptor: b.desc, Used: u, Burst: b.limit.Burst,
 			FillPercent: u * 100 / b.limit.Burst, LastSeen: b.at}
 	}
