@@ -63,7 +63,7 @@ func (m Mode) String() string {
 type Options struct {
 	// Mode is the answer while the backend fails. Default Error.
 	Mode Mode
-	// Timeout bounds every backend call. Default 5ms: well under Envoy's
+	// Timeout bounds every backend call. Default 10ms: half of Envoy's
 	// default 20ms for the whole rate-limit call.
 	Timeout time.Duration
 	// FailureThreshold consecutive failures open the breaker. Default 3.
@@ -114,7 +114,7 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 		opts.GraceMode = Error
 	}
 	if opts.Timeout <= 0 {
-		opts.Timeout = 5 * time.Millisecond
+		opts.Timeout = 10 * time.Millisecond
 	}
 	if opts.FailureThreshold <= 0 {
 		opts.FailureThreshold = 3

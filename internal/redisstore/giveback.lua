@@ -77,8 +77,7 @@ local function store(key, us, fr)
     c = c + 1
   end
   if server_clock then
-    redis.call('SET', key, string.format('%.0f:%.0f', us, fr))
-    redis.call('PEXPIREAT', key, (divmod(c + 999, 1000)))
+    redis.call('SET', key, string.format('%.0f:%.0f', us, fr), 'PXAT', (divmod(c + 999, 1000)))
   else
     redis.call('SET', key, string.format('%.0f:%.0f', us, fr), 'PX', (divmod(c - now + 999, 1000)))
   end

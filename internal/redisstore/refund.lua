@@ -93,8 +93,7 @@ for i, key in ipairs(KEYS) do
         c = c + 1
       end
       if server_clock then
-        redis.call('SET', key, s)
-        redis.call('PEXPIREAT', key, (divmod(c + 999, 1000)))
+        redis.call('SET', key, s, 'PXAT', (divmod(c + 999, 1000)))
       else
         redis.call('SET', key, s, 'PX', (divmod(c - now + 999, 1000)))
       end

@@ -24,8 +24,8 @@
 // Each script call is still its own atomic step: batching changes how calls
 // travel, not what they decide.
 //
-// It needs Redis 3.2 or later (scripts that read TIME and then write, by
-// effects replication, the default since Redis 5); it is tested with 7.0.
+// It needs Redis 6.2 or later (SET … PXAT, and scripts that read TIME and
+// then write, by effects replication); it is tested with 7.0.
 package redisstore
 
 import (

@@ -293,8 +293,7 @@ for key in pairs(touched) do
     if server_clock then
       -- It expires when the server's clock (the one TIME read) passes the
       -- TAT: the key vanishing means exactly "full".
-      redis.call('SET', key, v)
-      redis.call('PEXPIREAT', key, (divmod(ceil_us(s[1], s[2]) + 999, 1000)))
+      redis.call('SET', key, v, 'PXAT', (divmod(ceil_us(s[1], s[2]) + 999, 1000)))
     else
       local l = reqs[last[key]].l
       redis.call('SET', key, v, 'PX', (divmod(ceil_us(sub(s[1], s[2], now, 0, l.count)) + 999, 1000)))
