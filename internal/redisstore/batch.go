@@ -61,9 +61,12 @@ type batcher struct {
 
 	calls    chan *call
 	inflight atomic.Int32 // batches being sent
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	// directWhenIdle lets a call that finds nothing in flight be sent from
+	// its caller's goroutine (the client honours deadlines).
+	directWhenIdle bool
+	stop           chan struct{}
+	stopOnce       sync.Once
+	wg             sync.WaitGroup
 
 	stats *counters
 }
@@ -101,6 +104,27 @@ func (b *batcher) close() {
 			return
 		}
 	}
+}
+
+// claimIdle reports whether no batch is in flight and none is queued, and
+// if so counts the caller's own call as in flight (the caller sends it
+// directly, then calls inflight.Add(-1)).
+func (b *batcher) claimIdle() bool {
+	return b.directWhenIdle && len(b.calls) == 0 && b.inflight.CompareAndSwap(0, 1)
+}
+
+// closedOr is the error a call sent directly fails with before it is
+// sent: the store is closed, or the caller has given up.
+func (b *batcher) closedOr(ctx context.Context) error {
+	select {
+	case <-b.stop:
+		return errClosed
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("before sending: %w", err)
+	}
+	return nil
 }
 
 // submit queues a call for script with keys and args. The answer comes

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -291,4 +293,57 @@ func BenchmarkTakeSerial(b *testing.B) {
 			b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(after.Takes-before.Takes), "roundtrips/op")
 		})
 	}
+}
+
+// TestIdleCallsAreSentDirectly: with a client that honours deadlines (as
+// Dial makes them), a call that finds Redis idle is sent from its caller's
+// goroutine; it still is never sent with a done context, still returns at
+// its deadline, and concurrent calls still coalesce.
+func TestIdleCallsAreSentDirectly(t *testing.T) {
+	srv := standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	s := newStore(t, c, redisstore.CallerClock)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 30}
+	take(t, s, t0, limiter.Request{Key: "serial", Limit: l, Hits: 1}) // loads the script if needed
+	start := s.Stats()
+	for range 10 {
+		take(t, s, t0, limiter.Request{Key: "serial", Limit: l, Hits: 1})
+	}
+	if st := s.Stats(); st.RoundTrips-start.RoundTrips != 10 || st.Calls-start.Calls != 10 {
+		t.Errorf("10 serial Takes: %+v after %+v, want 10 calls in 10 round trips", st, start)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Take(ctx, t0, []limiter.Request{{Key: "serial", Limit: l, Hits: 1}}); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Take with a done context = %v, want ErrUnavailable", err)
+	}
+	if st := s.Stats(); st.Calls != start.Calls+10 {
+		t.Errorf("a Take with a done context was sent: %+v", st)
+	}
+
+	var wg sync.WaitGroup
+	before := s.Stats()
+	for g := range 64 {
+		wg.Go(func() {
+			for range 20 {
+				if _, err := s.Take(context.Background(), t0, []limiter.Request{{Key: fmt.Sprint("k", g%8), Limit: l, Hits: 1}}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	after := s.Stats()
+	if trips, calls := after.RoundTrips-before.RoundTrips, after.Calls-before.Calls; calls != 1280 || trips*3 > calls {
+		t.Errorf("64×20 concurrent Takes: %d calls in %d round trips, want 1280 in under a third as many", calls, trips)
+	}
+
+	admin := srv.Client()
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "300", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Do(context.Background(), "CLIENT", "UNPAUSE")
+	checkUnavailable(t, s, []limiter.Request{{Key: "serial", Limit: l, Hits: 1}}, 20*time.Millisecond)
 }

@@ -218,6 +218,7 @@ func New(c Client, opts Options) (*Store, error) {
 	}
 	if p, ok := c.(pipeliner); ok && batchMax > 1 {
 		s.batch = newBatcher(p, batchMax, batchWait, &s.stats)
+		s.batch.directWhenIdle = honorsDeadlines(c)
 	}
 	return s, nil
 }
@@ -378,6 +379,20 @@ func (s *Store) takeArgs(now time.Time, reqs []limiter.Request, extras bool) []a
 	return args
 }
 
+// honorsDeadlines reports whether c ends its network I/O at the context's
+// deadline (go-redis's ContextTimeoutEnabled, which Dial sets): only then
+// may a call be sent from the caller's goroutine and still return at its
+// deadline.
+func honorsDeadlines(c Client) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
 // scriptCall is one run of a script.
 type scriptCall struct {
 	script *redis.Script
@@ -388,7 +403,15 @@ type scriptCall struct {
 // script runs c: through the batcher when coalescing, else directly.
 func (s *Store) script(ctx context.Context, c scriptCall) *redis.Cmd {
 	if s.batch != nil {
-		return s.batch.await(ctx, s.batch.submit(ctx, c.script, c.keys, c.args))
+		if !s.batch.claimIdle() {
+			return s.batch.await(ctx, s.batch.submit(ctx, c.script, c.keys, c.args))
+		}
+		// Redis is idle: send at once from this goroutine, without the two
+		// hand-offs to and from a sender; calls arriving meanwhile batch up.
+		defer s.batch.inflight.Add(-1)
+		if err := s.batch.closedOr(ctx); err != nil {
+			return errCmd(ctx, err)
+		}
 	}
 	return s.direct(ctx, c)
 }
