@@ -8,6 +8,7 @@ import (
 	"html/template"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/config"
@@ -128,17 +129,43 @@ func (h *Handler) Build(now time.Time) Page {
 	return p
 }
 
-// rate sums a rule's rate up for people.
+// rate sums a rule's rates up for people: "600 per minute", "200000
+// tokens per minute (overdraft 400000)", "500 per minute (group azure)",
+// several joined by "; ".
 func rate(r *config.Rule) string {
 	switch {
 	case r.Unlimited:
 		return "unlimited"
 	case r.DenyAll:
 		return "denies all (0 per " + r.Unit.String() + ")"
-	case r.UnitMultiplier > 1:
-		return fmt.Sprintf("%d per %d %ss", r.Limit.Count, r.UnitMultiplier, r.Unit)
 	}
-	return fmt.Sprintf("%d per %s", r.Limit.Count, r.Unit)
+	parts := make([]string, len(r.Limits))
+	for i, l := range r.Limits {
+		what := ""
+		if l.Counts == config.Tokens {
+			what = " tokens"
+		}
+		per := l.Unit.String()
+		if l.UnitMultiplier > 1 {
+			per = fmt.Sprintf("%d %ss", l.UnitMultiplier, l.Unit)
+		}
+		s := fmt.Sprintf("%d%s per %s", l.Limit.Count, what, per)
+		var notes []string
+		if l.Group != "" {
+			notes = append(notes, "group "+l.Group)
+		}
+		if l.Limit.MaxDebt > 0 {
+			notes = append(notes, fmt.Sprintf("overdraft %d", l.Limit.MaxDebt))
+		}
+		if l.MaxWait > 0 {
+			notes = append(notes, "waits up to "+l.MaxWait.String())
+		}
+		if len(notes) > 0 {
+			s += " (" + strings.Join(notes, ", ") + ")"
+		}
+		parts[i] = s
+	}
+	return strings.Join(parts, "; ")
 }
 
 // ServeHTTP serves the page as JSON when the path ends in ".json" or the
