@@ -25,6 +25,7 @@ package metrics
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,7 @@ type Metrics struct {
 	reloads                          *prometheus.CounterVec
 	configInfo                       *prometheus.GaugeVec
 	failureMode                      *prometheus.CounterVec
+	ruleInfo                         *prometheus.GaugeVec
 
 	// byCode holds the latency histogram's children, by gRPC code.
 	byCode [codes.Unauthenticated + 1]prometheus.Observer
@@ -160,11 +162,15 @@ func New(opts Options) (*Metrics, error) {
 		}, []string{"hash"}),
 		failureMode: counter("ratelimitd_failure_mode_activations_total",
 			"Times a failure mode took over from normal decisions, by mode.", "mode"),
+		ruleInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratelimitd_rule_limit_info",
+			Help: "1 for each limit of each rule that has seen traffic: what its tokens count (requests or tokens), its quota group, and its rate.",
+		}, []string{"domain", "rule", "limit", "counts", "group", "rate"}),
 	}
 	m.domains.max = opts.MaxDomains
 	m.rules.Store(new(sync.Map))
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
-		m.calls, m.latency, m.backendErrors, m.reloads, m.configInfo, m.failureMode}
+		m.calls, m.latency, m.backendErrors, m.reloads, m.configInfo, m.failureMode, m.ruleInfo}
 	if opts.ProcessMetrics {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
@@ -194,8 +200,10 @@ func (m *Metrics) ConfigLoaded(hash string) {
 		m.configInfo.DeleteLabelValues(*old)
 	}
 	m.configInfo.WithLabelValues(hash).Set(1)
-	// The new config has new rules: drop the cached counters of the old.
+	// The new config has new rules: drop the cached counters of the old,
+	// and what the old rules' limits were.
 	m.rules.Store(new(sync.Map))
+	m.ruleInfo.Reset()
 }
 
 // ConfigRejected records a reload that failed (the config in force stays).
@@ -312,8 +320,27 @@ func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
 	if rc, ok := rules.Load(r); ok {
 		return rc.(*ruleCounters)
 	}
-	rc, _ := rules.LoadOrStore(r, m.newRuleCounters(r.Domain, RuleLabel(r), r.DetailedMetric))
+	rc, loaded := rules.LoadOrStore(r, m.newRuleCounters(r.Domain, RuleLabel(r), r.DetailedMetric))
+	if !loaded {
+		m.describeRule(r)
+	}
 	return rc.(*ruleCounters)
+}
+
+// describeRule sets ratelimitd_rule_limit_info for each limit of r.
+func (m *Metrics) describeRule(r *config.Rule) {
+	for i, l := range r.Limits {
+		name := l.Name
+		if name == "" {
+			name = strconv.Itoa(i)
+		}
+		per := l.Unit.String()
+		if l.UnitMultiplier > 1 {
+			per = strconv.FormatInt(l.UnitMultiplier, 10) + " " + per + "s"
+		}
+		rate := strconv.FormatInt(l.Limit.Count, 10) + " per " + per
+		m.ruleInfo.WithLabelValues(r.Domain, RuleLabel(r), name, l.Counts.String(), l.Group, rate).Set(1)
+	}
 }
 
 // ruleCounters are one rule's resolved counters.

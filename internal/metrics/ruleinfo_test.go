@@ -1,0 +1,59 @@
+package metrics_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+func TestRuleLimitInfoSaysWhatIsCounted(t *testing.T) {
+	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(`domain: ai
+descriptors:
+  - key: model
+    value: claude
+    rate_limits:
+      - {unit: minute, requests_per_unit: 50, name: rpm}
+      - {unit: minute, requests_per_unit: 8000, counts: tokens, overdraft: {max_debt: 64000}, name: tpm}
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := metrics.New(metrics.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Observer: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(set)
+	m.ConfigLoaded(set.Hash())
+	req := &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "claude"}},
+	}}}
+	if _, err := srv.ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP ratelimitd_rule_limit_info 1 for each limit of each rule that has seen traffic: what its tokens count (requests or tokens), its quota group, and its rate.
+# TYPE ratelimitd_rule_limit_info gauge
+ratelimitd_rule_limit_info{counts="requests",domain="ai",group="",limit="rpm",rate="50 per minute",rule="rpm"} 1
+ratelimitd_rule_limit_info{counts="tokens",domain="ai",group="",limit="tpm",rate="8000 per minute",rule="rpm"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "ratelimitd_rule_limit_info"); err != nil {
+		t.Error(err)
+	}
+	m.ConfigLoaded("another")
+	if n := testutil.CollectAndCount(m.Registry(), "ratelimitd_rule_limit_info"); n != 0 {
+		t.Errorf("after a reload, %d rule_limit_info series remain from the old config", n)
+	}
+}
