@@ -18,6 +18,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,6 +69,7 @@ func binary(t *testing.T) string {
 type proc struct {
 	cmd      *exec.Cmd
 	grpcAddr string
+	httpAddr string
 	logs     *lockedBuffer
 	exited   chan error
 }
@@ -104,7 +106,7 @@ func startProc(t *testing.T, args ...string) *proc {
 		t.Fatal(err)
 	}
 	p := &proc{cmd: cmd, logs: &lockedBuffer{}, exited: make(chan error, 1)}
-	ready := make(chan string, 1)
+	ready := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -112,9 +114,10 @@ func startProc(t *testing.T, args ...string) *proc {
 			var line struct {
 				Msg      string `json:"msg"`
 				GRPCAddr string `json:"grpc_addr"`
+				HTTPAddr string `json:"http_addr"`
 			}
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "ratelimitd started" {
-				ready <- line.GRPCAddr
+				ready <- [2]string{line.GRPCAddr, line.HTTPAddr}
 			}
 		}
 		io.Copy(io.Discard, stderr)
@@ -125,7 +128,8 @@ func startProc(t *testing.T, args ...string) *proc {
 		<-p.exited
 	})
 	select {
-	case p.grpcAddr = <-ready:
+	case addrs := <-ready:
+		p.grpcAddr, p.httpAddr = addrs[0], addrs[1]
 		return p
 	case err := <-p.exited:
 		p.exited <- err
@@ -249,7 +253,13 @@ func TestRedisKilledDuringLoad(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
 	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "deny",
-		"--backend-timeout", "50ms", "--breaker-open-for", "200ms", "--redis-dial-timeout", "50ms")
+		"--backend-timeout", "50ms", "--breaker-open-for", "200ms", "--redis-dial-timeout", "50ms", "--pprof")
+	// A short load first, so that the connections a load keeps open are
+	// in the baseline.
+	warm, stopWarm := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	runLoad(warm, t, []string{p.grpcAddr}, 20, time.Second)
+	stopWarm()
+	baseline := goroutines(t, p.httpAddr)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -284,6 +294,35 @@ func TestRedisKilledDuringLoad(t *testing.T) {
 		t.Errorf("nothing admitted in the second after Redis came back (denied %d, errors %v):\n%s",
 			afterRestart.denied.Load(), afterRestart.errs, p.logs)
 	}
+	// No goroutine leaked through the outage: thousands of calls were
+	// answered by the failure mode; allow for the second load's connection.
+	var settled int
+	for range 40 {
+		if settled = goroutines(t, p.httpAddr); settled <= baseline+30 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("goroutines: %d before the outage, %d after", baseline, settled)
+	if settled > baseline+30 {
+		t.Errorf("%d goroutines after the outage, %d before: a leak", settled, baseline)
+	}
+}
+
+// goroutines reads how many goroutines a ratelimitd started with --pprof
+// has.
+func goroutines(t *testing.T, httpAddr string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + httpAddr + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var n int
+	if _, err := fmt.Fscanf(resp.Body, "goroutine profile: total %d", &n); err != nil {
+		t.Fatalf("reading the goroutine profile: %v", err)
+	}
+	return n
 }
 
 // TestSlowRedisAnswersWithinTheDeadline stalls Redis (CLIENT PAUSE): calls
