@@ -316,3 +316,41 @@ func BenchmarkTake(b *testing.B) {
 		}
 	}
 }
+
+// TestInventedValuesDoNotAccumulate: a caller inventing a fresh value per
+// request (a key-only rule) leaves one key per value in Redis only until
+// that bucket is full again; then Redis holds none of them.
+func TestInventedValuesDoNotAccumulate(t *testing.T) {
+	srv := redistest.Start(t) // its own server, so that DBSIZE counts only this test's keys
+	c := srv.Client()
+	s := newStore(t, c, redisstore.ServerClock)
+	ctx := context.Background()
+	l := limiter.Limit{Count: 10, Period: time.Second, Burst: 10} // one token back in 100ms
+	const values = 20000
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			for i := g; i < values; i += 32 {
+				if _, err := s.Take(ctx, time.Time{}, []limiter.Request{{Key: fmt.Sprint("invented-", i), Limit: l, Hits: 1}}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := c.DBSize(ctx).Val(); n > values {
+		t.Fatalf("DBSIZE = %d after %d distinct values, want at most one key each", n, values)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := c.DBSize(ctx).Val()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("DBSIZE = %d five seconds after buckets that fill in 100ms were last touched", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
