@@ -311,3 +311,32 @@ func BenchmarkTrackerObserveCall(b *testing.B) {
 		tr.ObserveCall(call)
 	}
 }
+
+// TestTrackerKeepsABucketAddedAsItsRuleEmpties: when eviction drops every
+// bucket of a rule, the bucket being added for that rule is still kept (and
+// counted), so the tracker does not fill with ghosts and evict on every call.
+func TestTrackerKeepsABucketAddedAsItsRuleEmpties(t *testing.T) {
+	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(testConfig)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktest.New()
+	tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 2})
+	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clk.Now, Observer: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(set)
+	f := &fixture{clock: clk, srv: srv}
+	for round := range 50 {
+		f.call(t, 1, "model", fmt.Sprint("a", round))
+		f.call(t, 1, "model", fmt.Sprint("b", round))
+		clk.Advance(time.Hour) // both refill
+		f.call(t, 1, "model", fmt.Sprint("c", round))
+		busiest := tr.Busiest(10, clk.Now())
+		if len(busiest) != 1 || busiest[0].Used != 1 {
+			t.Fatalf("round %d: busiest = %+v, want just the bucket added as its rule emptied", round, busiest)
+		}
+		clk.Advance(time.Hour)
+	}
+}

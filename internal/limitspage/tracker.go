@@ -174,6 +174,7 @@ func (t *Tracker) noteBucket(d *server.DescriptorOutcome, at time.Time) {
 	}
 	if t.nb >= t.maxBuckets {
 		t.evict(at)
+		byDesc = t.buckets[d.Rule.Path] // evict may have dropped the rule's map
 	}
 	if byDesc == nil {
 		byDesc = make(map[string]*bucket)
