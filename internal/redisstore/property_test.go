@@ -212,8 +212,9 @@ func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, 
 		default:
 			// a fraction of some bucket's fill time, capped so that times
 			// stay within 120 years of T0 (before 2155, see take.lua)
-			if f := fillOf(limits[rng.IntN(len(limits))]); jumped+f < 120*365*24*time.Hour {
-				jumped += time.Duration(rng.Float64() * 1.2 * float64(f))
+			f := fillOf(limits[rng.IntN(len(limits))])
+			if jump := time.Duration(rng.Float64() * 1.2 * float64(f)); jumped+jump < 120*365*24*time.Hour {
+				jumped += jump
 			}
 		}
 		if rng.IntN(20) == 0 { // a rule's rate changed
