@@ -20,50 +20,9 @@
 --     TAT back by exactly what the admitted Take added beyond the denied
 --     one, W − max(T, its now).
 -- A bucket moved back to (or before) now is deleted: full.
--- Returns the number of buckets given back.
+-- Returns the number of buckets given back. (common.lua, prepended, has
+-- the helpers and reads the clock.)
 
-local function divmod(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q, r = q - 1, r + b
-  elseif r >= b then
-    q, r = q + 1, r - b
-  end
-  return q, r
-end
-
--- mirrors instant.less
-local function less(aus, afr, bus, bfr)
-  return aus < bus or (aus == bus and afr < bfr)
-end
-
--- mirrors instant.sub
-local function sub(aus, afr, bus, bfr, count)
-  local us, fr = aus - bus, afr - bfr
-  if fr < 0 then
-    fr = fr + count
-    us = us - 1
-  end
-  return us, fr
-end
-
--- mirrors State.Full
-local function full(us, fr, now)
-  return us < now or (us == now and fr == 0)
-end
-
-local server_clock = ARGV[1] == ''
-local now
-if server_clock then
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
 local taken = tonumber(ARGV[2])
 
 -- store writes TAT:Frac expiring when full, as take.lua does.

@@ -43,6 +43,8 @@ import (
 )
 
 var (
+	//go:embed common.lua
+	commonSource string
 	//go:embed take.lua
 	takeSource string
 	//go:embed giveback.lua
@@ -182,9 +184,9 @@ func New(c Client, opts Options) (*Store, error) {
 		client:   c,
 		prefix:   opts.Prefix,
 		clock:    opts.Clock,
-		take:     redis.NewScript(takeSource),
-		giveBack: redis.NewScript(giveBackSource),
-		refund:   redis.NewScript(refundSource),
+		take:     redis.NewScript(commonSource + takeSource),
+		giveBack: redis.NewScript(commonSource + giveBackSource),
+		refund:   redis.NewScript(commonSource + refundSource),
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix

@@ -7,7 +7,9 @@
 -- written; if one is denied, only the post-paid charges. It is
 -- limiter.DecideAll and limiter.Decide (limiter/bucket.go) step by step, with
 -- the same integer arithmetic: see the "mirrors" comments.
--- Go side: internal/redisstore/store.go (Store.Take, decodeTake).
+-- Go side: internal/redisstore/store.go (Store.Take, decodeTake). It starts
+-- with common.lua (store.go prepends it): divmod, less, sub, ceil_us, full,
+-- and now, read from ARGV[1] or the server's TIME.
 --
 -- Lua numbers are doubles: every value below stays an integer under 2^53
 -- for a valid limiter.Limit and Request (limiter.MaxTokens, MaxFill), and so
@@ -39,42 +41,6 @@
 --   admitted, when its state differs from what a denied Take leaves),
 --   admitted TAT µs, admitted frac (the state the admitted Take leaves),
 --   denied TAT µs, denied frac (the state a denied Take leaves)}.
-
--- floor(a/b) and a mod b for integers, exact: the division in doubles is
--- only an estimate, corrected by one step.
-local function divmod(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q, r = q - 1, r + b
-  elseif r >= b then
-    q, r = q + 1, r - b
-  end
-  return q, r
-end
-
--- mirrors instant.less
-local function less(aus, afr, bus, bfr)
-  return aus < bus or (aus == bus and afr < bfr)
-end
-
--- mirrors instant.sub (a ≥ b)
-local function sub(aus, afr, bus, bfr, count)
-  local us, fr = aus - bus, afr - bfr
-  if fr < 0 then
-    fr = fr + count
-    us = us - 1
-  end
-  return us, fr
-end
-
--- mirrors instant.ceilDuration, in µs
-local function ceil_us(us, fr)
-  if fr > 0 then
-    return us + 1
-  end
-  return us
-end
 
 -- mirrors Limit.advance: t + n·Period/Count, with Period = q·Count + r so
 -- that n·q and n·r stay below 2^53.
@@ -180,19 +146,6 @@ local function load(key)
   return {tonumber(a), tonumber(b)}
 end
 
-local server_clock = ARGV[1] == ''
-local now
-if server_clock then
-  -- Redis < 5 replicates scripts verbatim unless told otherwise, and a
-  -- verbatim script may not write after TIME; Redis ≥ 7 ignores this.
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
 local extras = ARGV[2] == '1'
 
 local n = #KEYS
