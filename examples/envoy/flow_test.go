@@ -4,7 +4,6 @@ import (
 	"context"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -14,6 +13,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -25,23 +25,6 @@ import (
 // ratelimit/. They check the flows README.md walks through with curl. They
 // do not run Envoy: what Envoy does is modelled here, from its docs.
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // gatewaySim is envoy.yaml's gateway listener in front of an in-process
 // ratelimitd.
 type gatewaySim struct {
@@ -49,17 +32,17 @@ type gatewaySim struct {
 	domain string
 	routes []*routev3.Route
 	srv    *server.Server
-	clock  *clock
+	clock  *clocktest.Clock
 }
 
 func newGatewaySim(t *testing.T) *gatewaySim {
 	t.Helper()
-	return newGatewaySimClock(t, &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)})
+	return newGatewaySimClock(t, clockAt(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)))
 }
 
 // newGatewaySimClock runs ratelimitd on clk, or on time.Now if clk is nil
 // (in a synctest bubble: ratelimitd's waits sleep on the clock it reads).
-func newGatewaySimClock(t *testing.T, clk *clock) *gatewaySim {
+func newGatewaySimClock(t *testing.T, clk *clocktest.Clock) *gatewaySim {
 	t.Helper()
 	g := loadGateway(t)
 	rls := g.rateLimited(t)
@@ -393,4 +376,11 @@ func TestWaitFlow(t *testing.T) {
 			}
 		}
 	})
+}
+
+// clockAt is a hand-set clock reading t.
+func clockAt(t time.Time) *clocktest.Clock {
+	c := clocktest.New()
+	c.Set(t)
+	return c
 }

@@ -9,34 +9,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
-// clock is a hand-turned clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // backend is a fake shared store: in-memory buckets deciding at the fake
 // clock's time, counting calls.
 type backend struct {
-	clock *clock
+	clock *clocktest.Clock
 	mem   *limiter.MemoryStore
 	err   error // returned instead, when set
 
@@ -44,7 +27,7 @@ type backend struct {
 	calls int
 }
 
-func newBackend(c *clock) *backend {
+func newBackend(c *clocktest.Clock) *backend {
 	return &backend{clock: c, mem: limiter.NewMemoryStore(limiter.MemoryOptions{})}
 }
 
@@ -93,12 +76,12 @@ type step struct {
 
 func runSteps(t *testing.T, steps []step) {
 	t.Helper()
-	clk := &clock{t: t0}
+	clk := clockAt(t0)
 	be := newBackend(clk)
 	c := newCache(t, denialcache.Options{Now: clk.Now})
 	s := c.Wrap(be)
 	for i, st := range steps {
-		clk.t = t0.Add(st.at)
+		clk.Set(t0.Add(st.at))
 		before := be.Calls()
 		got, err := s.Take(context.Background(), clk.Now(), st.reqs)
 		if err != nil {
@@ -203,7 +186,7 @@ func TestReservationsAndPostPaidPassThrough(t *testing.T) {
 // TestRefundForgets: a refund makes the bucket fuller, so the cache forgets
 // it and the store decides again.
 func TestRefundForgets(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := clockAt(t0)
 	be := newBackend(clk)
 	c := newCache(t, denialcache.Options{Now: clk.Now})
 	s := c.Wrap(be)
@@ -241,7 +224,7 @@ func TestExceedsBurstIsCachedPerLimit(t *testing.T) {
 }
 
 func TestErrorsAndInvalidRequestsPassThrough(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := clockAt(t0)
 	be := newBackend(clk)
 	c := newCache(t, denialcache.Options{Now: clk.Now})
 	s := c.Wrap(be)
@@ -264,7 +247,7 @@ func TestErrorsAndInvalidRequestsPassThrough(t *testing.T) {
 // TestAdmissionForgets: should the store admit what an entry denies (it
 // lost its state), the entry goes.
 func TestAdmissionForgets(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := clockAt(t0)
 	be := newBackend(clk)
 	c := newCache(t, denialcache.Options{Now: clk.Now})
 	learn := c.Learn(be)
@@ -288,7 +271,7 @@ func TestAdmissionForgets(t *testing.T) {
 // denies nothing the store would admit, and admits nothing itself.
 func TestSameAsStore(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	clk := &clock{t: t0}
+	clk := clockAt(t0)
 	cached := newBackend(clk)
 	plain := newBackend(clk)
 	c := newCache(t, denialcache.Options{Now: clk.Now, MaxEntries: 64})
@@ -347,7 +330,7 @@ func (denyAll) Take(_ context.Context, _ time.Time, reqs []limiter.Request) ([]l
 // TestMemoryIsBounded: a million distinct denied keys fill the cache to
 // its bound and no further; entries past their deadline make room first.
 func TestMemoryIsBounded(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := clockAt(t0)
 	const maxEntries = 1024
 	c := newCache(t, denialcache.Options{Now: clk.Now, MaxEntries: maxEntries})
 	s := c.Wrap(denyAll{})
@@ -381,7 +364,7 @@ func TestMemoryIsBounded(t *testing.T) {
 // TestConcurrentHotKey: many goroutines on one denied key, with the clock
 // moving; run with -race.
 func TestConcurrentHotKey(t *testing.T) {
-	clk := &clock{t: t0}
+	clk := clockAt(t0)
 	be := newBackend(clk)
 	c := newCache(t, denialcache.Options{Now: clk.Now})
 	s := c.Wrap(be)
@@ -432,4 +415,11 @@ func BenchmarkHotDeniedKey(b *testing.B) {
 	if st := c.Stats(); st.Learned != 1 {
 		b.Errorf("Stats = %+v, want the store asked once", st)
 	}
+}
+
+// clockAt is a hand-set clock reading t.
+func clockAt(t time.Time) *clocktest.Clock {
+	c := clocktest.New()
+	c.Set(t)
+	return c
 }
