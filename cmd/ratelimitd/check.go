@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,6 +17,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -57,7 +61,10 @@ func entriesString(entries []*ratelimitv3.RateLimitDescriptor_Entry) string {
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ratelimitd check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", "127.0.0.1:8081", "the server's gRPC address (plaintext)")
+	addr := fs.String("addr", "127.0.0.1:8081", "the server's gRPC address")
+	tlsCA := fs.String("tls-ca", "", "speak TLS, trusting this PEM CA (a server started with --grpc-tls-cert)")
+	tlsCert := fs.String("tls-cert", "", "client certificate (PEM) for a server that requires one (--grpc-client-ca)")
+	tlsKey := fs.String("tls-key", "", "key (PEM) of --tls-cert")
 	domain := fs.String("domain", "", "the request's domain (required)")
 	var descs descriptorFlags
 	fs.Var(&descs, "d", "a descriptor, key=value[,key=value...]; repeat for several (at least one)")
@@ -86,7 +93,11 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{Entries: entries})
 	}
 
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := checkCredentials(*tlsCA, *tlsCert, *tlsKey)
+	if err != nil {
+		return usageError{fmt.Errorf("check: %w", err)}
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("check: connect to %s: %w", *addr, err)
 	}
@@ -213,4 +224,34 @@ func (a checkAnswer) writeTable(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// checkCredentials is plaintext without a CA, else TLS trusting it, with a
+// client certificate when given.
+func checkCredentials(caFile, certFile, keyFile string) (credentials.TransportCredentials, error) {
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	if caFile == "" {
+		if certFile != "" {
+			return nil, errors.New("--tls-cert needs --tls-ca")
+		}
+		return insecure.NewCredentials(), nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-ca: %w", err)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool()}
+	if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", caFile)
+	}
+	if certFile != "" {
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return credentials.NewTLS(cfg), nil
 }

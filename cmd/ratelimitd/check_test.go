@@ -132,3 +132,24 @@ func TestExplainErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckOverMutualTLS: check speaks TLS with a client certificate to a
+// server that requires one, and is refused without it.
+func TestCheckOverMutualTLS(t *testing.T) {
+	ca := newTestCA(t, t.TempDir())
+	srvCert, srvKey := ca.issue("server", true)
+	cliCert, cliKey := ca.issue("client", false)
+	grpcAddr, _, _, _ := startRun(t, "--grpc-tls-cert", srvCert, "--grpc-tls-key", srvKey, "--grpc-client-ca", ca.file)
+	var out, errOut bytes.Buffer
+	args := []string{"check", "--addr", grpcAddr, "--domain", "api", "-d", "model=gpt-4o", "--tls-ca", ca.file, "--tls-cert", cliCert, "--tls-key", cliKey}
+	if err := run(context.Background(), args, os.Getenv, &out, &errOut); err != nil {
+		t.Fatalf("check over mTLS: %v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "overall: OK") {
+		t.Errorf("check over mTLS printed %q, want overall: OK", out.String())
+	}
+	out.Reset()
+	if err := run(context.Background(), args[:len(args)-4], os.Getenv, &out, &errOut); err == nil {
+		t.Errorf("check without a client certificate succeeded: %s", out.String())
+	}
+}

@@ -385,57 +385,82 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 	}
 }
 
-// writeTestCA writes, under dir, a CA and a server certificate for
-// 127.0.0.1 signed by it, and returns the files' paths.
-func writeTestCA(t *testing.T, dir string) (caFile, certFile, keyFile string) {
+// testCA is a certificate authority made for one test, writing its files
+// under dir.
+type testCA struct {
+	t    *testing.T
+	dir  string
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	file string // the CA certificate, PEM
+	next int64
+}
+
+func newTestCA(t *testing.T, dir string) *testCA {
 	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ratelimitd test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "redis"},
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ratelimitd test CA"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage:    x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	ca := &testCA{t: t, dir: dir, cert: cert, key: key, next: 2}
+	ca.file = ca.write("ca.pem", "CERTIFICATE", der)
+	return ca
+}
+
+// issue writes a certificate and key named name, for a server on
+// 127.0.0.1 or for a client, and returns their paths.
+func (ca *testCA) issue(name string, server bool) (certFile, keyFile string) {
+	ca.t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		ca.t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(ca.next), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	ca.next++
+	if server {
+		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		ca.t.Fatal(err)
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		t.Fatal(err)
+		ca.t.Fatal(err)
 	}
-	write := func(name, typ string, b []byte) string {
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
+	return ca.write(name+".pem", "CERTIFICATE", der), ca.write(name+"-key.pem", "EC PRIVATE KEY", keyDER)
+}
+
+func (ca *testCA) write(name, typ string, b []byte) string {
+	path := filepath.Join(ca.dir, name)
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
+		ca.t.Fatal(err)
 	}
-	return write("ca.pem", "CERTIFICATE", caDER), write("redis.pem", "CERTIFICATE", der), write("redis-key.pem", "EC PRIVATE KEY", keyDER)
+	return path
 }
 
 // TestRedisOverTLSWithACLUser runs the Redis backend against a
 // redis-server that speaks only TLS and knows only an ACL user.
 func TestRedisOverTLSWithACLUser(t *testing.T) {
 	dir := t.TempDir()
-	caFile, certFile, keyFile := writeTestCA(t, dir)
+	ca := newTestCA(t, dir)
+	caFile := ca.file
+	certFile, keyFile := ca.issue("redis", true)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
