@@ -57,9 +57,8 @@ func (l RequestLimits) check(req *rlsv3.RateLimitRequest) error {
 type plan struct {
 	items []item
 	// takes are the buckets to take from, each item's in a run starting at
-	// item.first; limits[k] is the limit takes[k] comes from.
-	takes  []limiter.Request
-	limits []config.RateLimit
+	// item.first, one per limit of item.limits.
+	takes []limiter.Request
 	// refunds give back the hits of descriptors with is_negative_hits
 	// before the takes (which then only check them).
 	refunds []limiter.Request
@@ -131,7 +130,7 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 		entries = toEntries(entries[:0], d)
 		if p.takes == nil {
 			n := len(it.limits) + len(descs) - i - 1
-			p.takes, p.limits = make([]limiter.Request, 0, n), make([]config.RateLimit, 0, n)
+			p.takes = make([]limiter.Request, 0, n)
 		}
 		it.first = len(p.takes)
 		hits := hitsOf(req, d)
@@ -150,7 +149,6 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 				r.MaxWait = min(l.MaxWait, maxWait)
 			}
 			p.takes = append(p.takes, r)
-			p.limits = append(p.limits, l)
 		}
 	}
 	return p, nil

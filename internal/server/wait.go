@@ -33,32 +33,39 @@ type waiter struct {
 
 // claim takes a waiting slot for every take of p that may wait, or turns
 // its waiting off when its bucket's queue is full (reporting it in full).
-// The caller must call release(p, claimed) afterwards.
+// The caller must call release(p, claimed) afterwards. A request that may
+// not wait (the common case) takes no lock.
 func (w *waitQueues) claim(p *plan) (claimed []bool, full []bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for k := range p.takes {
-		r := &p.takes[k]
-		if r.MaxWait <= 0 {
+	for _, it := range p.items {
+		if !it.limited {
 			continue
 		}
-		if claimed == nil {
-			claimed, full = make([]bool, len(p.takes)), make([]bool, len(p.takes))
+		for j, l := range it.limits {
+			k := it.first + j
+			r := &p.takes[k]
+			if r.MaxWait <= 0 {
+				continue
+			}
+			if claimed == nil {
+				claimed, full = make([]bool, len(p.takes)), make([]bool, len(p.takes))
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				if w.queues == nil {
+					w.queues = make(map[string]*waitQueue)
+				}
+			}
+			q := w.queues[r.Key]
+			if q == nil {
+				q = &waitQueue{}
+				w.queues[r.Key] = q
+			}
+			if q.slots >= l.MaxWaiters {
+				r.MaxWait, full[k] = 0, true
+				continue
+			}
+			q.slots++
+			claimed[k] = true
 		}
-		if w.queues == nil {
-			w.queues = make(map[string]*waitQueue)
-		}
-		q := w.queues[r.Key]
-		if q == nil {
-			q = &waitQueue{}
-			w.queues[r.Key] = q
-		}
-		if q.slots >= p.limits[k].MaxWaiters {
-			r.MaxWait, full[k] = 0, true
-			continue
-		}
-		q.slots++
-		claimed[k] = true
 	}
 	return claimed, full
 }
