@@ -73,7 +73,7 @@ type batcher struct {
 
 // counters are the Store's Stats.
 type counters struct {
-	takes, calls, roundTrips atomic.Int64
+	takes, calls, roundTrips, direct atomic.Int64
 }
 
 func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batcher {

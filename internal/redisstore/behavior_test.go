@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,53 +203,6 @@ func TestClusterAcrossSlotsIsAllOrNothing(t *testing.T) {
 	// And a still has its last token.
 	if d := take(t, s, t0, limiter.Request{Key: a, Limit: twoPerMin, Hits: 1}); d[0] != (limiter.Decision{Allowed: true, ResetAfter: time.Minute}) {
 		t.Errorf("Take(a) after the give-back = %+v, want the last token", d[0])
-	}
-}
-
-// TestClusterConcurrentAcrossSlots: goroutines race requests spanning two
-// slots. Give-backs may deny some requests that a single Redis would admit,
-// but never admit more than the smaller bucket holds, and in the end each
-// bucket is charged exactly once per admitted request.
-func TestClusterConcurrentAcrossSlots(t *testing.T) {
-	c := cluster(t).Client()
-	s := newStore(t, c, redisstore.CallerClock)
-	a, b := twoSlots(t, s)
-	la := limiter.Limit{Count: 1, Period: time.Hour, Burst: 20}
-	lb := limiter.Limit{Count: 1, Period: time.Minute, Burst: 25}
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for range 16 {
-		wg.Go(func() {
-			for range 10 {
-				d, err := s.Take(context.Background(), t0, []limiter.Request{{Key: a, Limit: la, Hits: 1}, {Key: b, Limit: lb, Hits: 1}})
-				if err != nil {
-					errs <- err
-					return
-				}
-				// Denied requests report the other bucket as a check
-				// would: allowed, but nothing charged.
-				if d[0].Allowed && d[1].Allowed {
-					admitted.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	n := admitted.Load()
-	if n < 1 || n > la.Burst {
-		t.Fatalf("admitted %d, want between 1 and %d", n, la.Burst)
-	}
-	us := t0.UnixMicro()
-	if got, _ := getState(t, c, s.Key(a)); got != (limiter.State{TAT: us + n*time.Hour.Microseconds()}) {
-		t.Errorf("a = %+v, want charged exactly %d times", got, n)
-	}
-	if got, _ := getState(t, c, s.Key(b)); got != (limiter.State{TAT: us + n*time.Minute.Microseconds()}) {
-		t.Errorf("b = %+v, want charged exactly %d times", got, n)
 	}
 }
 

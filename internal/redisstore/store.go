@@ -143,6 +143,9 @@ type Stats struct {
 	// parallel, and counts once), script calls otherwise. A call retried
 	// with EVAL after NOSCRIPT adds one.
 	RoundTrips int64
+	// Direct is the number of calls sent from their caller's goroutine
+	// because, coalescing, they found Redis idle (a subset of Calls).
+	Direct int64
 }
 
 // Stats returns the counts so far. It is safe to call concurrently with
@@ -152,6 +155,7 @@ func (s *Store) Stats() Stats {
 		Takes:      s.stats.takes.Load(),
 		Calls:      s.stats.calls.Load(),
 		RoundTrips: s.stats.roundTrips.Load(),
+		Direct:     s.stats.direct.Load(),
 	}
 }
 
@@ -414,6 +418,7 @@ func (s *Store) script(ctx context.Context, c scriptCall) *redis.Cmd {
 		if err := s.batch.closedOr(ctx); err != nil {
 			return errCmd(ctx, err)
 		}
+		s.stats.direct.Add(1)
 	}
 	return s.direct(ctx, c)
 }
