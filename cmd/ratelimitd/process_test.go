@@ -32,6 +32,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
@@ -551,5 +552,64 @@ descriptors:
 	want := strings.Repeat("OK ", 10) + "OVER_LIMIT OVER_LIMIT"
 	if strings.Join(got, " ") != want {
 		t.Errorf("12 calls over 3 aliases and 2 replicas: %v, want 10 OK then OVER_LIMIT", got)
+	}
+}
+
+// TestHealthFollowsTheFailureMode: with Redis down, a replica in error
+// mode tells Envoy's health checks NOT_SERVING and /readyz 503, and SERVING
+// again once Redis answers; one in deny mode keeps serving, /readyz saying
+// "degraded".
+func TestHealthFollowsTheFailureMode(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
+	args := []string{"--config", dir, "--redis-url", "redis://" + srv.Addr, "--backend-timeout", "50ms",
+		"--breaker-open-for", "100ms", "--redis-dial-timeout", "50ms"}
+	strict := startProc(t, append(args, "--on-backend-failure", "error")...)
+	lenient := startProc(t, append(args, "--on-backend-failure", "deny")...)
+	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "health"}},
+	}}}
+	state := func(p *proc) (healthpb.HealthCheckResponse_ServingStatus, int, string) {
+		t.Helper()
+		conn := dial(t, p.grpcAddr)
+		rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), req)
+		h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
+		if err != nil {
+			t.Fatalf("health check: %v", err)
+		}
+		resp, err := http.Get("http://" + p.httpAddr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return h.GetStatus(), resp.StatusCode, string(body)
+	}
+	serving := healthpb.HealthCheckResponse_SERVING
+	if h, code, _ := state(strict); h != serving || code != http.StatusOK {
+		t.Fatalf("Redis up: health %v, /readyz %d; want SERVING, 200", h, code)
+	}
+	srv.Stop()
+	if h, code, _ := state(strict); h != healthpb.HealthCheckResponse_NOT_SERVING || code != http.StatusServiceUnavailable {
+		t.Errorf("Redis down, error mode: health %v, /readyz %d; want NOT_SERVING, 503", h, code)
+	}
+	if h, code, body := state(lenient); h != serving || code != http.StatusOK || !strings.Contains(body, "degraded") {
+		t.Errorf("Redis down, deny mode: health %v, /readyz %d %q; want SERVING, 200 degraded", h, code, body)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	deadline := back.Add(10 * time.Second)
+	for {
+		h, code, _ := state(strict)
+		if h == serving && code == http.StatusOK {
+			t.Logf("serving again %v after Redis came back", time.Since(back).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after Redis came back: health %v, /readyz %d; want SERVING, 200", h, code)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
