@@ -40,12 +40,10 @@ type pipeliner interface {
 
 // call is one script run waiting for, or carried by, a batch.
 type call struct {
-	ctx    context.Context // the caller's: a call whose ctx is done before it is sent is dropped
-	script *redis.Script
-	keys   []string
-	args   []any
-	cmd    *redis.Cmd    // the answer, set before done is closed
-	done   chan struct{} // closed when cmd is set
+	ctx context.Context // the caller's: a call whose ctx is done before it is sent is dropped
+	scriptCall
+	cmd  *redis.Cmd    // the answer, set before done is closed
+	done chan struct{} // closed when cmd is set
 }
 
 // batcher coalesces script calls into pipelines. Calls queue in one
@@ -73,7 +71,7 @@ type batcher struct {
 
 // counters are the Store's Stats.
 type counters struct {
-	takes, calls, roundTrips, direct atomic.Int64
+	takes, calls, scripts, roundTrips, direct atomic.Int64
 }
 
 func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batcher {
@@ -127,10 +125,9 @@ func (b *batcher) closedOr(ctx context.Context) error {
 	return nil
 }
 
-// submit queues a call for script with keys and args. The answer comes
-// through await.
-func (b *batcher) submit(ctx context.Context, script *redis.Script, keys []string, args []any) *call {
-	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+// submit queues sc. The answer comes through await.
+func (b *batcher) submit(ctx context.Context, sc scriptCall) *call {
+	c := &call{ctx: ctx, scriptCall: sc, done: make(chan struct{})}
 	select {
 	case <-b.stop:
 		c.fail(errClosed)
@@ -228,10 +225,11 @@ func (b *batcher) send() {
 	}
 }
 
-// exec sends batch as one pipeline of EVALSHA, and those that find their
-// script missing (NOSCRIPT: a restarted or flushed server) again as EVAL,
-// which runs them and caches the script. Calls whose caller has given up
-// are dropped first.
+// exec sends batch as one pipeline: the Takes that may merge (see
+// scriptCall.merge) as one take.lua call, every other call as its own
+// EVALSHA; those that find their script missing (NOSCRIPT: a restarted or
+// flushed server) go again as EVAL, which runs them and caches the script.
+// Calls whose caller has given up are dropped first.
 func (b *batcher) exec(batch []*call) {
 	live := batch[:0]
 	for _, c := range batch {
@@ -246,30 +244,82 @@ func (b *batcher) exec(batch []*call) {
 	}
 	ctx, cancel := batchContext(live)
 	defer cancel()
-	cmds := make([]*redis.Cmd, len(live))
+	cmds := envelopes(live)
 	pipe := b.client.Pipeline()
-	for i, c := range live {
-		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+	for _, e := range cmds {
+		e.cmd = e.script.EvalSha(ctx, pipe, e.keys, e.args...)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	b.stats.roundTrips.Add(1)
 	b.stats.calls.Add(int64(len(live)))
+	b.stats.scripts.Add(int64(len(cmds)))
 
 	var again redis.Pipeliner
-	for i, c := range live {
-		if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
+	for _, e := range cmds {
+		if redis.HasErrorPrefix(e.cmd.Err(), "NOSCRIPT") {
 			if again == nil {
 				again = b.client.Pipeline()
 			}
-			cmds[i] = c.script.Eval(ctx, again, c.keys, c.args...)
+			e.cmd = e.script.Eval(ctx, again, e.keys, e.args...)
 		}
 	}
 	if again != nil {
 		_, _ = again.Exec(ctx)
 		b.stats.roundTrips.Add(1)
 	}
-	for i, c := range live {
-		c.cmd = cmds[i]
+	for _, e := range cmds {
+		e.answer(ctx)
+	}
+}
+
+// envelope is one command of a pipeline: one call, or several mergeable
+// Takes as one take.lua call (their KEYS and ARGV concatenated, in order).
+type envelope struct {
+	scriptCall
+	calls []*call
+	cmd   *redis.Cmd
+}
+
+// envelopes puts each call of batch in its command: the mergeable ones of
+// one script together, the others alone.
+func envelopes(batch []*call) []*envelope {
+	out := make([]*envelope, 0, len(batch))
+	var merged *envelope
+	for _, c := range batch {
+		if !c.merge {
+			out = append(out, &envelope{scriptCall: c.scriptCall, calls: []*call{c}})
+			continue
+		}
+		if merged == nil || merged.script != c.script {
+			merged = &envelope{scriptCall: scriptCall{script: c.script}}
+			out = append(out, merged)
+		}
+		merged.keys = append(merged.keys, c.keys...)
+		merged.args = append(merged.args, c.args...)
+		merged.calls = append(merged.calls, c)
+	}
+	return out
+}
+
+// answer hands each call of e its answer: e's own, or, merged, its Take's
+// reply from the list take.lua answers, as a one-Take call would get it.
+func (e *envelope) answer(ctx context.Context) {
+	if len(e.calls) == 1 {
+		e.calls[0].cmd = e.cmd
+		close(e.calls[0].done)
+		return
+	}
+	replies, err := e.cmd.Slice()
+	if err == nil && len(replies) != len(e.calls) {
+		err = fmt.Errorf("take script returned %d replies for %d Takes", len(replies), len(e.calls))
+	}
+	for i, c := range e.calls {
+		if err != nil {
+			c.fail(err)
+			continue
+		}
+		c.cmd = redis.NewCmd(ctx)
+		c.cmd.SetVal([]any{replies[i]})
 		close(c.done)
 	}
 }

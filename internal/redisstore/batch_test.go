@@ -75,6 +75,9 @@ func TestCoalescesConcurrentTakes(t *testing.T) {
 	if st.Takes != goroutines*perGoroutine || st.Calls != st.Takes {
 		t.Errorf("Stats = %+v, want %d Takes and as many Calls", st, goroutines*perGoroutine)
 	}
+	if st.Scripts*3 > st.Calls {
+		t.Errorf("Stats = %+v: want concurrent Takes merged into a third as many script calls or fewer", st)
+	}
 	if float64(st.RoundTrips) >= 0.3*float64(st.Takes) {
 		t.Errorf("Stats = %+v: %d round trips for %d concurrent Takes, want fewer than 0.3 per Take",
 			st, st.RoundTrips, st.Takes)
@@ -108,7 +111,7 @@ func TestBatchMaxOneIsDirect(t *testing.T) {
 	if want := (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: 666667 * time.Microsecond}); d[0] != want {
 		t.Errorf("Take = %+v, want %+v", d[0], want)
 	}
-	if st := s.Stats(); st != (redisstore.Stats{Takes: 1, Calls: 1, RoundTrips: 1}) {
+	if st := s.Stats(); st != (redisstore.Stats{Takes: 1, Calls: 1, Scripts: 1, RoundTrips: 1}) {
 		t.Errorf("Stats = %+v, want one of each", st)
 	}
 }

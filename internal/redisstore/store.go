@@ -18,11 +18,15 @@
 // Decisions use the Redis server's clock by default (ServerClock), so
 // replicas whose clocks disagree still share one bucket correctly.
 //
-// Concurrent Takes are coalesced: their script calls travel to Redis
-// together, as one pipeline, so that under load Redis sees far fewer round
-// trips than Takes, while a lone Take is sent at once (see Options.BatchMax).
-// Each script call is still its own atomic step: batching changes how calls
-// travel, not what they decide.
+// Concurrent Takes are coalesced: they travel to Redis together, in one
+// round trip, so that under load Redis sees far fewer round trips than
+// Takes, while a lone Take is sent at once (see Options.BatchMax). On a
+// server without hash slots the coalesced Takes are one take.lua call,
+// which reads all their buckets with one MGET and decides the Takes one
+// after the other: one script entry and one TIME for the batch instead of
+// one each. Each Take is still decided on its own, all-or-nothing, exactly
+// as if sent alone: batching changes how Takes travel, not what they
+// decide.
 //
 // It needs Redis 6.2 or later (SET … PXAT, and scripts that read TIME and
 // then write, by effects replication); it is tested with 7.0.
@@ -135,9 +139,12 @@ type Stats struct {
 	// Takes is the number of Takes that went to Redis (valid and not
 	// empty).
 	Takes int64
-	// Calls is the number of script calls sent: one per Take, or on a
-	// cluster one per hash slot a Take spans, plus give-backs.
+	// Calls is the number of script runs asked for: one per Take, or on a
+	// cluster one per hash slot a Take spans, plus give-backs and refunds.
 	Calls int64
+	// Scripts is the number of script commands (EVALSHA) sent: Calls, less
+	// the Takes that travelled merged into one command with others.
+	Scripts int64
 	// RoundTrips is the number of round trips to Redis: pipelines when
 	// coalescing (one pipeline to a cluster goes to each node it names, in
 	// parallel, and counts once), script calls otherwise. A call retried
@@ -154,6 +161,7 @@ func (s *Store) Stats() Stats {
 	return Stats{
 		Takes:      s.stats.takes.Load(),
 		Calls:      s.stats.calls.Load(),
+		Scripts:    s.stats.scripts.Load(),
 		RoundTrips: s.stats.roundTrips.Load(),
 		Direct:     s.stats.direct.Load(),
 	}
@@ -348,28 +356,52 @@ type giveBackRecord struct {
 // run runs take.lua on keys and their requests (all in one slot, or on a
 // server without slots).
 func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
-	cmd := s.script(ctx, scriptCall{s.take, keys, s.takeArgs(now, reqs, extras)})
+	cmd := s.script(ctx, scriptCall{s.take, keys, s.takeArgs(now, reqs, extras), s.group == nil})
 	return decodeTakeCmd(cmd, len(reqs), extras)
 }
 
+// decodeTakeCmd reads the answer of a take.lua call that carried one Take
+// (the batcher hands each merged Take such an answer too).
 func decodeTakeCmd(cmd *redis.Cmd, n int, extras bool) (takeResult, error) {
-	reply, err := cmd.Int64Slice()
+	replies, err := cmd.Slice()
 	if err != nil {
 		return takeResult{}, err
+	}
+	if len(replies) != 1 {
+		return takeResult{}, fmt.Errorf("take script returned %d replies for one Take", len(replies))
+	}
+	var reply []int64
+	switch r := replies[0].(type) {
+	case error:
+		return takeResult{}, r
+	case []any:
+		reply = make([]int64, len(r))
+		for i, v := range r {
+			x, ok := v.(int64)
+			if !ok {
+				return takeResult{}, fmt.Errorf("take script returned %T, not an integer", v)
+			}
+			reply[i] = x
+		}
+	default:
+		return takeResult{}, fmt.Errorf("take script returned %T, not an array", r)
 	}
 	return decodeTake(reply, n, extras)
 }
 
-// takeArgs are take.lua's ARGV for reqs.
+// takeArgs are take.lua's ARGV for one Take of reqs: now, the number of
+// requests, extras, then nine per request. Several Takes' ARGV concatenated
+// are one call's (see batcher.exec).
 func (s *Store) takeArgs(now time.Time, reqs []limiter.Request, extras bool) []any {
-	args := make([]any, 2, 2+9*len(reqs))
+	args := make([]any, 3, 3+9*len(reqs))
 	args[0] = ""
 	if s.clock == CallerClock {
 		args[0] = now.UnixMicro()
 	}
-	args[1] = 0
+	args[1] = len(reqs)
+	args[2] = 0
 	if extras {
-		args[1] = 1
+		args[2] = 1
 	}
 	for _, r := range reqs {
 		// As Limit.advance: Period = q·Count + r. q ≤ the fill time and
@@ -404,13 +436,16 @@ type scriptCall struct {
 	script *redis.Script
 	keys   []string
 	args   []any
+	// merge says the call is one Take of take.lua that may travel in one
+	// script call with other Takes (on a server without hash slots).
+	merge bool
 }
 
 // script runs c: through the batcher when coalescing, else directly.
 func (s *Store) script(ctx context.Context, c scriptCall) *redis.Cmd {
 	if s.batch != nil {
 		if !s.batch.claimIdle() {
-			return s.batch.await(ctx, s.batch.submit(ctx, c.script, c.keys, c.args))
+			return s.batch.await(ctx, s.batch.submit(ctx, c))
 		}
 		// Redis is idle: send at once from this goroutine, without the two
 		// hand-offs to and from a sender; calls arriving meanwhile batch up.
@@ -431,7 +466,7 @@ func (s *Store) scripts(ctx context.Context, calls []scriptCall) []*redis.Cmd {
 	if s.batch != nil {
 		pending := make([]*call, len(calls))
 		for i, c := range calls {
-			pending[i] = s.batch.submit(ctx, c.script, c.keys, c.args)
+			pending[i] = s.batch.submit(ctx, c)
 		}
 		for i, p := range pending {
 			cmds[i] = s.batch.await(ctx, p)
@@ -450,6 +485,7 @@ func (s *Store) scripts(ctx context.Context, calls []scriptCall) []*redis.Cmd {
 // script (which caches it again).
 func (s *Store) direct(ctx context.Context, c scriptCall) *redis.Cmd {
 	s.stats.calls.Add(1)
+	s.stats.scripts.Add(1)
 	s.stats.roundTrips.Add(1)
 	cmd := c.script.EvalSha(ctx, s.client, c.keys, c.args...)
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
@@ -513,7 +549,7 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 		for j, i := range idx {
 			gkeys[j], greqs[j] = keys[i], reqs[i]
 		}
-		calls[g] = scriptCall{s.take, gkeys, s.takeArgs(now, greqs, true)}
+		calls[g] = scriptCall{script: s.take, keys: gkeys, args: s.takeArgs(now, greqs, true)}
 	}
 	for g, cmd := range s.scripts(ctx, calls) {
 		results[g], errs[g] = decodeTakeCmd(cmd, len(groups[g]), true)
@@ -586,7 +622,7 @@ func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string
 		if len(gkeys) == 0 {
 			continue
 		}
-		calls = append(calls, scriptCall{s.giveBack, gkeys, args})
+		calls = append(calls, scriptCall{script: s.giveBack, keys: gkeys, args: args})
 	}
 	if len(calls) == 0 {
 		return nil
@@ -624,7 +660,7 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 	}
 	var err error
 	if groups := s.groups(keys); len(groups) <= 1 {
-		err = s.script(ctx, scriptCall{s.refund, keys, s.refundArgs(now, reqs)}).Err()
+		err = s.script(ctx, scriptCall{script: s.refund, keys: keys, args: s.refundArgs(now, reqs)}).Err()
 	} else {
 		calls := make([]scriptCall, len(groups))
 		for g, idx := range groups {
@@ -633,7 +669,7 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 			for j, i := range idx {
 				gkeys[j], greqs[j] = keys[i], reqs[i]
 			}
-			calls[g] = scriptCall{s.refund, gkeys, s.refundArgs(now, greqs)}
+			calls[g] = scriptCall{script: s.refund, keys: gkeys, args: s.refundArgs(now, greqs)}
 		}
 		var errs []error
 		for _, cmd := range s.scripts(ctx, calls) {

@@ -1,15 +1,20 @@
--- ratelimitd take: applies the requests of one Take (or, on a cluster, the
--- requests of one hash slot) to their buckets all-or-nothing. It reads the
--- state "TAT:Frac" of every bucket first, decides every request, and writes
--- what limiter.DecideAll says a store writes: the state each bucket is left
--- in, when it differs from the stored one. If every request is admitted (a
--- Shadow one need not be), the takes, reservations and post-paid charges are
--- written; if one is denied, only the post-paid charges. It is
--- limiter.DecideAll and limiter.Decide (limiter/bucket.go) step by step, with
--- the same integer arithmetic: see the "mirrors" comments.
--- Go side: internal/redisstore/store.go (Store.Take, decodeTake). It starts
--- with common.lua (store.go prepends it): divmod, less, sub, ceil_us, full,
--- and now, read from ARGV[1] or the server's TIME.
+-- ratelimitd take: applies Takes to their buckets, each all-or-nothing, one
+-- after the other. For each Take (on a cluster: the requests of one Take in
+-- one hash slot) it reads the state "TAT:Frac" of every bucket first,
+-- decides every request, and writes what limiter.DecideAll says a store
+-- writes: the state each bucket is left in, when it differs from the stored
+-- one. If every request is admitted (a Shadow one need not be), the takes,
+-- reservations and post-paid charges are written; if one is denied, only the
+-- post-paid charges. It is limiter.DecideAll and limiter.Decide
+-- (limiter/bucket.go) step by step, with the same integer arithmetic: see
+-- the "mirrors" comments.
+-- Several Takes travel in one call when the Store coalesces them (one script
+-- entry, one TIME, one reply for the batch); each is still decided alone, on
+-- the state the Takes before it left.
+-- Go side: internal/redisstore/store.go (Store.Take, takeArgs, decodeTake)
+-- and batch.go (merging). It starts with common.lua (store.go prepends it):
+-- divmod, less, sub, ceil_us, full, and now, read from ARGV[1] or the
+-- server's TIME.
 --
 -- Lua numbers are doubles: every value below stays an integer under 2^53
 -- for a valid limiter.Limit and Request (limiter.MaxTokens, MaxFill), and so
@@ -20,22 +25,29 @@
 -- reservations. Spans are computed in the frame of now (see decide), where
 -- none exceeds 2·MaxFill (plus however far a caller's clock stepped back).
 --
--- KEYS[i]   the bucket of request i; a key may repeat.
--- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
--- ARGV[2]   "1" to add, per request, what the request answers when another
+-- KEYS      the buckets of every request of every Take, in order; a key may
+--           repeat.
+-- ARGV      per Take, starting at ARGV[1]:
+--   a       now in Unix microseconds, or "" for the server's TIME (every
+--           Take of a call uses the same clock; common.lua reads ARGV[1]).
+--   a+1     n, the number of its requests (its next n KEYS).
+--   a+2     "1" to add, per request, what the request answers when another
 --           slot of the same Take denies, and the give-back record (used
 --           when one Take spans several slots).
--- ARGV[3+9(i-1)..11+9(i-1)]  of request i: count, q and r (the period in
+--   a+3+9(i-1)..a+11+9(i-1)  of request i: count, q and r (the period in
 --           µs is q·count + r, split in Go: the period itself may exceed
 --           2^53), the period in µs rounded to a double (only to estimate,
 --           as Go's float64(p) does), burst, hits, max debt, max wait in
 --           whole µs (rounded down: a wait rounded up to the µs fits within
 --           MaxWait exactly when it fits within this), shadow (0/1).
 --
--- Returns {now, all admitted (0/1), then for each request:
+-- Returns one reply per Take, in order: an error reply if one of its
+-- buckets holds something else than "TAT:Frac" (nothing of that Take is
+-- written; the others are decided as usual), else
+--   {now, all admitted (0/1), then for each request:
 --   allowed (0/1), exceeds burst (0/1), remaining, retry after µs,
 --   reset after µs, wait µs,
---   and with ARGV[2] = "1":
+--   and with extras = "1":
 --   the same six as answered when the Take is denied (in another slot),
 --   give back (0/1: on the last request naming a key that this slot
 --   admitted, when its state differs from what a denied Take leaves),
@@ -133,147 +145,177 @@ local function decide(l, sus, sfr, now, hits, charge, maxwait)
   return sus, sfr, {0, 0, 0, wait, ceil_us(tus, tfr), 0}
 end
 
--- The stored state: "TAT:Frac"; a missing key is a full bucket (State{}).
+-- Every bucket of the call, read at once: key → its value, or false when
+-- missing. The Takes update it as they write, so that each sees the state
+-- the ones before it left.
+local values = {}
+for first = 1, #KEYS, 1000 do -- unpack's results must fit Lua's C stack
+  local last = math.min(first + 999, #KEYS)
+  local got = redis.call('MGET', unpack(KEYS, first, last))
+  for i = first, last do
+    values[KEYS[i]] = got[i - first + 1]
+  end
+end
+
+-- The stored state of key: us, frac; a missing key is a full bucket
+-- (State{}). Anything else than "TAT:Frac" returns nil and a message.
 local function load(key)
-  local v = redis.call('GET', key)
+  local v = values[key]
   if not v then
-    return {0, 0}
+    return 0, 0
   end
   local a, b = string.match(v, '^(-?%d+):(%d+)$')
   if not a then
-    return error('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac')
+    return nil, 'ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac'
   end
-  return {tonumber(a), tonumber(b)}
-end
-
-local extras = ARGV[2] == '1'
-
-local n = #KEYS
-local reqs = {}
-local stored = {} -- key → {us, frac}
-for i = 1, n do
-  local a = 2 + 9 * (i - 1)
-  local hits, maxdebt = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
-  reqs[i] = {
-    l = {
-      count = tonumber(ARGV[a + 1]),
-      q = tonumber(ARGV[a + 2]),
-      r = tonumber(ARGV[a + 3]),
-      period = tonumber(ARGV[a + 4]),
-      burst = tonumber(ARGV[a + 5]),
-      maxdebt = maxdebt,
-    },
-    hits = hits,
-    charge = maxdebt > 0 and hits > 0, -- mirrors Request.Charge
-    maxwait = tonumber(ARGV[a + 8]),
-    shadow = ARGV[a + 9] == '1',
-  }
-  local key = KEYS[i]
-  if not stored[key] then
-    stored[key] = load(key)
-  end
-end
-
-local function apply(r, s)
-  return decide(r.l, s[1], s[2], now, r.hits, r.charge, r.maxwait)
-end
-
--- mirrors DecideAll: each request sees the state left by the requests
--- before it that name the same key.
-local cur = {}     -- key → {us, frac}: the state as the requests so far leave it
-local touched = {} -- key → true when a request on it has hits > 0
-local last = {}    -- key → the index of the last request naming it
-local decisions = {}
-local allowed = 1
-for i = 1, n do
-  local key = KEYS[i]
-  local nus, nfr, d = apply(reqs[i], cur[key] or stored[key])
-  cur[key] = {nus, nfr}
-  decisions[i] = d
-  if d[1] == 0 and not reqs[i].shadow then
-    allowed = 0
-  end
-  if reqs[i].hits > 0 then
-    touched[key] = true
-  end
-  last[key] = i
-end
-
--- mirrors the end of DecideAll, for a denied Take: only post-paid charges
--- are applied, chained per key; the requests that were admitted report
--- their bucket as a check (hits 0) would; the others keep their denial.
-local function denied()
-  local cur2, d2 = {}, {}
-  for i = 1, n do
-    local key = KEYS[i]
-    local s = cur2[key] or stored[key]
-    if reqs[i].charge then
-      local nus, nfr, d = apply(reqs[i], s)
-      cur2[key] = {nus, nfr}
-      d2[i] = d
-    elseif decisions[i][1] == 1 then
-      local _, _, d = decide(reqs[i].l, s[1], s[2], now, 0, false, 0)
-      cur2[key] = s
-      d2[i] = d
-    else
-      cur2[key] = s
-      d2[i] = decisions[i]
-    end
-  end
-  return cur2, d2
-end
-
-local curDenied, decisionsDenied
-if allowed == 0 or extras then
-  curDenied, decisionsDenied = denied()
-end
-local final = cur
-if allowed == 0 then
-  final, decisions = curDenied, decisionsDenied
+  return tonumber(a), tonumber(b)
 end
 
 local function same(a, b)
   return a[1] == b[1] and a[2] == b[2]
 end
 
--- The write rule of DecideAll: a bucket that a request with hits > 0 left
--- in another state than the stored one. The key expires when the bucket is
--- full again (for a bucket in debt, after the debt is paid and it refills).
-for key in pairs(touched) do
-  local s = final[key]
-  if not same(s, stored[key]) then
-    local v = string.format('%.0f:%.0f', s[1], s[2])
-    if server_clock then
-      -- It expires when the server's clock (the one TIME read) passes the
-      -- TAT: the key vanishing means exactly "full".
-      redis.call('SET', key, v, 'PXAT', (divmod(ceil_us(s[1], s[2]) + 999, 1000)))
-    else
-      local l = reqs[last[key]].l
-      redis.call('SET', key, v, 'PX', (divmod(ceil_us(sub(s[1], s[2], now, 0, l.count)) + 999, 1000)))
+-- take decides the Take whose n requests are KEYS[k+1..k+n] and whose
+-- arguments start at ARGV[a], at now, writes what it says, and returns its
+-- reply.
+local function take(k, a, n, now)
+  local extras = ARGV[a + 2] == '1'
+  local keys = {}
+  local reqs = {}
+  local stored = {} -- key → {us, frac}
+  for i = 1, n do
+    local b = a + 2 + 9 * (i - 1)
+    local hits, maxdebt = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
+    -- The request and its limit in one table: decide reads the limit's
+    -- fields (count, q, r, period, burst, maxdebt) from it.
+    reqs[i] = {
+      count = tonumber(ARGV[b + 1]),
+      q = tonumber(ARGV[b + 2]),
+      r = tonumber(ARGV[b + 3]),
+      period = tonumber(ARGV[b + 4]),
+      burst = tonumber(ARGV[b + 5]),
+      maxdebt = maxdebt,
+      hits = hits,
+      charge = maxdebt > 0 and hits > 0, -- mirrors Request.Charge
+      maxwait = tonumber(ARGV[b + 8]),
+      shadow = ARGV[b + 9] == '1',
+    }
+    local key = KEYS[k + i]
+    keys[i] = key
+    if not stored[key] then
+      local us, fr = load(key)
+      if not us then
+        return redis.error_reply(fr)
+      end
+      stored[key] = {us, fr}
     end
   end
+
+  -- mirrors DecideAll: each request sees the state left by the requests
+  -- before it that name the same key.
+  local cur = {}     -- key → {us, frac}: the state as the requests so far leave it
+  local touched = {} -- key → true when a request on it has hits > 0
+  local last = {}    -- key → the index of the last request naming it
+  local decisions = {}
+  local allowed = 1
+  for i = 1, n do
+    local key, r = keys[i], reqs[i]
+    local s = cur[key] or stored[key]
+    local nus, nfr, d = decide(r, s[1], s[2], now, r.hits, r.charge, r.maxwait)
+    cur[key] = {nus, nfr}
+    decisions[i] = d
+    if d[1] == 0 and not r.shadow then
+      allowed = 0
+    end
+    if r.hits > 0 then
+      touched[key] = true
+    end
+    last[key] = i
+  end
+
+  -- mirrors the end of DecideAll, for a denied Take: only post-paid
+  -- charges are applied, chained per key; the requests that were admitted
+  -- report their bucket as a check (hits 0) would; the others keep their
+  -- denial.
+  local curDenied, decisionsDenied
+  if allowed == 0 or extras then
+    curDenied, decisionsDenied = {}, {}
+    for i = 1, n do
+      local key, r = keys[i], reqs[i]
+      local s = curDenied[key] or stored[key]
+      if r.charge then
+        local nus, nfr, d = decide(r, s[1], s[2], now, r.hits, true, r.maxwait)
+        curDenied[key] = {nus, nfr}
+        decisionsDenied[i] = d
+      elseif decisions[i][1] == 1 then
+        local _, _, d = decide(r, s[1], s[2], now, 0, false, 0)
+        curDenied[key] = s
+        decisionsDenied[i] = d
+      else
+        curDenied[key] = s
+        decisionsDenied[i] = decisions[i]
+      end
+    end
+  end
+  local final = cur
+  if allowed == 0 then
+    final, decisions = curDenied, decisionsDenied
+  end
+
+  -- The write rule of DecideAll: a bucket that a request with hits > 0 left
+  -- in another state than the stored one. The key expires when the bucket
+  -- is full again (for a bucket in debt, after the debt is paid and it
+  -- refills).
+  for key in pairs(touched) do
+    local s = final[key]
+    if not same(s, stored[key]) then
+      local v = string.format('%d:%d', s[1], s[2]) -- Lua 5.1: as a C long
+      values[key] = v
+      if server_clock then
+        -- It expires when the server's clock (the one TIME read) passes the
+        -- TAT: the key vanishing means exactly "full".
+        redis.call('SET', key, v, 'PXAT', (divmod(ceil_us(s[1], s[2]) + 999, 1000)))
+      else
+        local count = reqs[last[key]].count
+        redis.call('SET', key, v, 'PX', (divmod(ceil_us(sub(s[1], s[2], now, 0, count)) + 999, 1000)))
+      end
+    end
+  end
+
+  local out = {now, allowed}
+  local o = 2
+  for i = 1, n do
+    local d = decisions[i]
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = d[1], d[2], d[3], d[4], d[5], d[6]
+    o = o + 6
+    if extras then
+      local e = decisionsDenied[i]
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = e[1], e[2], e[3], e[4], e[5], e[6]
+      local key = keys[i]
+      local w, t = cur[key], curDenied[key]
+      if allowed == 1 and last[key] == i and not same(w, t) then
+        out[o + 7] = 1
+      else
+        out[o + 7] = 0
+      end
+      out[o + 8], out[o + 9], out[o + 10], out[o + 11] = w[1], w[2], t[1], t[2]
+      o = o + 11
+    end
+  end
+  return out
 end
 
-local out = {now, allowed}
-for i = 1, n do
-  for _, v in ipairs(decisions[i]) do
-    out[#out + 1] = v
+-- The Takes, one after the other. common.lua set now from ARGV[1]: the
+-- server's TIME, read once for the call, or the first Take's own now.
+local replies = {}
+local k, a = 0, 1
+while a <= #ARGV do
+  local n = tonumber(ARGV[a + 1])
+  local tnow = now
+  if not server_clock then
+    tnow = tonumber(ARGV[a])
   end
-  if extras then
-    for _, v in ipairs(decisionsDenied[i]) do
-      out[#out + 1] = v
-    end
-    local key = KEYS[i]
-    local w, t = cur[key], curDenied[key]
-    if allowed == 1 and last[key] == i and not same(w, t) then
-      out[#out + 1] = 1
-    else
-      out[#out + 1] = 0
-    end
-    out[#out + 1] = w[1]
-    out[#out + 1] = w[2]
-    out[#out + 1] = t[1]
-    out[#out + 1] = t[2]
-  end
+  replies[#replies + 1] = take(k, a, n, tnow)
+  k, a = k + n, a + 3 + 9 * n
 end
-return out
+return replies

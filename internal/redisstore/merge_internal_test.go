@@ -1,0 +1,103 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// TestMergedTakesAreDecidedInOrder sends one batch by hand: three Takes
+// that merge into one take.lua call (the second on a bucket holding
+// garbage) and a refund beside them. Each Take gets its own answer, as if
+// sent alone: the first and third on the state the ones before them left,
+// the second an error naming its bucket, which does not spoil the others.
+func TestMergedTakesAreDecidedInOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, Options{Clock: CallerClock, Prefix: "merge:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if err := c.Set(ctx, s.Key("bad"), "garbage", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, script := range []*redis.Script{s.take, s.refund} { // no NOSCRIPT retry
+		if err := script.Load(ctx, c).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
+	takeCall := func(key string, now time.Time) *call {
+		reqs := []limiter.Request{{Key: key, Limit: l, Hits: 1}}
+		return &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
+			script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(now, reqs, false), merge: true,
+		}}
+	}
+	refund := &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
+		script: s.refund, keys: []string{s.Key("other")},
+		args: s.refundArgs(t0, []limiter.Request{{Key: "other", Limit: l, Hits: 1}}),
+	}}
+	first, bad, third := takeCall("a", t0), takeCall("bad", t0), takeCall("a", t0.Add(time.Minute))
+	s.batch.exec([]*call{first, bad, refund, third})
+
+	for _, c := range []*call{first, bad, refund, third} {
+		<-c.done
+	}
+	if res, err := decodeTakeCmd(first.cmd, 1, false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
+		t.Errorf("first Take = %+v, %v; want admitted with 1 left", res.decisions, err)
+	}
+	if _, err := decodeTakeCmd(bad.cmd, 1, false); err == nil || !strings.Contains(err.Error(), "not TAT:Frac") {
+		t.Errorf("Take on a bucket holding garbage: %v, want an error saying so", err)
+	}
+	// A minute later, after the first Take: 1h59m until full, 0 left.
+	if res, err := decodeTakeCmd(third.cmd, 1, false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, ResetAfter: 2*time.Hour - time.Minute}) {
+		t.Errorf("third Take = %+v, %v; want admitted on what the first left", res.decisions, err)
+	}
+	if err := refund.cmd.Err(); err != nil {
+		t.Errorf("refund beside merged Takes: %v", err)
+	}
+	if st := s.Stats(); st != (Stats{Calls: 4, Scripts: 2, RoundTrips: 1}) {
+		t.Errorf("Stats = %+v, want 4 calls as 2 scripts in 1 round trip", st)
+	}
+}
+
+// TestTakeOfManyBuckets: a call reads its buckets in chunks (Lua's unpack
+// has a bound); a Take of 2,500 buckets decides every one.
+func TestTakeOfManyBuckets(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, Options{Clock: CallerClock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+	reqs := make([]limiter.Request, 2500)
+	for i := range reqs {
+		reqs[i] = limiter.Request{Key: fmt.Sprint("k", i), Limit: l, Hits: 1}
+	}
+	for round, want := range []bool{true, false} {
+		d, err := s.Take(context.Background(), t0, reqs)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for i := range d {
+			if d[i].Allowed != want {
+				t.Fatalf("round %d: request %d allowed %v, want %v", round, i, d[i].Allowed, want)
+			}
+		}
+	}
+}
