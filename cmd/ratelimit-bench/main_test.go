@@ -101,17 +101,20 @@ func TestPercentiles(t *testing.T) {
 }
 
 func TestRedisUsage(t *testing.T) {
-	before, err := parseInfo("# Stats\r\ntotal_commands_processed:100\r\ntotal_reads_processed:50\r\n# Commandstats\r\ncmdstat_evalsha:calls=10,usec=5\r\ncmdstat_info:calls=1,usec=3\r\n")
+	before, err := parseInfo("# Stats\r\ntotal_commands_processed:100\r\ntotal_reads_processed:50\r\n# Commandstats\r\ncmdstat_evalsha:calls=10,usec=5\r\ncmdstat_info:calls=1,usec=3\r\n# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.000000\r\nused_cpu_sys_children:9.000000\r\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	after, err := parseInfo("total_commands_processed:400\r\ntotal_reads_processed:72\r\ncmdstat_evalsha:calls=110,usec=5\r\ncmdstat_get:calls=100,usec=1\r\ncmdstat_info:calls=2,usec=3\r\ncmdstat_ping:calls=2\r\n")
+	after, err := parseInfo("total_commands_processed:400\r\ntotal_reads_processed:72\r\ncmdstat_evalsha:calls=110,usec=5\r\ncmdstat_get:calls=100,usec=1\r\ncmdstat_info:calls=2,usec=3\r\ncmdstat_ping:calls=2\r\nused_cpu_sys:1.600000\r\nused_cpu_user:2.100000\r\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	u := usage(before, after, 200)
 	if u.Scripts != 100 || u.Commands != 200 || u.RoundTrips != 20 || u.RoundTripsPerDecision != 0.1 || u.ScriptsPerDecision != 0.5 {
 		t.Errorf("usage = %+v; want 100 scripts, 200 commands, 20 round trips (0.1 a decision), 0.5 scripts a decision", u)
+	}
+	if u.CPUMicros != 200000 || u.CPUMicrosPerDecision != 1000 {
+		t.Errorf("usage = %+v; want 200000 µs of Redis CPU, 1000 µs a decision", u)
 	}
 	if _, err := parseInfo("# Stats\r\n"); err == nil {
 		t.Error("parseInfo without counters: nil error")

@@ -24,6 +24,9 @@ import (
 // event, so it is one round trip, while N separate calls are N. It can
 // overcount when a large pipeline arrives in several reads, and it counts
 // every client of this Redis, so give the server a Redis of its own.
+// CPUMicros is the CPU time Redis spent (used_cpu_user + used_cpu_sys of
+// INFO cpu), in µs: on a machine whose cores are shared it runs slower
+// than on its own, so compare it within one run.
 type RedisUsage struct {
 	Commands              int64            `json:"commands"`
 	Scripts               int64            `json:"scripts"`
@@ -31,6 +34,8 @@ type RedisUsage struct {
 	CommandsPerDecision   float64          `json:"commands_per_decision"`
 	ScriptsPerDecision    float64          `json:"scripts_per_decision"`
 	RoundTripsPerDecision float64          `json:"round_trips_per_decision"`
+	CPUMicros             int64            `json:"cpu_us"`
+	CPUMicrosPerDecision  float64          `json:"cpu_us_per_decision"`
 	ByCommand             map[string]int64 `json:"by_command,omitempty"`
 }
 
@@ -39,6 +44,7 @@ type redisSnapshot struct {
 	commands int64            // total_commands_processed
 	reads    int64            // total_reads_processed
 	calls    map[string]int64 // per command, from cmdstat_<name>:calls=
+	cpuUs    int64            // used_cpu_user + used_cpu_sys, in µs
 }
 
 // redisCounters reads a Redis server's INFO counters.
@@ -63,7 +69,7 @@ func (r *redisCounters) snapshot(ctx context.Context) (redisSnapshot, error) {
 	if err := r.c.Ping(ctx).Err(); err != nil {
 		return redisSnapshot{}, fmt.Errorf("redis %s: ping: %w", r.c.Options().Addr, err)
 	}
-	text, err := r.c.Info(ctx, "stats", "commandstats").Result()
+	text, err := r.c.Info(ctx, "stats", "commandstats", "cpu").Result()
 	if err != nil {
 		return redisSnapshot{}, fmt.Errorf("redis %s: INFO: %w", r.c.Options().Addr, err)
 	}
@@ -85,6 +91,12 @@ func parseInfo(text string) (redisSnapshot, error) {
 			s.commands, _ = strconv.ParseInt(val, 10, 64)
 		case name == "total_reads_processed":
 			s.reads, _ = strconv.ParseInt(val, 10, 64)
+		case name == "used_cpu_user" || name == "used_cpu_sys":
+			sec, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				return s, fmt.Errorf("INFO %s: %w", name, err)
+			}
+			s.cpuUs += int64(sec * 1e6)
 		case strings.HasPrefix(name, "cmdstat_"):
 			for _, kv := range strings.Split(val, ",") {
 				if n, ok := strings.CutPrefix(kv, "calls="); ok {
@@ -122,10 +134,12 @@ func usage(before, after redisSnapshot, decisions int64) RedisUsage {
 		}
 	}
 	u.RoundTrips = max(0, after.reads-before.reads-2) // our PING and INFO
+	u.CPUMicros = after.cpuUs - before.cpuUs
 	if decisions > 0 {
 		u.CommandsPerDecision = float64(u.Commands) / float64(decisions)
 		u.ScriptsPerDecision = float64(u.Scripts) / float64(decisions)
 		u.RoundTripsPerDecision = float64(u.RoundTrips) / float64(decisions)
+		u.CPUMicrosPerDecision = float64(u.CPUMicros) / float64(decisions)
 	}
 	return u
 }

@@ -53,7 +53,7 @@ func writeTable(w io.Writer, rep report) error {
 	fmt.Fprintf(w, "%gs per cell after %gs warm-up, median of %d round(s); %d gRPC connection(s); keyspace %d, Zipf s=%g, %.0f%% aimed over limit; %d CPUs, %s\n",
 		s.DurationSec, s.WarmupSec, s.Rounds, s.Conns, s.Keyspace, s.ZipfS, 100*s.OverLimitShare, s.CPUs, s.GoVersion)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "case\ttarget\tdecisions/s\t×floor\tp50\t×floor\tp99\t×floor\tp99.9\tOK\tOVER_LIMIT\terrors\tscripts/dec\tredis cmds/dec\tround trips/dec\t")
+	fmt.Fprintln(tw, "case\ttarget\tdecisions/s\t×floor\tp50\t×floor\tp99\t×floor\tp99.9\tOK\tOVER_LIMIT\terrors\tscripts/dec\tredis cmds/dec\tround trips/dec\tredis CPU µs/dec\t")
 	ratio := func(v float64) string {
 		if v == 0 {
 			return "-"
@@ -61,8 +61,9 @@ func writeTable(w io.Writer, rep report) error {
 		return strconv.FormatFloat(v, 'f', 2, 64)
 	}
 	for _, r := range rep.Results {
-		scripts, cmds, rts := "-", "-", "-"
+		scripts, cmds, rts, cpu := "-", "-", "-", "-"
 		if r.Redis != nil {
+			cpu = strconv.FormatFloat(r.Redis.CPUMicrosPerDecision, 'f', 1, 64)
 			scripts = strconv.FormatFloat(r.Redis.ScriptsPerDecision, 'f', 3, 64)
 			cmds = strconv.FormatFloat(r.Redis.CommandsPerDecision, 'f', 3, 64)
 			rts = strconv.FormatFloat(r.Redis.RoundTripsPerDecision, 'f', 3, 64)
@@ -79,10 +80,10 @@ func writeTable(w io.Writer, rep report) error {
 		if r.Capped {
 			capped = "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n",
 			r.Case, r.Target, r.DecisionsPerSec, capped, ratio(r.ThroughputVsFloor),
 			durationString(r.P50us), ratio(r.P50VsFloor), durationString(r.P99us), ratio(r.P99VsFloor),
-			durationString(r.P999us), r.OK, r.OverLimit, errs, scripts, cmds, rts)
+			durationString(r.P999us), r.OK, r.OverLimit, errs, scripts, cmds, rts, cpu)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write table: %w", err)
