@@ -120,6 +120,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	onFailure := fs.String("on-backend-failure", "error", "answer while Redis fails: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow, deny, or local (in-process buckets)")
 	fs.DurationVar(&c.failure.Timeout, "backend-timeout", 10*time.Millisecond, "deadline of each Redis call (well under Envoy's default 20ms for the whole call)")
 	fs.IntVar(&c.failure.FailureThreshold, "breaker-failures", 3, "consecutive Redis failures that open the circuit breaker")
+	fs.DurationVar(&c.failure.FailingFor, "breaker-failing-for", 0, "how long Redis must keep failing, with no call succeeding, before the breaker opens (0: twice --backend-timeout; negative: no minimum)")
 	fs.DurationVar(&c.failure.OpenFor, "breaker-open-for", 500*time.Millisecond, "how long the open breaker answers without Redis before one call probes it")
 	fs.Int64Var(&c.failure.ReplicasHint, "replicas-hint", 1, "local mode: each rate and burst is divided by this (the number of replicas)")
 	fs.DurationVar(&c.failure.Grace, "failure-grace", 0, "local mode: how long an outage is answered per --failure-grace-mode before limiting locally")

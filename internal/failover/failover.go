@@ -66,8 +66,16 @@ type Options struct {
 	// Timeout bounds every backend call. Default 10ms: half of Envoy's
 	// default 20ms for the whole rate-limit call.
 	Timeout time.Duration
-	// FailureThreshold consecutive failures open the breaker. Default 3.
+	// FailureThreshold consecutive failures open the breaker, once they
+	// have gone on for FailingFor. Default 3.
 	FailureThreshold int
+	// FailingFor is how long failures must go on, with no call succeeding
+	// in between, before the breaker opens: one slow batch (a GC pause, a
+	// CPU-starved moment) fails many concurrent calls at once, and must not
+	// turn into OpenFor of failure-mode answers, while a Redis that is down
+	// or stalled keeps failing and opens it after this. Default twice
+	// Timeout; negative means no minimum (FailureThreshold alone).
+	FailingFor time.Duration
 	// OpenFor is how long the open breaker answers without the backend
 	// before one call probes it again. Default 500ms.
 	OpenFor time.Duration
@@ -95,6 +103,7 @@ type Store struct {
 
 	mu          sync.Mutex
 	failures    int       // consecutive
+	streakStart time.Time // when the first of them failed
 	openUntil   time.Time // zero when closed
 	probing     bool      // a half-open probe is in flight
 	outageStart time.Time // zero while healthy
@@ -118,6 +127,12 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 	}
 	if opts.FailureThreshold <= 0 {
 		opts.FailureThreshold = 3
+	}
+	switch {
+	case opts.FailingFor == 0:
+		opts.FailingFor = 2 * opts.Timeout
+	case opts.FailingFor < 0:
+		opts.FailingFor = 0
 	}
 	if opts.OpenFor <= 0 {
 		opts.OpenFor = 500 * time.Millisecond
@@ -214,9 +229,12 @@ func (s *Store) failed(probe bool, err error) {
 	if first {
 		s.outageStart = now
 	}
+	if s.failures == 0 {
+		s.streakStart = now
+	}
 	s.failures++
 	s.lastErr = err
-	if probe || s.failures >= s.opts.FailureThreshold {
+	if probe || (s.failures >= s.opts.FailureThreshold && now.Sub(s.streakStart) >= s.opts.FailingFor) {
 		s.openUntil = now.Add(s.opts.OpenFor)
 	}
 	if probe {

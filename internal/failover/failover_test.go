@@ -75,7 +75,7 @@ func newStore(t *testing.T, b *backend, opts failover.Options) (*failover.Store,
 func TestErrorModeAndBreaker(t *testing.T) {
 	b := newBackend()
 	var changes []string
-	s, clk := newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 3, OpenFor: time.Second,
+	s, clk := newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 3, FailingFor: 20 * time.Millisecond, OpenFor: time.Second,
 		OnChange: func(healthy bool, err error) { changes = append(changes, fmt.Sprint(healthy)) }})
 	ctx := context.Background()
 	if _, err := s.Take(ctx, t0, oneReq); err != nil {
@@ -86,9 +86,12 @@ func TestErrorModeAndBreaker(t *testing.T) {
 		if _, err := s.Take(ctx, t0, oneReq); !errors.Is(err, unavail) {
 			t.Fatalf("down, call %d: %v, want ErrUnavailable", i+1, err)
 		}
+		if i < 2 {
+			clk.Advance(10 * time.Millisecond)
+		}
 	}
 	if got := b.Calls(); got != 1+3 {
-		t.Errorf("backend called %d times, want 4: the breaker opens after 3 failures", got)
+		t.Errorf("backend called %d times, want 4: the breaker opens after 3 failures over 20ms", got)
 	}
 	if s.Healthy() {
 		t.Error("Healthy() = true during the outage")
@@ -114,6 +117,42 @@ func TestErrorModeAndBreaker(t *testing.T) {
 	}
 	if fmt.Sprint(changes) != "[false true]" {
 		t.Errorf("OnChange calls = %v, want [false true]", changes)
+	}
+}
+
+// TestBreakerNeedsFailuresThatLast: failures that all land at once (one
+// slow batch) do not open the breaker however many they are, and a success
+// starts the count again; failures that go on for FailingFor do.
+func TestBreakerNeedsFailuresThatLast(t *testing.T) {
+	b := newBackend()
+	s, clk := newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 3, FailingFor: 20 * time.Millisecond})
+	ctx := context.Background()
+	b.set("down")
+	for range 64 {
+		s.Take(ctx, t0, oneReq)
+	}
+	if got := b.Calls(); got != 64 {
+		t.Errorf("64 failures at one instant: backend called %d times, want all 64 (breaker closed)", got)
+	}
+	step := func(state string, wantCalls int, why string) {
+		t.Helper()
+		clk.Advance(10 * time.Millisecond)
+		b.set(state)
+		s.Take(ctx, t0, oneReq)
+		if got := b.Calls(); got != wantCalls {
+			t.Errorf("%s: backend called %d times in all, want %d", why, got, wantCalls)
+		}
+	}
+	step("up", 65, "a success")
+	step("down", 66, "failure 1")
+	step("down", 67, "failure 2, 10ms on")
+	step("up", 68, "a success between")
+	step("down", 69, "failure 1 again")
+	step("down", 70, "failure 2 again, 10ms on")
+	step("down", 71, "failure 3, 20ms on: opens")
+	step("down", 71, "open")
+	if s.Healthy() {
+		t.Error("Healthy() = true with the breaker open")
 	}
 }
 
@@ -203,7 +242,7 @@ func TestOneProbeAtATime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBackend()
 		b.set("down")
-		s, err := failover.New(b, failover.Options{Mode: failover.Allow, FailureThreshold: 1, OpenFor: time.Second, Timeout: 100 * time.Millisecond})
+		s, err := failover.New(b, failover.Options{Mode: failover.Allow, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Timeout: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +262,7 @@ func TestOneProbeAtATime(t *testing.T) {
 
 func TestNeitherBadRequestsNorCancelledCallersTripTheBreaker(t *testing.T) {
 	b := newBackend()
-	s, _ := newStore(t, b, failover.Options{FailureThreshold: 1})
+	s, _ := newStore(t, b, failover.Options{FailureThreshold: 1, FailingFor: -1})
 	bad := []limiter.Request{{Key: "k", Limit: tenMin, Hits: -1}}
 	if _, err := s.Take(context.Background(), t0, bad); !errors.Is(err, limiter.ErrInvalidRequest) {
 		t.Errorf("bad request: %v, want ErrInvalidRequest", err)
