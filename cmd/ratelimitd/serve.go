@@ -111,7 +111,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	srv.SetConfig(set)
 	// hooks tell metrics of reloads.
 	var hooks reloadHooks
-	obs.metrics.ConfigLoaded(set.Hash())
+	obs.metrics.ConfigLoaded(set)
 	hooks.loaded, hooks.rejected = obs.metrics.ConfigLoaded, obs.metrics.ConfigRejected
 	watcher, err := newWatcher(c, set, srv, log, &hooks)
 	if err != nil {
@@ -281,7 +281,7 @@ func openBackend(c serveConfig, log *slog.Logger, onHealth func(healthy bool)) (
 // reloadHooks are told of config reloads, for metrics; nil fields are
 // skipped. They are called from the watcher's goroutine.
 type reloadHooks struct {
-	loaded   func(hash string)
+	loaded   func(*config.Set)
 	rejected func(error)
 }
 
@@ -305,7 +305,7 @@ func newWatcher(c serveConfig, current *config.Set, srv *server.Server, log *slo
 			}
 			log.Info("config reloaded", "config", c.configPath, "config_hash", set.Hash(), "domains", names)
 			if hooks.loaded != nil {
-				hooks.loaded(set.Hash())
+				hooks.loaded(set)
 			}
 		},
 		OnError: func(err error) {

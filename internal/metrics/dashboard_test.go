@@ -47,7 +47,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m.ConfigLoaded("hash")
+	m.ConfigLoaded(mustParse(t, testConfig))
 	m.ConfigRejected(errors.New("bad"))
 	m.BackendError("timeout")
 	m.FailureModeActivated("allow")

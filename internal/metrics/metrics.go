@@ -101,7 +101,15 @@ type Metrics struct {
 	overrides sync.Map
 	domains   boundedSet
 	hash      atomic.Pointer[string]
+
+	// loadedMu guards loaded: the (domain, rule label) pairs of the config
+	// in force, whose series ConfigLoaded keeps.
+	loadedMu sync.Mutex
+	loaded   map[ruleID]bool
 }
+
+// ruleID is a rule's domain and rule labels.
+type ruleID struct{ domain, rule string }
 
 // New returns Metrics registered on a new registry.
 func New(opts Options) (*Metrics, error) {
@@ -193,8 +201,12 @@ func New(opts Options) (*Metrics, error) {
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 // ConfigLoaded records a config (re)load that took effect, and labels
-// ratelimitd_config_info with its hash (config.Set.Hash).
-func (m *Metrics) ConfigLoaded(hash string) {
+// ratelimitd_config_info with its hash (config.Set.Hash). The per-rule
+// series of rules that set no longer has (same domain and rule label) are
+// deleted, so that a reload leaves no series behind that can never move
+// again; those of the rules it keeps go on counting.
+func (m *Metrics) ConfigLoaded(set *config.Set) {
+	hash := set.Hash()
 	m.reloads.WithLabelValues("ok").Inc()
 	if old := m.hash.Swap(&hash); old != nil && *old != hash {
 		m.configInfo.DeleteLabelValues(*old)
@@ -204,6 +216,25 @@ func (m *Metrics) ConfigLoaded(hash string) {
 	// and what the old rules' limits were.
 	m.rules.Store(new(sync.Map))
 	m.ruleInfo.Reset()
+
+	now := make(map[ruleID]bool)
+	for _, d := range set.Domains() {
+		for _, r := range d.Rules {
+			now[ruleID{d.Name, RuleLabel(r)}] = true
+		}
+	}
+	m.loadedMu.Lock()
+	defer m.loadedMu.Unlock()
+	for id := range m.loaded {
+		if now[id] {
+			continue
+		}
+		labels := prometheus.Labels{"domain": id.domain, "rule": id.rule}
+		for _, v := range []*prometheus.CounterVec{m.hits, m.within, m.near, m.over, m.shadow, m.requests} {
+			v.DeletePartialMatch(labels)
+		}
+	}
+	m.loaded = now
 }
 
 // ConfigRejected records a reload that failed (the config in force stays).

@@ -41,6 +41,16 @@ descriptors:
     rate_limit: {unlimited: true, name: internal}
 `
 
+// mustParse parses one descriptor file.
+func mustParse(t testing.TB, yaml string) *config.Set {
+	t.Helper()
+	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(yaml)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
 // newServer returns a server on the memory store, deciding at a fixed
 // instant, that reports to m.
 func newServer(t testing.TB, m server.Observer) *server.Server {
@@ -150,8 +160,11 @@ func TestMetricsFollowScriptedCalls(t *testing.T) {
 	if _, err := srv.ShouldRateLimit(ctx, request("")); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("empty request: %v, want InvalidArgument", err)
 	}
-	m.ConfigLoaded("abc")
-	m.ConfigLoaded("def")
+	// Two loads that keep every rule: the counters go on.
+	first := mustParse(t, testConfig)
+	second := mustParse(t, testConfig+"  - key: extra\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	m.ConfigLoaded(first)
+	m.ConfigLoaded(second)
 	m.ConfigRejected(errors.New("bad yaml"))
 	m.FailureModeActivated("allow")
 	m.BackendError("timeout")
@@ -185,7 +198,7 @@ func TestMetricsFollowScriptedCalls(t *testing.T) {
 		{"ratelimitd_request_duration_seconds", map[string]string{"backend": "memory", "code": "OK"}, 24},
 		{"ratelimitd_config_reloads_total", map[string]string{"result": "ok"}, 2},
 		{"ratelimitd_config_reloads_total", map[string]string{"result": "failed"}, 1},
-		{"ratelimitd_config_info", map[string]string{"hash": "def"}, 1},
+		{"ratelimitd_config_info", map[string]string{"hash": second.Hash()}, 1},
 		{"ratelimitd_failure_mode_activations_total", map[string]string{"mode": "allow"}, 1},
 		{"ratelimitd_backend_errors_total", map[string]string{"backend": "memory", "kind": "timeout"}, 1},
 	}
@@ -195,8 +208,8 @@ func TestMetricsFollowScriptedCalls(t *testing.T) {
 			t.Errorf("%s%v = %v (present %v), want %v", tt.name, tt.labels, got, ok, tt.want)
 		}
 	}
-	if _, ok := value(t, reg, "ratelimitd_config_info", map[string]string{"hash": "abc"}); ok {
-		t.Errorf("ratelimitd_config_info{hash=abc} still present after loading def")
+	if _, ok := value(t, reg, "ratelimitd_config_info", map[string]string{"hash": first.Hash()}); ok {
+		t.Errorf("ratelimitd_config_info of the first config still present after loading the second")
 	}
 	if _, ok := value(t, reg, "ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "api > user", "value": "u3"}); ok {
 		t.Errorf("a 4th detailed value was labelled; want it counted as _other")
@@ -367,4 +380,52 @@ func BenchmarkObserveCall(b *testing.B) {
 			m.ObserveCall(call)
 		}
 	})
+}
+
+// TestReloadDropsSeriesOfRemovedRules: a reload that removes a rule
+// deletes its series (they could never move again); the rules it keeps go
+// on counting from where they were.
+func TestReloadDropsSeriesOfRemovedRules(t *testing.T) {
+	m, err := metrics.New(metrics.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(t, m)
+	m.ConfigLoaded(mustParse(t, testConfig))
+	ctx := context.Background()
+	for _, d := range [][]string{{"model", "gpt-4o"}, {"model", "shadowed"}, {"user", "u1"}} {
+		if _, err := srv.ShouldRateLimit(ctx, request("api", d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := m.Registry()
+	series := []map[string]string{
+		{"domain": "api", "rule": "gpt-4o", "value": ""},
+		{"domain": "api", "rule": "shadowed", "value": ""},
+		{"domain": "api", "rule": "api > user", "value": "u1"},
+	}
+	for _, labels := range series {
+		if _, ok := value(t, reg, "ratelimitd_descriptor_hits_total", labels); !ok {
+			t.Fatalf("no hits series %v before the reload", labels)
+		}
+	}
+
+	kept := `
+domain: api
+descriptors:
+  - key: model
+    value: gpt-4o
+    rate_limit: {unit: minute, requests_per_unit: 50, name: gpt-4o}
+`
+	m.ConfigLoaded(mustParse(t, kept))
+	if got, ok := value(t, reg, "ratelimitd_descriptor_hits_total", series[0]); !ok || got != 1 {
+		t.Errorf("kept rule gpt-4o: hits %v (present %v), want 1 kept across the reload", got, ok)
+	}
+	for _, name := range []string{"ratelimitd_descriptor_hits_total", "ratelimitd_descriptor_within_limit_total"} {
+		for _, labels := range series[1:] {
+			if _, ok := value(t, reg, name, labels); ok {
+				t.Errorf("%s%v still present after a reload removed the rule", name, labels)
+			}
+		}
+	}
 }

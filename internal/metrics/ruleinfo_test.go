@@ -36,7 +36,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	srv.SetConfig(set)
-	m.ConfigLoaded(set.Hash())
+	m.ConfigLoaded(set)
 	req := &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "claude"}},
 	}}}
@@ -52,7 +52,7 @@ ratelimitd_rule_limit_info{counts="tokens",domain="ai",group="",limit="tpm",rate
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "ratelimitd_rule_limit_info"); err != nil {
 		t.Error(err)
 	}
-	m.ConfigLoaded("another")
+	m.ConfigLoaded(mustParse(t, "domain: other\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"))
 	if n := testutil.CollectAndCount(m.Registry(), "ratelimitd_rule_limit_info"); n != 0 {
 		t.Errorf("after a reload, %d rule_limit_info series remain from the old config", n)
 	}
