@@ -24,7 +24,10 @@
 package metrics
 
 import (
+	"context"
 	"errors"
+	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -278,16 +281,16 @@ func (m *Metrics) ObserveCall(c server.Call) {
 	}
 }
 
-// errorKind classifies the error of an UNAVAILABLE answer.
+// errorKind classifies the error of an UNAVAILABLE answer by its cause
+// (server.Call.Err wraps it): no config yet, a deadline (the backend
+// timeout, or a network timeout), or anything else.
 func errorKind(err error) string {
-	if err == nil {
-		return "unavailable"
-	}
-	msg := err.Error()
+	var netErr net.Error
 	switch {
-	case strings.Contains(msg, "no rate limit configuration"):
+	case errors.Is(err, server.ErrNoConfig):
 		return "no_config"
-	case strings.Contains(msg, "deadline exceeded"), strings.Contains(msg, "timeout"), strings.Contains(msg, "i/o timeout"):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
+		errors.As(err, &netErr) && netErr.Timeout():
 		return "timeout"
 	}
 	return "unavailable"

@@ -32,7 +32,9 @@ type Call struct {
 	// Code is the gRPC status of the answer: OK, InvalidArgument,
 	// Unavailable (backend failure or no config), Canceled.
 	Code codes.Code
-	// Err is the error answered, nil when Code is OK.
+	// Err is the error answered, nil when Code is OK. It is a gRPC status
+	// error; when a backend failure or a missing config (ErrNoConfig)
+	// caused it, errors.Is and errors.As reach that cause.
 	Err error
 	// Overall is the answer's overall_code when Code is OK.
 	Overall rlsv3.RateLimitResponse_Code

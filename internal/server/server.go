@@ -204,7 +204,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	}
 	cur := s.current.Load()
 	if cur == nil {
-		return plan{}, nil, nil, status.Error(codes.Unavailable, "no rate limit configuration loaded yet")
+		return plan{}, nil, nil, answerFor(codes.Unavailable, ErrNoConfig)
 	}
 	p, err := planRequest(cur.set, req, s.waitCap(ctx, now))
 	if err != nil {
@@ -299,15 +299,35 @@ func (s *Server) logFailure(ctx context.Context, now time.Time, domain string, e
 	s.log.WarnContext(ctx, "backend failed", "domain", domain, "err", err, "unlogged_since_last", s.quietFailures.Swap(0))
 }
 
+// ErrNoConfig is the cause of the UNAVAILABLE answered before any config
+// is loaded.
+var ErrNoConfig = errors.New("no rate limit configuration loaded yet")
+
 // statusFromError maps a Store error to the gRPC status Envoy sees. A
 // backend failure is UNAVAILABLE, so that Envoy's failure_mode_deny decides.
 func statusFromError(err error) error {
 	switch {
 	case errors.Is(err, limiter.ErrInvalidRequest):
-		return status.Error(codes.InvalidArgument, err.Error())
+		return answerFor(codes.InvalidArgument, err)
 	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
+		return answerFor(codes.Canceled, err)
 	default:
-		return status.Error(codes.Unavailable, err.Error())
+		return answerFor(codes.Unavailable, err)
 	}
 }
+
+// answerError is a gRPC status answered because of cause: gRPC sends the
+// status (code, and cause's message), while errors.Is and errors.As on it
+// still reach cause, for observers that classify failures (Call.Err).
+type answerError struct {
+	status *status.Status
+	cause  error
+}
+
+func answerFor(code codes.Code, cause error) error {
+	return &answerError{status: status.New(code, cause.Error()), cause: cause}
+}
+
+func (e *answerError) Error() string              { return e.status.Err().Error() }
+func (e *answerError) GRPCStatus() *status.Status { return e.status }
+func (e *answerError) Unwrap() error              { return e.cause }
