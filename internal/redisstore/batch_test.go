@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -260,6 +262,7 @@ func BenchmarkTakeParallel(b *testing.B) {
 			b.SetParallelism(16) // 16 × GOMAXPROCS callers
 			b.ResetTimer()
 			before := s.Stats()
+			cpuBefore := redisCPU(b, c)
 			b.RunParallel(func(pb *testing.PB) {
 				reqs := []limiter.Request{{Key: fmt.Sprintf("bucket%d", ids.Add(1)), Limit: l, Hits: 1}}
 				for pb.Next() {
@@ -270,9 +273,33 @@ func BenchmarkTakeParallel(b *testing.B) {
 				}
 			})
 			after := s.Stats()
+			cpuAfter := redisCPU(b, c)
 			b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(after.Takes-before.Takes), "roundtrips/op")
+			b.ReportMetric((cpuAfter-cpuBefore).Seconds()*1e6/float64(after.Takes-before.Takes), "redis-cpu-µs/op")
 		})
 	}
+}
+
+// redisCPU is the CPU time the Redis server behind c has used (INFO cpu:
+// used_cpu_user + used_cpu_sys).
+func redisCPU(t testing.TB, c *redis.Client) time.Duration {
+	t.Helper()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		name, val, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if name == "used_cpu_user" || name == "used_cpu_sys" {
+			f, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				t.Fatalf("INFO cpu %s: %v", name, err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // BenchmarkTakeSerial measures one caller at a time, coalesced (the

@@ -175,31 +175,79 @@ local function same(a, b)
   return a[1] == b[1] and a[2] == b[2]
 end
 
+-- request reads the request whose nine arguments follow ARGV[b]: the
+-- request and its limit in one table (decide reads the limit's fields,
+-- count, q, r, period, burst and maxdebt, from it).
+local function request(b)
+  local hits, maxdebt = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
+  return {
+    count = tonumber(ARGV[b + 1]),
+    q = tonumber(ARGV[b + 2]),
+    r = tonumber(ARGV[b + 3]),
+    period = tonumber(ARGV[b + 4]),
+    burst = tonumber(ARGV[b + 5]),
+    maxdebt = maxdebt,
+    hits = hits,
+    charge = maxdebt > 0 and hits > 0, -- mirrors Request.Charge
+    maxwait = tonumber(ARGV[b + 8]),
+    shadow = ARGV[b + 9] == '1',
+  }
+end
+
+-- write stores state (us, fr) in key, expiring when the bucket is full
+-- again (for a bucket in debt, after the debt is paid and it refills);
+-- count is that of the last request on the key.
+local function write(key, us, fr, now, count)
+  local v = string.format('%d:%d', us, fr) -- Lua 5.1: as a C long
+  values[key] = v
+  if server_clock then
+    -- It expires when the server's clock (the one TIME read) passes the
+    -- TAT: the key vanishing means exactly "full".
+    redis.call('SET', key, v, 'PXAT', (divmod(ceil_us(us, fr) + 999, 1000)))
+  else
+    redis.call('SET', key, v, 'PX', (divmod(ceil_us(sub(us, fr, now, 0, count)) + 999, 1000)))
+  end
+end
+
+-- take_single is take (below) for a Take of one request without extras,
+-- the common case, without take's per-key tables: DecideAll over one
+-- request.
+local function take_single(key, b, now)
+  local r = request(b)
+  local us, fr = load(key)
+  if not us then
+    return redis.error_reply(fr)
+  end
+  local nus, nfr, d = decide(r, us, fr, now, r.hits, r.charge, r.maxwait)
+  local allowed = 1
+  if d[1] == 0 and not r.shadow then
+    -- Denied: only a post-paid charge is written (what decide just
+    -- computed, as DecideAll's denied path recomputes it); the request
+    -- keeps its denial.
+    allowed = 0
+    if not r.charge then
+      nus, nfr = us, fr
+    end
+  end
+  if r.hits > 0 and (nus ~= us or nfr ~= fr) then
+    write(key, nus, nfr, now, r.count)
+  end
+  return {now, allowed, d[1], d[2], d[3], d[4], d[5], d[6]}
+end
+
 -- take decides the Take whose n requests are KEYS[k+1..k+n] and whose
 -- arguments start at ARGV[a], at now, writes what it says, and returns its
 -- reply.
 local function take(k, a, n, now)
   local extras = ARGV[a + 2] == '1'
+  if n == 1 and not extras then
+    return take_single(KEYS[k + 1], a + 2, now)
+  end
   local keys = {}
   local reqs = {}
   local stored = {} -- key → {us, frac}
   for i = 1, n do
-    local b = a + 2 + 9 * (i - 1)
-    local hits, maxdebt = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
-    -- The request and its limit in one table: decide reads the limit's
-    -- fields (count, q, r, period, burst, maxdebt) from it.
-    reqs[i] = {
-      count = tonumber(ARGV[b + 1]),
-      q = tonumber(ARGV[b + 2]),
-      r = tonumber(ARGV[b + 3]),
-      period = tonumber(ARGV[b + 4]),
-      burst = tonumber(ARGV[b + 5]),
-      maxdebt = maxdebt,
-      hits = hits,
-      charge = maxdebt > 0 and hits > 0, -- mirrors Request.Charge
-      maxwait = tonumber(ARGV[b + 8]),
-      shadow = ARGV[b + 9] == '1',
-    }
+    reqs[i] = request(a + 2 + 9 * (i - 1))
     local key = KEYS[k + i]
     keys[i] = key
     if not stored[key] then
@@ -263,22 +311,11 @@ local function take(k, a, n, now)
   end
 
   -- The write rule of DecideAll: a bucket that a request with hits > 0 left
-  -- in another state than the stored one. The key expires when the bucket
-  -- is full again (for a bucket in debt, after the debt is paid and it
-  -- refills).
+  -- in another state than the stored one.
   for key in pairs(touched) do
     local s = final[key]
     if not same(s, stored[key]) then
-      local v = string.format('%d:%d', s[1], s[2]) -- Lua 5.1: as a C long
-      values[key] = v
-      if server_clock then
-        -- It expires when the server's clock (the one TIME read) passes the
-        -- TAT: the key vanishing means exactly "full".
-        redis.call('SET', key, v, 'PXAT', (divmod(ceil_us(s[1], s[2]) + 999, 1000)))
-      else
-        local count = reqs[last[key]].count
-        redis.call('SET', key, v, 'PX', (divmod(ceil_us(sub(s[1], s[2], now, 0, count)) + 999, 1000)))
-      end
+      write(key, s[1], s[2], now, reqs[last[key]].count)
     end
   end
 
