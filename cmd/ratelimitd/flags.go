@@ -27,6 +27,7 @@ type serveConfig struct {
 	rateLimitHeader server.RateLimitHeaders
 	limits          server.RequestLimits
 	maxMessageBytes int
+	streamWorkers   int // gRPC goroutines kept for handling calls
 	maxWait         time.Duration
 	redis           redisFlags
 	pprof           bool           // serve /debug/pprof/ on the HTTP port
@@ -94,6 +95,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&c.limits.MaxDomainBytes, "max-domain-bytes", 256, "longest domain")
 	fs.Uint64Var(&c.limits.MaxHits, "max-hits", 1_000_000_000, "largest hits_addend")
 	fs.IntVar(&c.maxMessageBytes, "max-message-bytes", 1<<20, "largest gRPC request message")
+	fs.IntVar(&c.streamWorkers, "grpc-stream-workers", 128, "goroutines kept to handle gRPC calls, so that their grown stacks are reused; calls beyond them get their own goroutine (0: none kept)")
 	fs.DurationVar(&c.maxWait, "max-wait", 5*time.Second, "cap on every limit's max_wait: the longest a call is held for reserved tokens")
 	fs.BoolVar(&c.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", 0.8, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use")
@@ -152,6 +154,9 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	}
 	if c.configPath == "" {
 		return c, usageError{fmt.Errorf("--config is required (or %s)", envName("config"))}
+	}
+	if c.streamWorkers < 0 || c.streamWorkers > 1<<16 {
+		return c, usageError{fmt.Errorf("--grpc-stream-workers %d: want 0 to 65536", c.streamWorkers)}
 	}
 	switch *retryAfter {
 	case "send":
