@@ -46,9 +46,10 @@ type call struct {
 	done chan struct{} // closed when cmd is set
 }
 
-// batcher coalesces script calls into pipelines. Calls queue in one
-// channel; senders goroutines each take what is queued as a batch and send
-// it. A call that arrives while no batch is in flight is sent at once, alone
+// batcher coalesces script calls into pipelines, the mergeable Takes of
+// a batch into one take.lua call of the pipeline (see exec). Calls queue
+// in one channel; senders goroutines each take what is queued as a batch
+// and send it. A call that arrives while no batch is in flight is sent at once, alone
 // if it is alone; calls that arrive while one is in flight wait up to wait
 // (or until max) and go out together in the next; while every sender is
 // busy, they queue, and the next free sender takes up to max of them.

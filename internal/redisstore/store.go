@@ -102,9 +102,11 @@ type Options struct {
 	Clock Clock
 
 	// BatchMax is the most script calls coalesced into one round trip (one
-	// pipeline). Default DefaultBatchMax, 64. 1 turns coalescing off: each
-	// call is then sent on its caller's goroutine. Clients without
-	// pipelines (anything but go-redis's clients) are never coalesced.
+	// pipeline, in which the Takes travel as one take.lua call where the
+	// server has no hash slots). Default DefaultBatchMax, 64. 1 turns
+	// coalescing off: each call is then sent on its caller's goroutine.
+	// Clients without pipelines (anything but go-redis's clients) are never
+	// coalesced.
 	//
 	// Batches form opportunistically: a call that finds no round trip in
 	// flight is sent at once, with whatever other calls are already
