@@ -25,6 +25,7 @@ type serveConfig struct {
 	shutdownTimeout time.Duration
 	retryAfter      server.RetryAfter
 	rateLimitHeader server.RateLimitHeaders
+	dynamicMetadata server.DynamicMetadata
 	limits          server.RequestLimits
 	maxMessageBytes int
 	streamWorkers   int // gRPC goroutines kept for handling calls
@@ -88,6 +89,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to drain in-flight calls on SIGTERM")
 	retryAfter := fs.String("retry-after", "send", "Retry-After on OVER_LIMIT answers: send, or omit (for Envoys with enable_retry_after_header)")
 	rlHeaders := fs.String("ratelimit-headers", "off", "X-RateLimit-* headers computed by the service: off (leave them to Envoy) or draft03")
+	metadata := fs.String("dynamic-metadata", "all", "which answers name their rules in dynamic_metadata (for access logs): all, notable (denials, shadow denials, above burst, waits, full queues) or off")
 	fs.IntVar(&c.limits.MaxDescriptors, "max-descriptors", 64, "most descriptors in one request")
 	fs.IntVar(&c.limits.MaxEntries, "max-entries", 32, "most entries in one descriptor")
 	fs.IntVar(&c.limits.MaxKeyBytes, "max-key-bytes", 256, "longest descriptor entry key")
@@ -173,6 +175,16 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		c.rateLimitHeader = server.RateLimitHeadersDraft03
 	default:
 		return c, usageError{fmt.Errorf("--ratelimit-headers %q: want off or draft03", *rlHeaders)}
+	}
+	switch *metadata {
+	case "all":
+		c.dynamicMetadata = server.DynamicMetadataAll
+	case "notable":
+		c.dynamicMetadata = server.DynamicMetadataNotable
+	case "off":
+		c.dynamicMetadata = server.DynamicMetadataOff
+	default:
+		return c, usageError{fmt.Errorf("--dynamic-metadata %q: want all, notable or off", *metadata)}
 	}
 	var err error
 	if c.failure.Mode, err = failover.ParseMode(*onFailure); err != nil {

@@ -184,6 +184,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"bad retry-after", []string{"--config", "x", "--retry-after", "later"}, nil, `--retry-after "later"`},
 		{"bad env duration", []string{"--config", "x"}, map[string]string{"RATELIMITD_SHUTDOWN_TIMEOUT": "soon"}, "RATELIMITD_SHUTDOWN_TIMEOUT"},
 		{"missing config dir", []string{"--config", filepath.Join(t.TempDir(), "nope")}, nil, "nope"},
+		{"bad dynamic-metadata", []string{"--config", "x", "--dynamic-metadata", "some"}, nil, `--dynamic-metadata "some"`},
 		{"negative stream workers", []string{"--config", "x", "--grpc-stream-workers", "-1"}, nil, "--grpc-stream-workers -1"},
 	}
 	for _, tt := range tests {

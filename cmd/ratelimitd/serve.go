@@ -103,6 +103,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		Limits:           c.limits,
 		RetryAfter:       c.retryAfter,
 		RateLimitHeaders: c.rateLimitHeader,
+		DynamicMetadata:  c.dynamicMetadata,
 		Observer:         obs.observer(),
 	})
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 type answerOptions struct {
 	retryAfter RetryAfter
 	headers    RateLimitHeaders
+	metadata   DynamicMetadata
 }
 
 // responseUnits maps config's units to Envoy's.
@@ -133,8 +134,9 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 		}
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(resp.Statuses[pick])...)
 	}
+	notable := len(deniedBy)+len(shadow)+len(exceeds)+len(waited)+len(full) > 0
 	switch {
-	case len(matched) == 0:
+	case len(matched) == 0, opts.metadata == DynamicMetadataOff, opts.metadata == DynamicMetadataNotable && !notable:
 	case len(p.items) == 1 && p.items[0].configured && len(shadow)+len(exceeds)+len(waited)+len(full) == 0:
 		// The common answers: one rule, admitted or denied. Shared, read-only.
 		resp.DynamicMetadata = cache.alone(matched[0], len(deniedBy) > 0)

@@ -48,6 +48,25 @@ const (
 	RateLimitHeadersDraft03
 )
 
+// DynamicMetadata says which answers carry dynamic_metadata naming the
+// rules involved (for Envoy's access logs). Envoy turns it into request
+// metadata on every answer that carries it, which costs both sides a few
+// microseconds per call. The zero value is invalid.
+type DynamicMetadata int
+
+const (
+	// DynamicMetadataAll puts it on every answer in which a rule matched:
+	// the rules that matched, and those that denied, would have denied
+	// (shadow), were asked for more than their burst, waited or shed.
+	DynamicMetadataAll DynamicMetadata = iota + 1
+	// DynamicMetadataNotable puts it only on answers where more happened
+	// than a plain admission: a denial, a shadow denial, a request above
+	// the burst, a wait or a full queue.
+	DynamicMetadataNotable
+	// DynamicMetadataOff never sends it.
+	DynamicMetadataOff
+)
+
 // RequestLimits bound what one request may ask, so that no caller can make
 // the server use unbounded memory or time. Zero fields take the defaults.
 type RequestLimits struct {
@@ -92,6 +111,8 @@ type Options struct {
 	RetryAfter RetryAfter
 	// RateLimitHeaders defaults to RateLimitHeadersOff.
 	RateLimitHeaders RateLimitHeaders
+	// DynamicMetadata defaults to DynamicMetadataAll.
+	DynamicMetadata DynamicMetadata
 	// Observer, when set, learns the outcome of every call.
 	Observer Observer
 	// MaxWait caps every limit's max_wait: how long a call may be held for
@@ -133,7 +154,7 @@ func New(opts Options) (*Server, error) {
 		now:      opts.Now,
 		log:      opts.Logger,
 		limits:   opts.Limits.withDefaults(),
-		answer:   answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders},
+		answer:   answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders, metadata: opts.DynamicMetadata},
 		observer: opts.Observer,
 		maxWait:  opts.MaxWait,
 	}
@@ -151,6 +172,12 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.answer.headers == 0 {
 		s.answer.headers = RateLimitHeadersOff
+	}
+	if s.answer.metadata == 0 {
+		s.answer.metadata = DynamicMetadataAll
+	}
+	if s.answer.metadata < DynamicMetadataAll || s.answer.metadata > DynamicMetadataOff {
+		return nil, fmt.Errorf("server: invalid DynamicMetadata %d", s.answer.metadata)
 	}
 	if s.answer.retryAfter != RetryAfterSend && s.answer.retryAfter != RetryAfterOmit {
 		return nil, fmt.Errorf("server: invalid RetryAfter %d", s.answer.retryAfter)
