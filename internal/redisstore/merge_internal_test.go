@@ -70,6 +70,28 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	if st := s.Stats(); st != (Stats{Calls: 4, Scripts: 2, RoundTrips: 1}) {
 		t.Errorf("Stats = %+v, want 4 calls as 2 scripts in 1 round trip", st)
 	}
+
+	// A server that lost its scripts (restarted, flushed) answers the
+	// merged call NOSCRIPT; it goes again as EVAL, in a second round trip,
+	// and each Take still gets its own answer.
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fourth, other := takeCall("a", t0.Add(2*time.Hour)), takeCall("b", t0)
+	s.batch.exec([]*call{fourth, other})
+	<-fourth.done
+	<-other.done
+	// Two hours on, a is full again (the third Take left it full at
+	// +2h): this one leaves 1 of 2.
+	if res, err := decodeTakeCmd(fourth.cmd, 1, false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
+		t.Errorf("Take after SCRIPT FLUSH = %+v, %v", res.decisions, err)
+	}
+	if res, err := decodeTakeCmd(other.cmd, 1, false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
+		t.Errorf("second Take after SCRIPT FLUSH = %+v, %v", res.decisions, err)
+	}
+	if st := s.Stats(); st != (Stats{Calls: 6, Scripts: 3, RoundTrips: 3}) {
+		t.Errorf("Stats = %+v, want the merged call resent once after NOSCRIPT", st)
+	}
 }
 
 // TestTakeOfManyBuckets: a call reads its buckets in chunks (Lua's unpack
