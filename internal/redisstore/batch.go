@@ -281,8 +281,15 @@ type envelope struct {
 	cmd   *redis.Cmd
 }
 
+// mergeMaxKeys bounds the buckets of one merged call: a script runs
+// atomically and Redis serves no one else meanwhile, so a batch of large
+// Takes is split into several calls, between which other clients' commands
+// run (a Take of more buckets still goes whole, alone).
+const mergeMaxKeys = 512
+
 // envelopes puts each call of batch in its command: the mergeable ones of
-// one script together, the others alone.
+// one script together, up to mergeMaxKeys buckets a command, the others
+// alone.
 func envelopes(batch []*call) []*envelope {
 	out := make([]*envelope, 0, len(batch))
 	var merged *envelope
@@ -291,7 +298,7 @@ func envelopes(batch []*call) []*envelope {
 			out = append(out, &envelope{scriptCall: c.scriptCall, calls: []*call{c}})
 			continue
 		}
-		if merged == nil || merged.script != c.script {
+		if merged == nil || merged.script != c.script || len(merged.keys)+len(c.keys) > mergeMaxKeys {
 			merged = &envelope{scriptCall: scriptCall{script: c.script}}
 			out = append(out, merged)
 		}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -121,5 +122,30 @@ func TestTakeOfManyBuckets(t *testing.T) {
 				t.Fatalf("round %d: request %d allowed %v, want %v", round, i, d[i].Allowed, want)
 			}
 		}
+	}
+}
+
+// TestEnvelopesBoundMergedCalls: mergeable calls share a command up to
+// mergeMaxKeys buckets; a larger Take goes alone; other calls go alone.
+func TestEnvelopesBoundMergedCalls(t *testing.T) {
+	take := &redis.Script{}
+	other := &redis.Script{}
+	mk := func(keys int, merge bool, script *redis.Script) *call {
+		return &call{scriptCall: scriptCall{script: script, keys: make([]string, keys), merge: merge}}
+	}
+	batch := []*call{
+		mk(1, true, take), mk(300, true, take), mk(300, true, take), // 301, then 300
+		mk(1, false, other),                                         // alone
+		mk(211, true, take),                                         // joins the 300: 511
+		mk(2, true, take),                                           // 513 > 512: a new one
+		mk(600, true, take),                                         // too large to share: alone
+		mk(1, true, take),                                           // a new one after it
+	}
+	var got []int // keys per envelope
+	for _, e := range envelopes(batch) {
+		got = append(got, len(e.keys))
+	}
+	if want := []int{301, 511, 1, 2, 600, 1}; !slices.Equal(got, want) {
+		t.Errorf("keys per command = %v, want %v", got, want)
 	}
 }
