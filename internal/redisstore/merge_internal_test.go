@@ -135,11 +135,11 @@ func TestEnvelopesBoundMergedCalls(t *testing.T) {
 	}
 	batch := []*call{
 		mk(1, true, take), mk(300, true, take), mk(300, true, take), // 301, then 300
-		mk(1, false, other),                                         // alone
-		mk(211, true, take),                                         // joins the 300: 511
-		mk(2, true, take),                                           // 513 > 512: a new one
-		mk(600, true, take),                                         // too large to share: alone
-		mk(1, true, take),                                           // a new one after it
+		mk(1, false, other), // alone
+		mk(211, true, take), // joins the 300: 511
+		mk(2, true, take),   // 513 > 512: a new one
+		mk(600, true, take), // too large to share: alone
+		mk(1, true, take),   // a new one after it
 	}
 	var got []int // keys per envelope
 	for _, e := range envelopes(batch) {
