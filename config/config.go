@@ -171,6 +171,10 @@ type RateLimit struct {
 	// one bucket in all if Shared.
 	Group  string
 	Shared bool
+
+	// id tells this limit's bucket apart from the other limits' of its
+	// rule (identity), computed once when the rule gets its limits.
+	id string
 }
 
 // Domain is one domain's descriptors, from one or more files.

@@ -24,7 +24,9 @@ const keyVersion = "v1"
 //
 // An empty part cannot be an entry key (requests with an empty key are
 // refused), so the three shapes never meet. The identity does not contain
-// the rate: editing a rule's rate keeps its buckets.
+// the rate: editing a rule's rate or burst keeps its buckets (an unnamed
+// limit of a rule with several is known by its period, so changing its
+// unit moves it to a new bucket; naming it avoids that).
 func (r *Rule) AppendKey(dst []byte, limit int, entries []Entry) []byte {
 	dst = append(dst, keyVersion...)
 	dst = appendPart(dst, r.Domain)
@@ -49,7 +51,7 @@ func (r *Rule) AppendKey(dst []byte, limit int, entries []Entry) []byte {
 	}
 	if len(r.Limits) > 1 && limit < len(r.Limits) {
 		dst = appendPart(dst, "")
-		dst = appendPart(dst, r.Limits[limit].identity())
+		dst = appendPart(dst, r.Limits[limit].id)
 	}
 	return dst
 }

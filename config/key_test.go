@@ -43,3 +43,51 @@ func TestAppendKeyUnambiguous(t *testing.T) {
 		t.Errorf("domain bytes collide with an entry")
 	}
 }
+
+// TestAppendKeyGoldenShapes pins the two other shapes of key, from a
+// parsed file: a quota group's (keyed by the key-only level's value) and
+// the limits of a rule with several (by name, else counts and period).
+// These keys live in Redis: changing them resets every bucket.
+func TestAppendKeyGoldenShapes(t *testing.T) {
+	set, err := Parse([]File{{Name: "k.yaml", Data: []byte(`domain: llm
+quota_groups:
+  openai: {unit: minute, requests_per_unit: 10}
+descriptors:
+  - key: model
+    value: gpt-4o
+    descriptors:
+      - key: client
+        quota_group: openai
+  - key: route
+    rate_limits:
+      - {unit: second, requests_per_unit: 10, name: rps}
+      - {unit: minute, requests_per_unit: 100}
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := []Entry{{"model", "gpt-4o"}, {"client", "ann"}}
+	route := []Entry{{"route", "/v1/chat"}}
+	tests := []struct {
+		entries []Entry
+		limit   int
+		want    string
+	}{
+		{group, 0, `"v1\x03llm\x00\x05group\x06openai\x06client\x03ann"`},
+		{route, 0, `"v1\x03llm\x05route\b/v1/chat\x00\bname:rps"`},
+		{route, 1, `"v1\x03llm\x05route\b/v1/chat\x00\rrequests/1m0s"`},
+	}
+	for _, tt := range tests {
+		r := set.Lookup("llm", tt.entries)
+		if r == nil {
+			t.Fatalf("no rule for %v", tt.entries)
+		}
+		if got := fmt.Sprintf("%q", r.AppendKey(nil, tt.limit, tt.entries)); got != tt.want {
+			t.Errorf("AppendKey(%v, limit %d) = %s, want %s (a changed key resets every bucket in production: bump keyVersion)", tt.entries, tt.limit, got, tt.want)
+		}
+		buf := make([]byte, 0, 64)
+		if n := testing.AllocsPerRun(100, func() { buf = r.AppendKey(buf[:0], tt.limit, tt.entries) }); n != 0 {
+			t.Errorf("AppendKey(%v, limit %d) into a buffer: %v allocations, want none", tt.entries, tt.limit, n)
+		}
+	}
+}

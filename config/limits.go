@@ -121,6 +121,7 @@ func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string,
 		}
 	}
 	if g, has := fields["max_waiters"]; has {
+		_, hasWait := fields["max_wait"] // an invalid max_wait is reported on its own
 		n, good := p.positive(g.val, path, dot(pre, "max_waiters"))
 		switch {
 		case !good:
@@ -128,7 +129,7 @@ func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string,
 		case n > math.MaxInt32:
 			p.errorf(g.val, path, "%s: %d is too many", dot(pre, "max_waiters"), n)
 			ok = false
-		case rl.MaxWait == 0:
+		case !hasWait:
 			p.errorf(g.key, path, "%s: only means something with max_wait", dot(pre, "max_waiters"))
 			ok = false
 		default:
@@ -204,6 +205,10 @@ func (p *parser) rateLimits(f field, d *desc) []RateLimit {
 		if !good {
 			ok = false
 			continue
+		}
+		if g, has := fields["name"]; has && i == 0 {
+			// The rule's name, as for rate_limit: checked across the domain.
+			d.nameLine, d.nameCol, d.nameField = g.val.Line, g.val.Column, at+".name"
 		}
 		id := rl.identity()
 		if j, dup := seen[id]; dup {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -39,7 +40,8 @@ type desc struct {
 	rule       *Rule
 	// Positions for the checks that span a domain.
 	nameLine, nameCol int
-	replacesPos       []pos // one per rule.Replaces
+	nameField         string // "rate_limit.name" or "rate_limits[0].name"
+	replacesPos       []pos  // one per rule.Replaces
 	children          []*desc
 	// group names the quota group of a quota_group rule, resolved per
 	// domain; groupAt is where it is named.
@@ -200,7 +202,7 @@ func (p *parser) fields(n *yaml.Node, path, prefix string, valid []string) map[s
 		case name == "<<":
 			p.errorf(k, path, "%sYAML merge keys (<<) are not supported: write the fields out", colon(prefix))
 			continue
-		case !contains(valid, name):
+		case !slices.Contains(valid, name):
 			p.errorf(k, path, "%sunknown field %q (%svalid: %s)", colon(prefix), name, didYouMean(name, valid), strings.Join(valid, ", "))
 			continue
 		}
@@ -214,15 +216,6 @@ func (p *parser) fields(n *yaml.Node, path, prefix string, valid []string) map[s
 		m[name] = field{k, v}
 	}
 	return m
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func colon(prefix string) string {
@@ -254,9 +247,7 @@ func kind(n *yaml.Node) string {
 		switch n.ShortTag() {
 		case "!!null":
 			return "nothing (null)"
-		case "!!int":
-			return "the number " + n.Value
-		case "!!float":
+		case "!!int", "!!float":
 			return "the number " + n.Value
 		case "!!bool":
 			return "the boolean " + n.Value
@@ -521,7 +512,7 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 		r.Unlimited, r.Replaces = true, replaces
 		if g, has := fields["name"]; has {
 			r.Name, _ = p.str(g.val, d.path, dot(pre, "name"))
-			d.nameLine, d.nameCol = g.val.Line, g.val.Column
+			d.nameLine, d.nameCol, d.nameField = g.val.Line, g.val.Column, dot(pre, "name")
 		}
 		return r
 	}
@@ -530,7 +521,7 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 		return nil
 	}
 	if g, has := fields["name"]; has {
-		d.nameLine, d.nameCol = g.val.Line, g.val.Column
+		d.nameLine, d.nameCol, d.nameField = g.val.Line, g.val.Column, dot(pre, "name")
 	}
 	var r *Rule
 	if denyAll {
@@ -553,6 +544,9 @@ func newRule(p *parser, d *desc, limits []RateLimit) *Rule {
 
 // setLimits sets the rule's limits and the fields that mirror the first.
 func (r *Rule) setLimits(limits []RateLimit) {
+	for i := range limits {
+		limits[i].id = limits[i].identity()
+	}
 	r.Limits = limits
 	if len(limits) > 0 {
 		first := limits[0]

@@ -63,15 +63,16 @@ type groupUse struct {
 
 // node is one descriptor of the compiled tree.
 type node struct {
-	key, value string // value "" for a key-only descriptor
-	path       string
-	file       string
-	line, col  int
-	rule       *Rule            // nil for a descriptor without rate_limit
-	children   map[string]*kids // by key
-	nameLine   int
-	nameCol    int
-	replaces   []pos
+	value     string // "" for a key-only descriptor
+	path      string
+	file      string
+	line, col int
+	rule      *Rule            // nil for a descriptor without rate_limit
+	children  map[string]*kids // by key
+	nameLine  int
+	nameCol   int
+	nameField string
+	replaces  []pos
 }
 
 // kids are the children of a node that share one key.
@@ -368,7 +369,7 @@ func (b *builder) insert(t *domainTree, parent *node, d *desc, file string, vari
 		n = k.exact[d.value]
 	}
 	if n == nil {
-		n = &node{key: d.key, value: d.value, path: d.path, file: file, line: d.line, col: d.col}
+		n = &node{value: d.value, path: d.path, file: file, line: d.line, col: d.col}
 		switch {
 		case d.value == "":
 			k.keyOnly = n
@@ -397,7 +398,7 @@ func (b *builder) insert(t *domainTree, parent *node, d *desc, file string, vari
 		}
 		n.rule = d.rule
 		n.file, n.line, n.col = file, d.line, d.col
-		n.nameLine, n.nameCol, n.replaces = d.nameLine, d.nameCol, d.replacesPos
+		n.nameLine, n.nameCol, n.nameField, n.replaces = d.nameLine, d.nameCol, d.nameField, d.replacesPos
 		t.domain.Rules = append(t.domain.Rules, d.rule)
 	}
 	for _, c := range d.children {
@@ -405,7 +406,8 @@ func (b *builder) insert(t *domainTree, parent *node, d *desc, file string, vari
 	}
 }
 
-// check runs the checks that need a whole domain: rule names are unique, and
+// check runs what needs a whole domain: it resolves each quota_group to
+// its group's limit, and checks that rule names are unique and that
 // replaces names an existing rule. It also orders wildcards.
 func (b *builder) check(t *domainTree) {
 	for _, u := range t.grouped {
@@ -435,7 +437,7 @@ func (b *builder) check(t *domainTree) {
 		}
 		if first, dup := named[name]; dup {
 			b.probs.add(n.file, n.nameLine, n.nameCol, n.path,
-				"rate_limit.name: %q already names the rule %s at %s:%d:%d", name, first.path, first.file, first.line, first.col)
+				"%s: %q already names the rule %s at %s:%d:%d", n.nameField, name, first.path, first.file, first.line, first.col)
 			continue
 		}
 		named[name] = n
