@@ -51,7 +51,7 @@ func (a instant) ceilDuration() time.Duration {
 
 // advance returns t plus the time n tokens take to arrive, n·Period/Count.
 // The product n·Period is split as n·q + n·r/Count so that no intermediate
-// value exceeds 2^53 for a valid Limit and n ≤ Burst.
+// value exceeds 2^53 for a valid Limit and n ≤ Burst+MaxDebt.
 func (l Limit) advance(t instant, n int64) instant {
 	p := l.Period.Microseconds()
 	q, r := p/l.Count, p%l.Count

@@ -45,7 +45,7 @@ type Limit struct {
 const (
 	// MaxTokens bounds Count and Burst.
 	MaxTokens = 1 << 40
-	// maxProduct bounds Burst·Count, the largest remainder sum.
+	// maxProduct bounds (Burst+MaxDebt)·Count, the largest remainder sum.
 	maxProduct = 1 << 50
 	// MaxFill bounds the time a bucket takes to fill from empty.
 	MaxFill = 100 * 365 * 24 * time.Hour
@@ -91,7 +91,7 @@ func (l Limit) FillTime() time.Duration {
 }
 
 // TimeFor is how long n tokens take to arrive, n·Period/Count, rounded
-// down to the microsecond.
+// down to the microsecond; n is clamped to [0, Burst+MaxDebt].
 func (l Limit) TimeFor(n int64) time.Duration {
 	return time.Duration(l.advance(instant{}, min(max(n, 0), l.Burst+l.MaxDebt)).us) * time.Microsecond
 }

@@ -151,12 +151,26 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 			{Key: t.Name(), Limit: fivePerMinute, Hits: limiter.MaxTokens + 1},
 			{Key: t.Name(), Limit: limiter.Limit{}, Hits: 1},
 			{Key: t.Name(), Limit: limiter.Limit{Count: 1, Period: time.Second, Burst: 0}, Hits: 1},
+			{Key: t.Name(), Limit: limiter.Limit{Count: 1, Period: time.Second, Burst: 1, MaxDebt: -1}, Hits: 1},
+			// A debt of 2^20 tokens at one an hour takes longer than MaxFill to repay.
+			{Key: t.Name(), Limit: limiter.Limit{Count: 1, Period: time.Hour, Burst: 1, MaxDebt: 1 << 20}, Hits: 1},
+			{Key: t.Name(), Limit: fivePerMinute, Hits: 1, MaxWait: -1},
+			{Key: t.Name(), Limit: fivePerMinute, Hits: 1, MaxWait: limiter.MaxFill + time.Microsecond},
 		}
 		for _, r := range bad {
 			_, err := store.Take(context.Background(), T0, []limiter.Request{r})
 			if !errors.Is(err, limiter.ErrInvalidRequest) {
 				t.Errorf("Take(%+v) error = %v, want ErrInvalidRequest", r, err)
 			}
+		}
+		// One invalid request fails the whole Take before anything is taken.
+		good := limiter.Request{Key: t.Name() + "/good", Limit: fivePerMinute, Hits: 1}
+		if _, err := store.Take(context.Background(), T0, []limiter.Request{good, bad[0]}); !errors.Is(err, limiter.ErrInvalidRequest) {
+			t.Errorf("Take(valid, invalid) error = %v, want ErrInvalidRequest", err)
+		}
+		d, err := store.Take(context.Background(), T0, []limiter.Request{{Key: good.Key, Limit: fivePerMinute}})
+		if err != nil || d[0].Remaining != 5 {
+			t.Errorf("after a refused Take, its valid bucket = %+v, %v; want untouched (5 left)", d, err)
 		}
 	})
 
