@@ -24,10 +24,8 @@
 package metrics
 
 import (
-	"context"
 	"errors"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,10 +103,13 @@ type Metrics struct {
 	domains   boundedSet
 	hash      atomic.Pointer[string]
 
-	// loadedMu guards loaded: the (domain, rule label) pairs of the config
-	// in force, whose series ConfigLoaded keeps.
-	loadedMu sync.Mutex
-	loaded   map[ruleID]bool
+	// byID holds every rule's counters by domain and rule label, across
+	// reloads: a rule a reload keeps keeps its counters, and with them the
+	// values its detailed_metric series are bounded by; ConfigLoaded drops
+	// (and deletes the series of) those the new config lacks. rules above
+	// is the fast path to them by *config.Rule.
+	byIDMu sync.Mutex
+	byID   map[ruleID]*ruleCounters
 }
 
 // ruleID is a rule's domain and rule labels.
@@ -215,29 +216,33 @@ func (m *Metrics) ConfigLoaded(set *config.Set) {
 		m.configInfo.DeleteLabelValues(*old)
 	}
 	m.configInfo.WithLabelValues(hash).Set(1)
-	// The new config has new rules: drop the cached counters of the old,
-	// and what the old rules' limits were.
+	// The new config has new *config.Rules: drop the fast path to the
+	// counters, and what the old rules' limits were.
 	m.rules.Store(new(sync.Map))
 	m.ruleInfo.Reset()
 
-	now := make(map[ruleID]bool)
+	kept := make(map[ruleID]bool)
 	for _, d := range set.Domains() {
 		for _, r := range d.Rules {
-			now[ruleID{d.Name, RuleLabel(r)}] = true
+			kept[ruleID{d.Name, RuleLabel(r)}] = true
 		}
 	}
-	m.loadedMu.Lock()
-	defer m.loadedMu.Unlock()
-	for id := range m.loaded {
-		if now[id] {
-			continue
-		}
-		labels := prometheus.Labels{"domain": id.domain, "rule": id.rule}
-		for _, v := range []*prometheus.CounterVec{m.hits, m.within, m.near, m.over, m.shadow, m.requests} {
-			v.DeletePartialMatch(labels)
+	m.byIDMu.Lock()
+	defer m.byIDMu.Unlock()
+	for id := range m.byID {
+		if !kept[id] {
+			m.deleteRuleSeries(id)
+			delete(m.byID, id)
 		}
 	}
-	m.loaded = now
+}
+
+// deleteRuleSeries deletes every series of the rule id.
+func (m *Metrics) deleteRuleSeries(id ruleID) {
+	labels := prometheus.Labels{"domain": id.domain, "rule": id.rule}
+	for _, v := range []*prometheus.CounterVec{m.hits, m.within, m.near, m.over, m.shadow, m.requests} {
+		v.DeletePartialMatch(labels)
+	}
 }
 
 // ConfigRejected records a reload that failed (the config in force stays).
@@ -285,12 +290,11 @@ func (m *Metrics) ObserveCall(c server.Call) {
 // (server.Call.Err wraps it): no config yet, a deadline (the backend
 // timeout, or a network timeout), or anything else.
 func errorKind(err error) string {
-	var netErr net.Error
+	var netErr net.Error // context.DeadlineExceeded and os.ErrDeadlineExceeded are too
 	switch {
 	case errors.Is(err, server.ErrNoConfig):
 		return "no_config"
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
-		errors.As(err, &netErr) && netErr.Timeout():
+	case errors.As(err, &netErr) && netErr.Timeout():
 		return "timeout"
 	}
 	return "unavailable"
@@ -354,11 +358,33 @@ func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
 	if rc, ok := rules.Load(r); ok {
 		return rc.(*ruleCounters)
 	}
-	rc, loaded := rules.LoadOrStore(r, m.newRuleCounters(r.Domain, RuleLabel(r), r.DetailedMetric))
+	rc, loaded := rules.LoadOrStore(r, m.countersByID(r))
 	if !loaded {
 		m.describeRule(r)
 	}
 	return rc.(*ruleCounters)
+}
+
+// countersByID returns the counters kept for r's domain and label, or new
+// ones (replacing those of a rule that was not detailed_metric and now is,
+// or the reverse).
+func (m *Metrics) countersByID(r *config.Rule) *ruleCounters {
+	id := ruleID{r.Domain, RuleLabel(r)}
+	m.byIDMu.Lock()
+	defer m.byIDMu.Unlock()
+	rc := m.byID[id]
+	if rc != nil && rc.detailed == r.DetailedMetric {
+		return rc
+	}
+	if rc != nil {
+		m.deleteRuleSeries(id)
+	}
+	if m.byID == nil {
+		m.byID = make(map[ruleID]*ruleCounters)
+	}
+	rc = m.newRuleCounters(r.Domain, RuleLabel(r), r.DetailedMetric)
+	m.byID[id] = rc
+	return rc
 }
 
 // describeRule sets ratelimitd_rule_limit_info for each limit of r.

@@ -318,24 +318,6 @@ func TestNearLimitRatio(t *testing.T) {
 	}
 }
 
-func TestUnavailableCountsBackendError(t *testing.T) {
-	m, err := metrics.New(metrics.Options{Backend: "redis"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Observer: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// No config yet: UNAVAILABLE.
-	if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"model", "x"})); status.Code(err) != codes.Unavailable {
-		t.Fatalf("ShouldRateLimit without config: %v, want Unavailable", err)
-	}
-	if got, _ := value(t, m.Registry(), "ratelimitd_backend_errors_total", map[string]string{"backend": "redis", "kind": "no_config"}); got != 1 {
-		t.Errorf("backend_errors{kind=no_config} = %v, want 1", got)
-	}
-}
-
 func TestHandlerServesText(t *testing.T) {
 	m, err := metrics.New(metrics.Options{ProcessMetrics: true})
 	if err != nil {
@@ -427,5 +409,44 @@ descriptors:
 				t.Errorf("%s%v still present after a reload removed the rule", name, labels)
 			}
 		}
+	}
+}
+
+// TestReloadKeepsDetailedValuesBounded: a reload that keeps a
+// detailed_metric rule keeps its labelled values, so the bound on them
+// holds across any number of reloads.
+func TestReloadKeepsDetailedValuesBounded(t *testing.T) {
+	m, err := metrics.New(metrics.Options{MaxValuesPerRule: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(t, m)
+	for reload := range 5 {
+		m.ConfigLoaded(mustParse(t, testConfig))
+		for i := range 3 {
+			if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"user", fmt.Sprintf("r%du%d", reload, i)})); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		if mf.GetName() != "ratelimitd_descriptor_hits_total" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "rule" && l.GetValue() == "api > user" {
+					n++
+				}
+			}
+		}
+	}
+	if n != 3 {
+		t.Errorf("after 5 reloads, rule api > user has %d hits series, want 3 (2 values and _other)", n)
 	}
 }

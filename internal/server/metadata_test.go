@@ -51,7 +51,4 @@ func TestDynamicMetadataModes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := server.New(server.Options{DynamicMetadata: server.DynamicMetadataOff + 1}); err == nil {
-		t.Errorf("New with DynamicMetadata %d: nil error", server.DynamicMetadataOff+1)
-	}
 }

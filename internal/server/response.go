@@ -53,15 +53,16 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 	resp := newResponse(len(p.items))
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	var (
-		matched, deniedBy, shadow, exceeds, waited, full []*config.Rule
-		retry                                            time.Duration // longest wait among denials
-		denier, least                                    = -1, -1      // the longest denial; the least remaining
+		deniedBy, shadow, exceeds, waited, full []*config.Rule
+		matched                                 int           // descriptors that matched a rule
+		retry                                   time.Duration // longest wait among denials
+		denier, least                           = -1, -1      // the longest denial; the least remaining
 	)
 	for i, it := range p.items {
 		st := resp.Statuses[i]
 		st.Code = rlsv3.RateLimitResponse_OK
 		if it.rule != nil {
-			matched = append(matched, it.rule)
+			matched++
 		}
 		var (
 			allowed bool
@@ -136,16 +137,22 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 	}
 	notable := len(deniedBy)+len(shadow)+len(exceeds)+len(waited)+len(full) > 0
 	switch {
-	case len(matched) == 0, opts.metadata == DynamicMetadataOff, opts.metadata == DynamicMetadataNotable && !notable:
+	case matched == 0, opts.metadata == DynamicMetadataOff, opts.metadata == DynamicMetadataNotable && !notable:
 	case len(p.items) == 1 && p.items[0].configured && len(shadow)+len(exceeds)+len(waited)+len(full) == 0:
 		// The common answers: one rule, admitted or denied. Shared, read-only.
-		resp.DynamicMetadata = cache.alone(matched[0], len(deniedBy) > 0)
+		resp.DynamicMetadata = cache.alone(p.items[0].rule, len(deniedBy) > 0)
 	default:
+		rules := make([]*config.Rule, 0, matched)
+		for _, it := range p.items {
+			if it.rule != nil {
+				rules = append(rules, it.rule)
+			}
+		}
 		fields := make(map[string]*structpb.Value, 2)
 		for _, f := range []struct {
 			key   string
 			rules []*config.Rule
-		}{{metaMatched, matched}, {metaDeniedBy, deniedBy}, {metaShadowDenied, shadow}, {metaExceedsBurst, exceeds}, {metaWaited, waited}, {metaQueueFull, full}} {
+		}{{metaMatched, rules}, {metaDeniedBy, deniedBy}, {metaShadowDenied, shadow}, {metaExceedsBurst, exceeds}, {metaWaited, waited}, {metaQueueFull, full}} {
 			if len(f.rules) > 0 {
 				fields[f.key] = cache.list(f.rules)
 			}

@@ -3,7 +3,6 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -506,12 +505,13 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{},
 		{Store: store, RetryAfter: 9},
 		{Store: store, RateLimitHeaders: 9},
+		{Store: store, DynamicMetadata: server.DynamicMetadataOff + 1},
 	} {
 		if _, err := server.New(opts); err == nil {
 			t.Errorf("New(%+v) = nil error", opts)
 		}
 	}
-	if _, err := server.New(server.Options{Store: store}); errors.Unwrap(err) != nil {
+	if _, err := server.New(server.Options{Store: store}); err != nil {
 		t.Errorf("New with defaults: %v", err)
 	}
 }
