@@ -121,6 +121,15 @@ type Rule struct {
 	varies []bool
 }
 
+// Label names r in metrics, pages, logs and Envoy's dynamic metadata: its
+// name, else its descriptor path.
+func (r *Rule) Label() string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return r.Path
+}
+
 // Counts says what a limit counts, for metrics, pages and headers. The zero
 // value is invalid.
 type Counts int

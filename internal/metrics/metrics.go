@@ -224,7 +224,7 @@ func (m *Metrics) ConfigLoaded(set *config.Set) {
 	kept := make(map[ruleID]bool)
 	for _, d := range set.Domains() {
 		for _, r := range d.Rules {
-			kept[ruleID{d.Name, RuleLabel(r)}] = true
+			kept[ruleID{d.Name, r.Label()}] = true
 		}
 	}
 	m.byIDMu.Lock()
@@ -335,15 +335,6 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome) 
 	}
 }
 
-// RuleLabel is the rule label of r in metrics, pages and logs: its name,
-// else its path.
-func RuleLabel(r *config.Rule) string {
-	if r.Name != "" {
-		return r.Name
-	}
-	return r.Path
-}
-
 // ruleCounters returns the cached counters of r, creating them on first use.
 func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
 	if r.File == "" {
@@ -369,7 +360,7 @@ func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
 // ones (replacing those of a rule that was not detailed_metric and now is,
 // or the reverse).
 func (m *Metrics) countersByID(r *config.Rule) *ruleCounters {
-	id := ruleID{r.Domain, RuleLabel(r)}
+	id := ruleID{r.Domain, r.Label()}
 	m.byIDMu.Lock()
 	defer m.byIDMu.Unlock()
 	rc := m.byID[id]
@@ -382,7 +373,7 @@ func (m *Metrics) countersByID(r *config.Rule) *ruleCounters {
 	if m.byID == nil {
 		m.byID = make(map[ruleID]*ruleCounters)
 	}
-	rc = m.newRuleCounters(r.Domain, RuleLabel(r), r.DetailedMetric)
+	rc = m.newRuleCounters(r.Domain, r.Label(), r.DetailedMetric)
 	m.byID[id] = rc
 	return rc
 }
@@ -399,7 +390,7 @@ func (m *Metrics) describeRule(r *config.Rule) {
 			per = strconv.FormatInt(l.UnitMultiplier, 10) + " " + per + "s"
 		}
 		rate := strconv.FormatInt(l.Limit.Count, 10) + " per " + per
-		m.ruleInfo.WithLabelValues(r.Domain, RuleLabel(r), name, l.Counts.String(), l.Group, rate).Set(1)
+		m.ruleInfo.WithLabelValues(r.Domain, r.Label(), name, l.Counts.String(), l.Group, rate).Set(1)
 	}
 }
 

@@ -13,7 +13,6 @@ import (
 // rule of the loaded config, built once and then shared read-only by every
 // answer (protobuf messages are safe to marshal concurrently). A new one
 // comes with each config, so rules of old configs are dropped with it.
-// A nil *protoCache builds everything afresh.
 type protoCache struct {
 	names  sync.Map    // *config.Rule → *structpb.Value, the rule's name
 	alones [2]sync.Map // *config.Rule → *structpb.Struct, metadata naming only it: [admitted, denied]
@@ -22,13 +21,10 @@ type protoCache struct {
 
 // name is the metadata value naming r.
 func (c *protoCache) name(r *config.Rule) *structpb.Value {
-	if c == nil {
-		return structpb.NewStringValue(ruleID(r))
-	}
 	if v, ok := c.names.Load(r); ok {
 		return v.(*structpb.Value)
 	}
-	v, _ := c.names.LoadOrStore(r, structpb.NewStringValue(ruleID(r)))
+	v, _ := c.names.LoadOrStore(r, structpb.NewStringValue(r.Label()))
 	return v.(*structpb.Value)
 }
 
@@ -52,9 +48,6 @@ func (c *protoCache) alone(r *config.Rule, denied bool) *structpb.Struct {
 		}
 		return &structpb.Struct{Fields: fields}
 	}
-	if c == nil {
-		return build()
-	}
 	m := &c.alones[0]
 	if denied {
 		m = &c.alones[1]
@@ -68,7 +61,7 @@ func (c *protoCache) alone(r *config.Rule, denied bool) *structpb.Struct {
 
 // currentLimit is currentLimit(r, l), shared.
 func (c *protoCache) currentLimit(r *config.Rule, l *config.RateLimit) *rlsv3.RateLimitResponse_RateLimit {
-	if c == nil || l.Limit.Count == 0 { // a deny-all rule's limit is made per call
+	if l.Limit.Count == 0 { // a deny-all rule's limit is made per call
 		return currentLimit(r, l)
 	}
 	if v, ok := c.limits.Load(l); ok {

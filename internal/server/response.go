@@ -46,9 +46,9 @@ const (
 
 // buildResponse turns a plan and the store's decisions (one per plan.takes)
 // into Envoy's answer; queueFull[k], when set, says take k could not wait
-// because too many requests already waited on its bucket. cache, when not
-// nil, holds the read-only protobuf parts of the loaded config's rules. It
-// is pure: the same inputs give the same answer.
+// because too many requests already waited on its bucket. cache holds the
+// read-only protobuf parts of the loaded config's rules. It is pure: the
+// same inputs give the same answer.
 func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts answerOptions, cache *protoCache) *rlsv3.RateLimitResponse {
 	resp := newResponse(len(p.items))
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
@@ -188,14 +188,6 @@ func newResponse(n int) *rlsv3.RateLimitResponse {
 		resp.Statuses[i] = &sts[i]
 	}
 	return resp
-}
-
-// ruleID names a rule in metadata and logs: its name, else its path.
-func ruleID(r *config.Rule) string {
-	if r.Name != "" {
-		return r.Name
-	}
-	return r.Path
 }
 
 // pickLimit chooses which of a descriptor's limits its status reports: the
