@@ -44,22 +44,26 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 
-## check: the core packages must not import gRPC, protobuf, YAML or Redis.
+## check: the layering README promises: limiter imports only the standard
+## library; config (which parses YAML) imports no gRPC, protobuf or Redis.
 check:
-	@bad=$$($(GO) list -deps ./limiter | grep -E 'grpc|protobuf|yaml|redis' || true); \
-	if [ -n "$$bad" ]; then echo "limiter imports what it must not: $$bad"; exit 1; fi
-	@bad=$$($(GO) list -deps ./config | grep -E 'grpc|protobuf|redis' || true); \
+	@deps=$$($(GO) list -deps -f '{{if not .Standard}}{{.ImportPath}}{{end}}' ./limiter) || exit 1; \
+	bad=$$(echo "$$deps" | grep -v -x 'github.com/ratelimitd/ratelimitd/limiter' || true); \
+	if [ -n "$$bad" ]; then echo "limiter imports more than the standard library: $$bad"; exit 1; fi
+	@deps=$$($(GO) list -deps ./config) || exit 1; \
+	bad=$$(echo "$$deps" | grep -E 'grpc|protobuf|redis' || true); \
 	if [ -n "$$bad" ]; then echo "config imports what it must not: $$bad"; exit 1; fi
 
 ## bench: the load matrix against a do-nothing floor, side by side (not part
-## of test). Starts and stops its own floor, ratelimitd and redis-server.
+## of test). Starts and stops its own floor, ratelimitd (the one `build`
+## makes, with the same $(GO)) and redis-server.
 ## BENCH_DURATION per cell (default 10s); BENCH_FLAGS go to ratelimit-bench run
 ## (e.g. BENCH_FLAGS='--rounds 3 --json').
 BENCH_DURATION ?= 10s
 BENCH_FLAGS ?=
-bench:
+bench: build
 	$(GO) build -o $(BIN)/ratelimit-bench ./cmd/ratelimit-bench
-	$(BIN)/ratelimit-bench run --duration $(BENCH_DURATION) $(BENCH_FLAGS)
+	$(BIN)/ratelimit-bench run --ratelimitd $(BIN)/ratelimitd --duration $(BENCH_DURATION) $(BENCH_FLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -108,9 +108,10 @@ func checkLoopback(addr string) error {
 	return fmt.Errorf("%q is not a loopback address (want 127.0.0.1, [::1] or localhost)", addr)
 }
 
-// addLoadFlags registers the flags the load and run commands share
-// (all but --addr, --redis-addr, --concurrency and --json).
-func addLoadFlags(fs *flag.FlagSet, o *loadOptions, mix *string) {
+// addLoadFlags registers the flags the load and run commands share: how
+// long each load lasts and what it sends, but for --mix, which only load
+// has (run sends every mix in turn).
+func addLoadFlags(fs *flag.FlagSet, o *loadOptions) {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "how long to send unmeasured calls first")
 	fs.IntVar(&o.maxRequests, "max-requests", 2_000_000, "most calls per phase (also sizes the latency buffer: 8 bytes a call)")
@@ -120,7 +121,6 @@ func addLoadFlags(fs *flag.FlagSet, o *loadOptions, mix *string) {
 	fs.IntVar(&o.mix.keyspace, "keyspace", 10_000, "distinct values of the first descriptor entry")
 	fs.Float64Var(&o.mix.overLimitShare, "over-limit-share", 0.2, "share of calls aimed at exhausted rules")
 	fs.Float64Var(&o.mix.zipfS, "zipf-s", 1.1, "Zipf exponent of value popularity (> 1)")
-	fs.StringVar(mix, "mix", "mixed", "traffic: mixed, or hot-key (every call on one exhausted bucket)")
 }
 
 // runLoad is the load command: one run against --addr, one result.
@@ -135,7 +135,8 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	fs.IntVar(&o.concurrency, "concurrency", 64, "calls in flight at once (one goroutine each)")
 	fs.BoolVar(&o.prime, "prime", true, "first spend the token of every abuser bucket (one call per keyspace value), so over-limit traffic is over the limit from the start")
-	addLoadFlags(fs, &o, &mix)
+	fs.StringVar(&mix, "mix", "mixed", "traffic: mixed, or hot-key (every call on one exhausted bucket)")
+	addLoadFlags(fs, &o)
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}

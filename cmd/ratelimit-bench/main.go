@@ -18,6 +18,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -49,8 +50,18 @@ type usageError struct{ error }
 func (e usageError) Unwrap() error { return e.error }
 
 // run is the whole program; it returns when the work is done, on an error,
-// or soon after ctx is done (having stopped everything it started).
+// or soon after ctx is done (having stopped everything it started). A
+// command's --help prints its usage to stderr and returns nil.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	err := runCommand(ctx, args, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil // the flag package has printed the usage
+	}
+	return err
+}
+
+// runCommand runs the command args name.
+func runCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usageText)
 		return usageError{errors.New("no command")}

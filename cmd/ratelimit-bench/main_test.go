@@ -271,3 +271,53 @@ func TestChildrenAreStopped(t *testing.T) {
 		t.Errorf("stopAll took %v: SIGTERM was not enough", time.Since(start))
 	}
 }
+
+// TestMixNames checks that every Mix parses back from its name, and that
+// nothing else parses.
+func TestMixNames(t *testing.T) {
+	for _, m := range []Mix{MixMixed, MixHot} {
+		got, err := parseMix(m.String())
+		if err != nil || got != m {
+			t.Errorf("parseMix(%q) = %v, %v; want %v", m.String(), got, err, m)
+		}
+	}
+	for _, name := range []string{"", "hot", "invalid", "Mixed"} {
+		if m, err := parseMix(name); err == nil {
+			t.Errorf("parseMix(%q) = %v, want an error", name, m)
+		}
+	}
+}
+
+// TestCommandFlags checks --help (the usage, and success) and that --mix
+// belongs to load only.
+func TestCommandFlags(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string // "" for success
+		wantOut string // in stderr
+	}{
+		{[]string{"load", "--help"}, "", "-mix"},
+		{[]string{"floor", "--help"}, "", "-addr"},
+		{[]string{"run", "--help"}, "", "-hot-key"},
+		{[]string{"run", "--mix", "mixed"}, "flag provided but not defined: -mix", ""},
+		{[]string{"load", "--addr", "127.0.0.1:1", "--mix", "hot"}, `unknown mix "hot"`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), tt.args, &stdout, &stderr)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("run(%q) = %v, want nil", tt.args, err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("run(%q) = %v, want an error containing %q", tt.args, err, tt.wantErr)
+			}
+			if !strings.Contains(stderr.String(), tt.wantOut) {
+				t.Errorf("run(%q) printed %q, want it to contain %q", tt.args, stderr.String(), tt.wantOut)
+			}
+			if tt.wantErr == "" && stdout.Len() > 0 {
+				t.Errorf("run(%q) printed %q on stdout, want only the usage on stderr", tt.args, stdout.String())
+			}
+		})
+	}
+}

@@ -118,7 +118,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 	// over-limit share is over the limit from its first call.
 	for _, t := range targets {
 		lo := o.load
-		lo.addr, lo.concurrency, lo.mix.mix = t.addr, 16, MixMixed
+		lo.addr, lo.concurrency = t.addr, 16
 		failed, err := primeTarget(ctx, lo)
 		if err != nil {
 			return fmt.Errorf("%s: %w", t.name, err)
@@ -185,10 +185,10 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 
 func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 	var o matrixOptions
-	var conc, backends, mix, serverFlags string
+	var conc, backends, serverFlags string
 	fs := flag.NewFlagSet("ratelimit-bench run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addLoadFlags(fs, &o.load, &mix)
+	addLoadFlags(fs, &o.load)
 	fs.StringVar(&conc, "concurrency", "1,16,64,256", "comma-separated concurrencies of the mixed load")
 	fs.StringVar(&backends, "backends", "memory,redis", "comma-separated ratelimitd backends: memory, redis")
 	fs.BoolVar(&o.hotKey, "hot-key", true, "also run the over-limit hot key (every call on one exhausted bucket)")
@@ -234,12 +234,8 @@ func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 	// Validate the shared load options with placeholders for the per-cell ones.
 	check := o.load
 	check.addr, check.concurrency = "127.0.0.1:1", 1
-	check.mix.mix = MixMixed
 	if err := check.validate(); err != nil {
 		errs = append(errs, err)
-	}
-	if mix != "mixed" {
-		errs = append(errs, fmt.Errorf("--mix %q: run uses the mixed load, plus the hot key with --hot-key", mix))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return o, usageError{err}

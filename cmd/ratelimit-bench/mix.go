@@ -73,24 +73,33 @@ const (
 	MixHot
 )
 
+// mixNames are the names of the mixes, as --mix takes them and results
+// show them, in the order of the Mix constants.
+var mixNames = []struct {
+	mix  Mix
+	name string
+}{
+	{MixMixed, "mixed"},
+	{MixHot, "hot-key"},
+}
+
 func (m Mix) String() string {
-	switch m {
-	case MixMixed:
-		return "mixed"
-	case MixHot:
-		return "hot-key"
+	for _, n := range mixNames {
+		if n.mix == m {
+			return n.name
+		}
 	}
 	return "invalid"
 }
 
+// parseMix returns the Mix named s.
 func parseMix(s string) (Mix, error) {
-	switch s {
-	case "mixed":
-		return MixMixed, nil
-	case "hot", "hot-key":
-		return MixHot, nil
+	for _, n := range mixNames {
+		if n.name == s {
+			return n.mix, nil
+		}
 	}
-	return 0, fmt.Errorf("mix %q: want mixed or hot-key", s)
+	return 0, fmt.Errorf("unknown mix %q (want mixed or hot-key)", s)
 }
 
 // mixParams shape a Mix.

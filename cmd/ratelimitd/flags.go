@@ -83,7 +83,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.configPath, "config", "", "descriptor file, or directory of *.yaml files (required)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
-	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (/healthz, /readyz)")
+	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (/healthz, /readyz, /metrics, /limits, /limits.json, and /debug/pprof/ with --pprof)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to drain in-flight calls on SIGTERM")
@@ -135,10 +135,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	graceMode := fs.String("failure-grace-mode", "error", "local mode: the answer during --failure-grace: error, allow or deny")
 
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return c, usageError{errors.New("help requested")}
-		}
-		return c, usageError{err}
+		return c, usageError{err} // flag.ErrHelp for --help: run treats it as success
 	}
 	if fs.NArg() > 0 {
 		return c, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
@@ -160,41 +157,33 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if c.streamWorkers < 0 || c.streamWorkers > 1<<16 {
 		return c, usageError{fmt.Errorf("--grpc-stream-workers %d: want 0 to 65536", c.streamWorkers)}
 	}
-	switch *retryAfter {
-	case "send":
-		c.retryAfter = server.RetryAfterSend
-	case "omit":
-		c.retryAfter = server.RetryAfterOmit
-	default:
-		return c, usageError{fmt.Errorf("--retry-after %q: want send or omit", *retryAfter)}
-	}
-	switch *rlHeaders {
-	case "off":
-		c.rateLimitHeader = server.RateLimitHeadersOff
-	case "draft03":
-		c.rateLimitHeader = server.RateLimitHeadersDraft03
-	default:
-		return c, usageError{fmt.Errorf("--ratelimit-headers %q: want off or draft03", *rlHeaders)}
-	}
-	switch *metadata {
-	case "all":
-		c.dynamicMetadata = server.DynamicMetadataAll
-	case "notable":
-		c.dynamicMetadata = server.DynamicMetadataNotable
-	case "off":
-		c.dynamicMetadata = server.DynamicMetadataOff
-	default:
-		return c, usageError{fmt.Errorf("--dynamic-metadata %q: want all, notable or off", *metadata)}
-	}
 	var err error
+	if c.retryAfter, err = choose("retry-after", *retryAfter,
+		[]string{"send", "omit"},
+		[]server.RetryAfter{server.RetryAfterSend, server.RetryAfterOmit}); err != nil {
+		return c, usageError{err}
+	}
+	if c.rateLimitHeader, err = choose("ratelimit-headers", *rlHeaders,
+		[]string{"off", "draft03"},
+		[]server.RateLimitHeaders{server.RateLimitHeadersOff, server.RateLimitHeadersDraft03}); err != nil {
+		return c, usageError{err}
+	}
+	if c.dynamicMetadata, err = choose("dynamic-metadata", *metadata,
+		[]string{"all", "notable", "off"},
+		[]server.DynamicMetadata{server.DynamicMetadataAll, server.DynamicMetadataNotable, server.DynamicMetadataOff}); err != nil {
+		return c, usageError{err}
+	}
+	logFormats := []string{"text", "json"}
+	if c.logFormat, err = choose("log-format", c.logFormat, logFormats, logFormats); err != nil {
+		return c, usageError{err}
+	}
 	if c.failure.Mode, err = failover.ParseMode(*onFailure); err != nil {
 		return c, usageError{fmt.Errorf("--on-backend-failure: %w", err)}
 	}
-	if c.failure.GraceMode, err = failover.ParseMode(*graceMode); err != nil || c.failure.GraceMode == failover.Local {
-		return c, usageError{fmt.Errorf("--failure-grace-mode %q: want error, allow or deny", *graceMode)}
-	}
-	if c.logFormat != "text" && c.logFormat != "json" {
-		return c, usageError{fmt.Errorf("--log-format %q: want text or json", c.logFormat)}
+	if c.failure.GraceMode, err = choose("failure-grace-mode", *graceMode,
+		[]string{"error", "allow", "deny"},
+		[]failover.Mode{failover.Error, failover.Allow, failover.Deny}); err != nil {
+		return c, usageError{err}
 	}
 	if (c.tls.certFile == "") != (c.tls.keyFile == "") {
 		return c, usageError{errors.New("--grpc-tls-cert and --grpc-tls-key go together")}
@@ -203,6 +192,26 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return c, usageError{errors.New("--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key")}
 	}
 	return c, nil
+}
+
+// choose returns vals[i] for the got that equals names[i], the accepted
+// values of --flagName; any other got is an error listing them all.
+func choose[T any](flagName, got string, names []string, vals []T) (T, error) {
+	for i, name := range names {
+		if got == name {
+			return vals[i], nil
+		}
+	}
+	var zero T
+	return zero, fmt.Errorf("--%s %q: want %s", flagName, got, oneOf(names))
+}
+
+// oneOf lists names as "a", "a or b", "a, b or c".
+func oneOf(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
 // applyEnv sets every flag not given on the command line from its

@@ -16,6 +16,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -42,9 +43,21 @@ func main() {
 // usageError is an error in how the command was called (exit status 2).
 type usageError struct{ error }
 
+func (e usageError) Unwrap() error { return e.error }
+
 // run is the whole program: it returns when ctx is done (after a graceful
-// shutdown) or on a fatal error.
+// shutdown) or on a fatal error. A command's --help prints its usage to
+// stderr and returns nil.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	err := runCommand(ctx, args, getenv, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil // the flag package has printed the usage
+	}
+	return err
+}
+
+// runCommand runs the command args name; serve when they name none.
+func runCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) > 0 {
 		switch args[0] {
 		case "validate":

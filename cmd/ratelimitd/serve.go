@@ -22,6 +22,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/reload"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
@@ -110,11 +111,8 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		return err
 	}
 	srv.SetConfig(set)
-	// hooks tell metrics of reloads.
-	var hooks reloadHooks
 	obs.metrics.ConfigLoaded(set)
-	hooks.loaded, hooks.rejected = obs.metrics.ConfigLoaded, obs.metrics.ConfigRejected
-	watcher, err := newWatcher(c, set, srv, log, &hooks)
+	watcher, err := newWatcher(c, set, srv, log, obs.metrics)
 	if err != nil {
 		return err
 	}
@@ -288,17 +286,11 @@ func openBackend(c serveConfig, log *slog.Logger, onHealth func(healthy bool)) (
 	return openRedis(c.redis, c.failure, log, onHealth)
 }
 
-// reloadHooks are told of config reloads, for metrics; nil fields are
-// skipped. They are called from the watcher's goroutine.
-type reloadHooks struct {
-	loaded   func(*config.Set)
-	rejected func(error)
-}
-
 // newWatcher returns the watcher that reloads the config into srv, logging
-// each reload: at info the new hash and domains, at error the full
-// validation message of a rejected config (the one in force stays).
-func newWatcher(c serveConfig, current *config.Set, srv *server.Server, log *slog.Logger, hooks *reloadHooks) (*reload.Watcher, error) {
+// each reload (at info the new hash and domains, at error the full
+// validation message of a rejected config, the one in force staying) and
+// counting it in m.
+func newWatcher(c serveConfig, current *config.Set, srv *server.Server, log *slog.Logger, m *metrics.Metrics) (*reload.Watcher, error) {
 	mode := reload.WatchFiles
 	if !c.watch {
 		mode = reload.WatchReloadOnly
@@ -314,9 +306,7 @@ func newWatcher(c serveConfig, current *config.Set, srv *server.Server, log *slo
 				names = append(names, d.Name)
 			}
 			log.Info("config reloaded", "config", c.configPath, "config_hash", set.Hash(), "domains", names)
-			if hooks.loaded != nil {
-				hooks.loaded(set)
-			}
+			m.ConfigLoaded(set)
 		},
 		OnError: func(err error) {
 			if errors.Is(err, reload.ErrWatch) {
@@ -325,9 +315,7 @@ func newWatcher(c serveConfig, current *config.Set, srv *server.Server, log *slo
 			}
 			log.Error("config rejected; the previous config stays in force",
 				"config", c.configPath, "config_hash", srv.Config().Hash(), "err", err)
-			if hooks.rejected != nil {
-				hooks.rejected(err)
-			}
+			m.ConfigRejected(err)
 		},
 	})
 	if err != nil {

@@ -146,7 +146,7 @@ func (w *Watcher) watch() error {
 	w.parent = filepath.Dir(w.dir)
 	fsw, err := fsnotify.NewWatcher()
 	if err != nil {
-		return fmt.Errorf("reload: %w (start with file watching off, and reload with SIGHUP)", err)
+		return fmt.Errorf("reload: %w", err)
 	}
 	if err := fsw.Add(w.dir); err != nil {
 		fsw.Close()

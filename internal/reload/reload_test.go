@@ -320,6 +320,7 @@ func TestDirectoryDeletedAndCreatedAgain(t *testing.T) {
 // until Reload is called, and that Reload reports nothing when the files are
 // those in force.
 func TestReloadWithoutWatching(t *testing.T) {
+	const debounce = 20 * time.Millisecond // what a watcher would wait
 	dir := t.TempDir()
 	name := filepath.Join(dir, "a.yaml")
 	writeFile(t, name, yamlWithRate(1))
@@ -327,8 +328,13 @@ func TestReloadWithoutWatching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	loads := make(chan *config.Set, 10)
-	w, err := reload.New(reload.Options{Path: dir, Current: current, Watch: reload.WatchReloadOnly,
+	loadCalls := make(chan struct{}, 10) // one per call of Load, whatever it finds
+	loads := make(chan *config.Set, 10)  // one per OnLoad
+	w, err := reload.New(reload.Options{Path: dir, Current: current, Watch: reload.WatchReloadOnly, Debounce: debounce,
+		Load: func(path string) (*config.Set, error) {
+			defer func() { loadCalls <- struct{}{} }()
+			return config.Load(path)
+		},
 		OnLoad: func(s *config.Set) { loads <- s }})
 	if err != nil {
 		t.Fatal(err)
@@ -336,8 +342,22 @@ func TestReloadWithoutWatching(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go w.Run(ctx)
-	w.Reload() // same files: nothing to report
+
+	w.Reload() // the files in force: loaded, nothing to report
+	select {
+	case <-loadCalls:
+	case <-time.After(timeout):
+		t.Fatal("Reload did not load the files")
+	}
 	writeFile(t, name, yamlWithRate(7))
+	time.Sleep(2 * reload.DefaultDebounce) // ten times the debounce
+	if n := len(loadCalls); n > 0 {
+		t.Errorf("the changed files were loaded without Reload (%d loads)", n)
+	}
+	if n := len(loads); n > 0 {
+		t.Fatalf("OnLoad was called before the Reload of the changed files (%d calls)", n)
+	}
+
 	w.Reload()
 	select {
 	case s := <-loads:

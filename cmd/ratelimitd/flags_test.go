@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+)
+
+func noEnv(string) string { return "" }
+
+// TestParseServeFlagsChoices sets every accepted value of each flag that
+// names one of a few choices, and checks the config field it lands in.
+func TestParseServeFlagsChoices(t *testing.T) {
+	tests := []struct {
+		flag, value string
+		field       func(serveConfig) any
+		want        any
+	}{
+		{"retry-after", "send", func(c serveConfig) any { return c.retryAfter }, server.RetryAfterSend},
+		{"retry-after", "omit", func(c serveConfig) any { return c.retryAfter }, server.RetryAfterOmit},
+		{"ratelimit-headers", "off", func(c serveConfig) any { return c.rateLimitHeader }, server.RateLimitHeadersOff},
+		{"ratelimit-headers", "draft03", func(c serveConfig) any { return c.rateLimitHeader }, server.RateLimitHeadersDraft03},
+		{"dynamic-metadata", "all", func(c serveConfig) any { return c.dynamicMetadata }, server.DynamicMetadataAll},
+		{"dynamic-metadata", "notable", func(c serveConfig) any { return c.dynamicMetadata }, server.DynamicMetadataNotable},
+		{"dynamic-metadata", "off", func(c serveConfig) any { return c.dynamicMetadata }, server.DynamicMetadataOff},
+		{"log-format", "text", func(c serveConfig) any { return c.logFormat }, "text"},
+		{"log-format", "json", func(c serveConfig) any { return c.logFormat }, "json"},
+		{"on-backend-failure", "error", func(c serveConfig) any { return c.failure.Mode }, failover.Error},
+		{"on-backend-failure", "allow", func(c serveConfig) any { return c.failure.Mode }, failover.Allow},
+		{"on-backend-failure", "deny", func(c serveConfig) any { return c.failure.Mode }, failover.Deny},
+		{"on-backend-failure", "local", func(c serveConfig) any { return c.failure.Mode }, failover.Local},
+		{"failure-grace-mode", "error", func(c serveConfig) any { return c.failure.GraceMode }, failover.Error},
+		{"failure-grace-mode", "allow", func(c serveConfig) any { return c.failure.GraceMode }, failover.Allow},
+		{"failure-grace-mode", "deny", func(c serveConfig) any { return c.failure.GraceMode }, failover.Deny},
+	}
+	for _, tt := range tests {
+		t.Run(tt.flag+"="+tt.value, func(t *testing.T) {
+			c, err := parseServeFlags([]string{"--config", "x", "--" + tt.flag, tt.value}, noEnv, io.Discard)
+			if err != nil {
+				t.Fatalf("parseServeFlags: %v", err)
+			}
+			if got := tt.field(c); got != tt.want {
+				t.Errorf("--%s %s gives %v, want %v", tt.flag, tt.value, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestParseServeFlagsDefaults checks the defaults of the choice flags and
+// of the failure-mode flags README lists.
+func TestParseServeFlagsDefaults(t *testing.T) {
+	c, err := parseServeFlags([]string{"--config", "x"}, noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		flag      string
+		got, want any
+	}{
+		{"retry-after", c.retryAfter, server.RetryAfterSend},
+		{"ratelimit-headers", c.rateLimitHeader, server.RateLimitHeadersOff},
+		{"dynamic-metadata", c.dynamicMetadata, server.DynamicMetadataAll},
+		{"log-format", c.logFormat, "text"},
+		{"on-backend-failure", c.failure.Mode, failover.Error},
+		{"failure-grace", c.failure.Grace, time.Duration(0)},
+		{"failure-grace-mode", c.failure.GraceMode, failover.Error},
+		{"replicas-hint", c.failure.ReplicasHint, int64(1)},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("--%s defaults to %v, want %v", tt.flag, tt.got, tt.want)
+		}
+	}
+}
+
+// TestParseServeFlagsRejects checks values and combinations that are usage
+// errors, and the message of each.
+func TestParseServeFlagsRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"retry-after", []string{"--retry-after", "later"}, `--retry-after "later": want send or omit`},
+		{"ratelimit-headers", []string{"--ratelimit-headers", "draft04"}, `--ratelimit-headers "draft04": want off or draft03`},
+		{"dynamic-metadata", []string{"--dynamic-metadata", "some"}, `--dynamic-metadata "some": want all, notable or off`},
+		{"log-format", []string{"--log-format", "xml"}, `--log-format "xml": want text or json`},
+		{"on-backend-failure", []string{"--on-backend-failure", "retry"}, `--on-backend-failure: unknown failure mode "retry"`},
+		{"failure-grace-mode local", []string{"--failure-grace-mode", "local"}, `--failure-grace-mode "local": want error, allow or deny`},
+		{"tls cert without key", []string{"--grpc-tls-cert", "cert.pem"}, "--grpc-tls-cert and --grpc-tls-key go together"},
+		{"tls key without cert", []string{"--grpc-tls-key", "key.pem"}, "--grpc-tls-cert and --grpc-tls-key go together"},
+		{"client CA without cert", []string{"--grpc-client-ca", "ca.pem"}, "--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseServeFlags(append([]string{"--config", "x"}, tt.args...), noEnv, io.Discard)
+			var usage usageError
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.As(err, &usage) {
+				t.Errorf("parseServeFlags(%q) = %v, want a usage error containing %q", tt.args, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestHelp checks that each command's --help prints its usage and nothing
+// else, and succeeds.
+func TestHelp(t *testing.T) {
+	tests := []struct {
+		args      []string
+		wantUsage string
+	}{
+		{[]string{"serve", "--help"}, "-http-addr"},
+		{[]string{"--config", "x", "-h"}, "-http-addr"},
+		{[]string{"check", "--help"}, "usage: ratelimitd check"},
+		{[]string{"explain", "--help"}, "usage: ratelimitd explain"},
+		{[]string{"validate", "--help"}, "usage: ratelimitd validate"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if err := run(context.Background(), tt.args, noEnv, &stdout, &stderr); err != nil {
+				t.Errorf("run(%q) = %v, want nil", tt.args, err)
+			}
+			if !strings.Contains(stderr.String(), tt.wantUsage) {
+				t.Errorf("run(%q) printed %q, want the usage (%q)", tt.args, stderr.String(), tt.wantUsage)
+			}
+			if strings.Contains(stderr.String(), "help requested") || stdout.Len() > 0 {
+				t.Errorf("run(%q) printed more than the usage: stdout %q, stderr %q", tt.args, stdout.String(), stderr.String())
+			}
+		})
+	}
+}
