@@ -103,10 +103,9 @@ type Store struct {
 
 	mu          sync.Mutex
 	failures    int       // consecutive
-	streakStart time.Time // when the first of them failed
 	openUntil   time.Time // zero when closed
 	probing     bool      // a half-open probe is in flight
-	outageStart time.Time // zero while healthy
+	outageStart time.Time // when the first of the failures failed; zero while healthy
 	lastErr     error
 
 	fallbacks atomic.Int64
@@ -222,6 +221,9 @@ func (s *Store) succeeded(probe bool) {
 	}
 }
 
+// failed records a backend failure: the outage starts at the first, and
+// the breaker opens on a failed probe, or once FailureThreshold
+// consecutive failures have gone on for FailingFor since it started.
 func (s *Store) failed(probe bool, err error) {
 	now := s.opts.Now()
 	s.mu.Lock()
@@ -229,12 +231,9 @@ func (s *Store) failed(probe bool, err error) {
 	if first {
 		s.outageStart = now
 	}
-	if s.failures == 0 {
-		s.streakStart = now
-	}
 	s.failures++
 	s.lastErr = err
-	if probe || (s.failures >= s.opts.FailureThreshold && now.Sub(s.streakStart) >= s.opts.FailingFor) {
+	if probe || (s.failures >= s.opts.FailureThreshold && now.Sub(s.outageStart) >= s.opts.FailingFor) {
 		s.openUntil = now.Add(s.opts.OpenFor)
 	}
 	if probe {

@@ -122,7 +122,8 @@ func TestErrorModeAndBreaker(t *testing.T) {
 
 // TestBreakerNeedsFailuresThatLast: failures that all land at once (one
 // slow batch) do not open the breaker however many they are, and a success
-// starts the count again; failures that go on for FailingFor do.
+// starts the count again; failures that go on for FailingFor do, once
+// FailureThreshold of them have failed.
 func TestBreakerNeedsFailuresThatLast(t *testing.T) {
 	b := newBackend()
 	s, clk := newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 3, FailingFor: 20 * time.Millisecond})
@@ -154,8 +155,34 @@ func TestBreakerNeedsFailuresThatLast(t *testing.T) {
 	if s.Healthy() {
 		t.Error("Healthy() = true with the breaker open")
 	}
+
+	// Failures that last are not enough alone: FailureThreshold of them
+	// must fail.
+	b = newBackend()
+	s, clk = newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 3, FailingFor: 20 * time.Millisecond})
+	b.set("down")
+	for i, tc := range []struct {
+		advance   time.Duration
+		wantCalls int
+		why       string
+	}{
+		{0, 1, "failure 1"},
+		{30 * time.Millisecond, 2, "failure 2, 30ms on: still below the threshold"},
+		{0, 3, "failure 3: opens"},
+		{0, 3, "open"},
+	} {
+		clk.Advance(tc.advance)
+		s.Take(ctx, t0, oneReq)
+		if got := b.Calls(); got != tc.wantCalls {
+			t.Errorf("threshold 3, call %d (%s): backend called %d times in all, want %d", i+1, tc.why, got, tc.wantCalls)
+		}
+	}
 }
 
+// TestModesWhileDown: each mode's answer while the backend is down. The
+// breaker opens at the third failure (FailingFor -1: at once); deny mode's
+// RetryAfter is then exactly the time until the breaker tries the backend
+// again, and before that the 1s minimum.
 func TestModesWhileDown(t *testing.T) {
 	tests := []struct {
 		mode      failover.Mode
@@ -166,12 +193,23 @@ func TestModesWhileDown(t *testing.T) {
 		{failover.Allow, false, true},
 		{failover.Deny, false, false},
 	}
+	calls := []struct {
+		advance   time.Duration // before the call
+		wantRetry time.Duration // deny mode's RetryAfter
+	}{
+		{0, time.Second}, // breaker closed: the minimum
+		{0, time.Second},
+		{0, 3 * time.Second}, // opens for OpenFor
+		{500 * time.Millisecond, 2500 * time.Millisecond},
+		{500 * time.Millisecond, 2 * time.Second},
+	}
 	for _, tt := range tests {
 		t.Run(tt.mode.String(), func(t *testing.T) {
 			b := newBackend()
 			b.set("down")
-			s, _ := newStore(t, b, failover.Options{Mode: tt.mode, OpenFor: 3 * time.Second})
-			for i := range 5 {
+			s, clk := newStore(t, b, failover.Options{Mode: tt.mode, FailingFor: -1, OpenFor: 3 * time.Second})
+			for i, call := range calls {
+				clk.Advance(call.advance)
 				d, err := s.Take(context.Background(), t0, oneReq)
 				if (err != nil) != tt.wantErr {
 					t.Fatalf("call %d: error %v, want error %v", i+1, err, tt.wantErr)
@@ -182,9 +220,12 @@ func TestModesWhileDown(t *testing.T) {
 				if d[0].Allowed != tt.wantAllow {
 					t.Errorf("call %d: Allowed = %v, want %v", i+1, d[0].Allowed, tt.wantAllow)
 				}
-				if !d[0].Allowed && d[0].RetryAfter < time.Second {
-					t.Errorf("call %d: denied with RetryAfter %v, want at least 1s", i+1, d[0].RetryAfter)
+				if tt.mode == failover.Deny && d[0].RetryAfter != call.wantRetry {
+					t.Errorf("call %d: denied with RetryAfter %v, want %v", i+1, d[0].RetryAfter, call.wantRetry)
 				}
+			}
+			if got := b.Calls(); got != 3 {
+				t.Errorf("backend called %d times, want 3: the breaker opens at the third failure", got)
 			}
 			if s.Fallbacks() != 5 {
 				t.Errorf("Fallbacks() = %d, want 5", s.Fallbacks())

@@ -47,19 +47,24 @@ type call struct {
 }
 
 // batcher coalesces script calls into pipelines, the mergeable Takes of
-// a batch into one take.lua call of the pipeline (see exec). Calls queue
+// a batch into take.lua calls of the pipeline (see envelopes). Calls queue
 // in one channel; senders goroutines each take what is queued as a batch
-// and send it. A call that arrives while no batch is in flight is sent at once, alone
-// if it is alone; calls that arrive while one is in flight wait up to wait
-// (or until max) and go out together in the next; while every sender is
-// busy, they queue, and the next free sender takes up to max of them.
+// and send it. A call that arrives while no round trip is in flight and no
+// batch is forming is sent at once, alone if it is alone; calls that
+// arrive while one is in flight wait up to wait (or until max) and go out
+// together in the next; while every sender is busy, they queue, and the
+// next free sender takes up to max of them.
 type batcher struct {
 	client pipeliner
 	max    int
 	wait   time.Duration
 
-	calls    chan *call
-	inflight atomic.Int32 // batches being sent
+	calls chan *call
+	// inflight counts the round trips in flight or about to be: each
+	// sender from the moment it receives the first call of a batch until
+	// its round trip returns (so a batch still collecting latecomers
+	// counts), and each call sent directly (see claimIdle).
+	inflight atomic.Int32
 	// directWhenIdle lets a call that finds nothing in flight be sent from
 	// its caller's goroutine (the client honours deadlines).
 	directWhenIdle bool
@@ -105,9 +110,11 @@ func (b *batcher) close() {
 	}
 }
 
-// claimIdle reports whether no batch is in flight and none is queued, and
-// if so counts the caller's own call as in flight (the caller sends it
-// directly, then calls inflight.Add(-1)).
+// claimIdle reports whether no round trip is in flight, no batch is
+// forming and no call is queued, and if so counts the caller's own call as
+// in flight (the caller sends it directly, then calls inflight.Add(-1)).
+// A sender counts itself in flight as soon as it holds a call, so a call
+// never goes around a batch that is collecting latecomers.
 func (b *batcher) claimIdle() bool {
 	return b.directWhenIdle && len(b.calls) == 0 && b.inflight.CompareAndSwap(0, 1)
 }
@@ -175,8 +182,10 @@ func errCmd(ctx context.Context, err error) *redis.Cmd {
 
 // send forms batches from the queued calls and sends them, one pipeline
 // each; senders of them run at once. A batch is what is queued when a
-// sender comes for it, plus, while another batch is in flight, what
-// arrives within wait, up to max.
+// sender comes for it, plus, while another round trip is in flight, what
+// arrives within wait, up to max. The sender counts in inflight from its
+// batch's first call until its round trip returns, just before the calls
+// get their answers.
 func (b *batcher) send() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -184,54 +193,80 @@ func (b *batcher) send() {
 		var batch []*call
 		select {
 		case c := <-b.calls:
+			b.inflight.Add(1)
 			batch = append(make([]*call, 0, b.max), c)
 		case <-b.stop:
 			return
 		}
-		// Whatever is already queued goes along.
-	drain:
-		for len(batch) < b.max {
-			select {
-			case c := <-b.calls:
-				batch = append(batch, c)
-			default:
-				break drain
-			}
-		}
-		// With a round trip in flight, latecomers are likely: wait a
+		batch = b.drain(batch)
+		// With another round trip in flight, latecomers are likely: wait a
 		// little for them. With none, go at once (a lone caller never
 		// waits).
-		if len(batch) < b.max && b.wait > 0 && b.inflight.Load() > 0 {
-			timer.Reset(b.wait)
-		wait:
-			for len(batch) < b.max {
-				select {
-				case c := <-b.calls:
-					batch = append(batch, c)
-				case <-timer.C:
-					break wait
-				case <-b.stop:
-					timer.Stop()
-					for _, c := range batch {
-						c.fail(errClosed)
-					}
-					return
+		if len(batch) < b.max && b.wait > 0 && b.inflight.Load() > 1 {
+			var stopped bool
+			batch, stopped = b.collect(batch, timer)
+			if stopped {
+				b.inflight.Add(-1)
+				for _, c := range batch {
+					c.fail(errClosed)
 				}
+				return
 			}
-			timer.Stop()
 		}
-		b.inflight.Add(1)
-		b.exec(batch)
+		sent := b.roundTrip(batch)
+		// Out of flight before answering: a caller may send its next call
+		// as soon as it has its answer, and must not find this round trip
+		// still counted (it would wait for latecomers for nothing).
 		b.inflight.Add(-1)
+		answer(sent)
 	}
 }
 
-// exec sends batch as one pipeline: the Takes that may merge (see
+// drain adds to batch whatever is already queued, up to max calls.
+func (b *batcher) drain(batch []*call) []*call {
+	for len(batch) < b.max {
+		select {
+		case c := <-b.calls:
+			batch = append(batch, c)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// collect adds to batch the calls that arrive within wait, up to max, using
+// timer (stopped, and stopped again on return). stopped reports that the
+// batcher was closed meanwhile: batch is then to fail, unsent.
+func (b *batcher) collect(batch []*call, timer *time.Timer) (_ []*call, stopped bool) {
+	timer.Reset(b.wait)
+	defer timer.Stop()
+	for len(batch) < b.max {
+		select {
+		case c := <-b.calls:
+			batch = append(batch, c)
+		case <-timer.C:
+			return batch, false
+		case <-b.stop:
+			return batch, true
+		}
+	}
+	return batch, false
+}
+
+// exec sends batch as one pipeline and hands each call its answer.
+func (b *batcher) exec(batch []*call) {
+	answer(b.roundTrip(batch))
+}
+
+// roundTrip sends batch as one pipeline: the Takes that may merge (see
 // scriptCall.merge) as one take.lua call, every other call as its own
 // EVALSHA; those that find their script missing (NOSCRIPT: a restarted or
 // flushed server) go again as EVAL, which runs them and caches the script.
-// Calls whose caller has given up are dropped first.
-func (b *batcher) exec(batch []*call) {
+// Calls whose caller has given up are dropped first (failed at once). It
+// returns the commands sent, answered but not yet handed to their calls
+// (see answer).
+func (b *batcher) roundTrip(batch []*call) []*envelope {
 	live := batch[:0]
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
@@ -241,7 +276,7 @@ func (b *batcher) exec(batch []*call) {
 		live = append(live, c)
 	}
 	if len(live) == 0 {
-		return
+		return nil
 	}
 	ctx, cancel := batchContext(live)
 	defer cancel()
@@ -268,8 +303,13 @@ func (b *batcher) exec(batch []*call) {
 		_, _ = again.Exec(ctx)
 		b.stats.roundTrips.Add(1)
 	}
-	for _, e := range cmds {
-		e.answer(ctx)
+	return cmds
+}
+
+// answer hands each call of the commands sent its answer.
+func answer(sent []*envelope) {
+	for _, e := range sent {
+		e.answer()
 	}
 }
 
@@ -287,9 +327,9 @@ type envelope struct {
 // run (a Take of more buckets still goes whole, alone).
 const mergeMaxKeys = 512
 
-// envelopes puts each call of batch in its command: the mergeable ones of
-// one script together, up to mergeMaxKeys buckets a command, the others
-// alone.
+// envelopes puts each call of batch in its command: the mergeable ones
+// (Takes of take.lua, the only script that merges) together, up to
+// mergeMaxKeys buckets a command, the others alone.
 func envelopes(batch []*call) []*envelope {
 	out := make([]*envelope, 0, len(batch))
 	var merged *envelope
@@ -298,7 +338,7 @@ func envelopes(batch []*call) []*envelope {
 			out = append(out, &envelope{scriptCall: c.scriptCall, calls: []*call{c}})
 			continue
 		}
-		if merged == nil || merged.script != c.script || len(merged.keys)+len(c.keys) > mergeMaxKeys {
+		if merged == nil || len(merged.keys)+len(c.keys) > mergeMaxKeys {
 			merged = &envelope{scriptCall: scriptCall{script: c.script}}
 			out = append(out, merged)
 		}
@@ -311,7 +351,7 @@ func envelopes(batch []*call) []*envelope {
 
 // answer hands each call of e its answer: e's own, or, merged, its Take's
 // reply from the list take.lua answers, as a one-Take call would get it.
-func (e *envelope) answer(ctx context.Context) {
+func (e *envelope) answer() {
 	if len(e.calls) == 1 {
 		e.calls[0].cmd = e.cmd
 		close(e.calls[0].done)
@@ -326,7 +366,7 @@ func (e *envelope) answer(ctx context.Context) {
 			c.fail(err)
 			continue
 		}
-		c.cmd = redis.NewCmd(ctx)
+		c.cmd = redis.NewCmd(c.ctx)
 		c.cmd.SetVal([]any{replies[i]})
 		close(c.done)
 	}

@@ -88,14 +88,20 @@ func TestCoalescesConcurrentTakes(t *testing.T) {
 }
 
 // TestLoneCallerIsSentAtOnce: one caller at a time gets one round trip per
-// Take: nothing waits for company that is not coming.
+// Take, and is sent at once: with a BatchWait of a second, a Take that
+// waited for company that is not coming would take that second.
 func TestLoneCallerIsSentAtOnce(t *testing.T) {
 	c := standalone(t).Client()
-	s := newStore(t, c, redisstore.CallerClock)
+	s := newStoreOpts(t, c, redisstore.Options{Clock: redisstore.CallerClock, BatchWait: time.Second})
 	l := limiter.Limit{Count: 10, Period: time.Second, Burst: 10}
+	take(t, s, t0, limiter.Request{Key: "k", Limit: l}) // loads the script if needed
 	for i := range 50 {
 		before := s.Stats()
-		take(t, s, t0.Add(time.Duration(i)*time.Second), limiter.Request{Key: "k", Limit: l, Hits: 1})
+		start := time.Now()
+		take(t, s, t0.Add(time.Duration(i+1)*time.Second), limiter.Request{Key: "k", Limit: l, Hits: 1})
+		if took := time.Since(start); took >= 500*time.Millisecond {
+			t.Fatalf("Take %d alone took %v, want well under the 1s BatchWait", i, took)
+		}
 		after := s.Stats()
 		if trips, takes := after.RoundTrips-before.RoundTrips, after.Takes-before.Takes; trips != 1 || takes != 1 {
 			t.Fatalf("Take %d alone: %d round trips for %d Takes, want 1 for 1", i, trips, takes)

@@ -1,9 +1,10 @@
 -- ratelimitd give-back: undoes what take.lua wrote for one hash slot when
--- another slot of the same Take denied it (Store.giveBack in store.go): it
--- takes each bucket from the state the admitted Take left (W) to the state
--- a denied Take leaves (T: the stored state with only the post-paid charges
--- applied, which are never given back). The arithmetic is limiter/bucket.go's
--- (instant.sub, instant.less, State.Full), as in take.lua.
+-- another slot of the same Take denied it (Store.giveBackGroups in
+-- store.go): it takes each bucket from the state the admitted Take left (W)
+-- to the state a denied Take leaves (T: the stored state with only the
+-- post-paid charges applied, which are never given back). The arithmetic
+-- is limiter/bucket.go's (instant.sub, instant.less, State.Full), as in
+-- take.lua.
 --
 -- KEYS[j]   a bucket take.lua wrote.
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.

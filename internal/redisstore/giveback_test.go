@@ -18,6 +18,7 @@ func TestGiveBackAfterOtherTakes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	ctx := context.Background()
 	t0 := limitertest.T0
 	l := limiter.Limit{Count: 1, Period: time.Minute, Burst: 10}

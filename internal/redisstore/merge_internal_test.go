@@ -95,6 +95,77 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	}
 }
 
+// TestMergedTakeWithARepeatedKey sends one batch by hand, four Takes on
+// one bucket merged into one take.lua call: one request, then two Takes of
+// two requests on that same bucket (the first needs more tokens than the
+// bucket has left, the second does not), then one request. Each Take
+// decides its repeated key on the state the earlier Takes of the call
+// wrote, its second request on the state its first leaves, exactly as
+// limiter.DecideAll.
+func TestMergedTakeWithARepeatedKey(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, Options{Clock: CallerClock, Prefix: "repeat:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if err := s.take.Load(ctx, c).Err(); err != nil { // no NOSCRIPT retry
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 3}
+	takeCall := func(hits ...int64) *call {
+		var keys []string
+		var reqs []limiter.Request
+		for _, h := range hits {
+			keys = append(keys, s.Key("r"))
+			reqs = append(reqs, limiter.Request{Key: "r", Limit: l, Hits: h})
+		}
+		return &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
+			script: s.take, keys: keys, args: s.takeArgs(t0, reqs, false), merge: true,
+		}}
+	}
+	calls := []*call{takeCall(1), takeCall(1, 2), takeCall(1, 1), takeCall(1)}
+	want := []struct {
+		allowed   bool
+		decisions []limiter.Decision
+	}{
+		// 3 tokens: takes 1.
+		{true, []limiter.Decision{{Allowed: true, Remaining: 2, ResetAfter: time.Hour}}},
+		// 2 left, 3 wanted: denied; the first request reports a check.
+		{false, []limiter.Decision{
+			{Allowed: true, Remaining: 2, ResetAfter: time.Hour},
+			{RetryAfter: time.Hour, ResetAfter: 2 * time.Hour},
+		}},
+		// Nothing written by the denied Take: 2 left, 2 taken.
+		{true, []limiter.Decision{
+			{Allowed: true, Remaining: 1, ResetAfter: 2 * time.Hour},
+			{Allowed: true, ResetAfter: 3 * time.Hour},
+		}},
+		// Empty.
+		{false, []limiter.Decision{{RetryAfter: time.Hour, ResetAfter: 3 * time.Hour}}},
+	}
+	s.batch.exec(calls)
+
+	for i, c := range calls {
+		<-c.done
+		res, err := decodeTakeCmd(c.cmd, len(want[i].decisions), false)
+		if err != nil {
+			t.Fatalf("Take %d: %v", i+1, err)
+		}
+		if res.allowed != want[i].allowed || !slices.Equal(res.decisions, want[i].decisions) {
+			t.Errorf("Take %d = %+v (allowed %v), want %+v (allowed %v)",
+				i+1, res.decisions, res.allowed, want[i].decisions, want[i].allowed)
+		}
+	}
+	if st := s.Stats(); st != (Stats{Calls: 4, Scripts: 1, RoundTrips: 1}) {
+		t.Errorf("Stats = %+v, want 4 calls as 1 script in 1 round trip", st)
+	}
+}
+
 // TestTakeOfManyBuckets: a call reads its buckets in chunks (Lua's unpack
 // has a bound); a Take of 2,500 buckets decides every one.
 func TestTakeOfManyBuckets(t *testing.T) {

@@ -21,12 +21,12 @@
 // Concurrent Takes are coalesced: they travel to Redis together, in one
 // round trip, so that under load Redis sees far fewer round trips than
 // Takes, while a lone Take is sent at once (see Options.BatchMax). On a
-// server without hash slots the coalesced Takes are one take.lua call,
-// which reads all their buckets with one MGET and decides the Takes one
-// after the other: one script entry and one TIME for the batch instead of
-// one each. Each Take is still decided on its own, all-or-nothing, exactly
-// as if sent alone: batching changes how Takes travel, not what they
-// decide.
+// server without hash slots the coalesced Takes travel merged, as take.lua
+// calls of at most 512 buckets each (a larger Take goes alone); each call
+// reads all its buckets with one MGET and decides its Takes one after the
+// other: one script entry and one TIME per call instead of one per Take.
+// Each Take is still decided on its own, all-or-nothing, exactly as if
+// sent alone: batching changes how Takes travel, not what they decide.
 //
 // It needs Redis 6.2 or later (SET … PXAT, and scripts that read TIME and
 // then write, by effects replication); it is tested with 7.0.
@@ -102,19 +102,24 @@ type Options struct {
 	Clock Clock
 
 	// BatchMax is the most script calls coalesced into one round trip (one
-	// pipeline, in which the Takes travel as one take.lua call where the
-	// server has no hash slots). Default DefaultBatchMax, 64. 1 turns
-	// coalescing off: each call is then sent on its caller's goroutine.
-	// Clients without pipelines (anything but go-redis's clients) are never
-	// coalesced.
+	// pipeline, in which the Takes travel merged, as take.lua calls of at
+	// most 512 buckets each, where the server has no hash slots). Default
+	// DefaultBatchMax, 64. 1 turns coalescing off: each call is then sent
+	// on its caller's goroutine. Clients without pipelines (anything but
+	// go-redis's clients) are never coalesced.
 	//
 	// Batches form opportunistically: a call that finds no round trip in
-	// flight is sent at once, with whatever other calls are already
-	// queued; calls that arrive while one is in flight collect for up to
-	// BatchWait (or until BatchMax) and go out together, in parallel with
-	// it; while two batches are in flight, calls queue, and the first to
-	// return takes up to BatchMax of them. A lone caller therefore never
-	// waits (beyond two goroutine hand-offs).
+	// flight and no batch forming is sent at once, with whatever other
+	// calls are already queued; calls that arrive while one is in flight
+	// collect for up to BatchWait (or until BatchMax) and go out together,
+	// in parallel with it; while two batches are in flight, calls queue,
+	// and the first to return takes up to BatchMax of them. With a client
+	// that honours deadlines (as Dial makes them), a call that finds
+	// nothing in flight is sent from its caller's goroutine, with no
+	// goroutine hand-off; up to three round trips may then be in flight
+	// (that call and two batches). Other clients hand each call to a
+	// sending goroutine and back. A lone caller never waits for a batch
+	// either way.
 	BatchMax int
 	// BatchWait bounds how long a batch collects calls while another round
 	// trip is in flight. Default DefaultBatchWait, 200µs; negative means
@@ -169,8 +174,11 @@ func (s *Store) Stats() Stats {
 	}
 }
 
-// Close stops the two goroutines that coalesce and send calls; Takes in progress and after it fail with an error wrapping
-// limiter.ErrUnavailable. It does not close the client. It is safe to call
+// Close stops the two goroutines that coalesce and send calls, once the
+// batches they are sending return. Takes and Refunds waiting for a batch,
+// and those after Close, fail with an error wrapping
+// limiter.ErrUnavailable; a call already sent directly from its caller's
+// goroutine completes. It does not close the client. It is safe to call
 // more than once.
 func (s *Store) Close() error {
 	if s.batch != nil {
@@ -273,6 +281,17 @@ func (s *Store) groups(keys []string) [][]int {
 		return nil
 	}
 	return s.group(keys)
+}
+
+// groupOf returns the keys and requests at indexes idx (one group), in
+// order.
+func groupOf(keys []string, reqs []limiter.Request, idx []int) ([]string, []limiter.Request) {
+	gkeys := make([]string, len(idx))
+	greqs := make([]limiter.Request, len(idx))
+	for j, i := range idx {
+		gkeys[j], greqs[j] = keys[i], reqs[i]
+	}
+	return gkeys, greqs
 }
 
 // Take implements limiter.Store: it applies reqs all-or-nothing, deciding
@@ -393,13 +412,10 @@ func decodeTakeCmd(cmd *redis.Cmd, n int, extras bool) (takeResult, error) {
 
 // takeArgs are take.lua's ARGV for one Take of reqs: now, the number of
 // requests, extras, then nine per request. Several Takes' ARGV concatenated
-// are one call's (see batcher.exec).
+// are one call's (see envelopes).
 func (s *Store) takeArgs(now time.Time, reqs []limiter.Request, extras bool) []any {
 	args := make([]any, 3, 3+9*len(reqs))
-	args[0] = ""
-	if s.clock == CallerClock {
-		args[0] = now.UnixMicro()
-	}
+	args[0] = s.nowArg(now)
 	args[1] = len(reqs)
 	args[2] = 0
 	if extras {
@@ -417,6 +433,16 @@ func (s *Store) takeArgs(now time.Time, reqs []limiter.Request, extras bool) []a
 			r.Limit.MaxDebt, r.MaxWait.Microseconds(), shadow)
 	}
 	return args
+}
+
+// nowArg is the time argument every script reads first (ARGV[1], see
+// common.lua): now in Unix microseconds with CallerClock, else "" (the
+// script reads the server's TIME).
+func (s *Store) nowArg(now time.Time) any {
+	if s.clock == CallerClock {
+		return now.UnixMicro()
+	}
+	return ""
 }
 
 // honorsDeadlines reports whether c ends its network I/O at the context's
@@ -546,11 +572,7 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 	errs := make([]error, len(groups))
 	calls := make([]scriptCall, len(groups))
 	for g, idx := range groups {
-		gkeys := make([]string, len(idx))
-		greqs := make([]limiter.Request, len(idx))
-		for j, i := range idx {
-			gkeys[j], greqs[j] = keys[i], reqs[i]
-		}
+		gkeys, greqs := groupOf(keys, reqs, idx)
 		calls[g] = scriptCall{script: s.take, keys: gkeys, args: s.takeArgs(now, greqs, true)}
 	}
 	for g, cmd := range s.scripts(ctx, calls) {
@@ -609,10 +631,7 @@ func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string
 			continue
 		}
 		var gkeys []string
-		args := []any{"", res.now}
-		if s.clock == CallerClock {
-			args[0] = now.UnixMicro()
-		}
+		args := []any{s.nowArg(now), res.now}
 		for j, i := range idx {
 			r := res.giveBack[j]
 			if !r.needed {
@@ -666,11 +685,7 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 	} else {
 		calls := make([]scriptCall, len(groups))
 		for g, idx := range groups {
-			gkeys := make([]string, len(idx))
-			greqs := make([]limiter.Request, len(idx))
-			for j, i := range idx {
-				gkeys[j], greqs[j] = keys[i], reqs[i]
-			}
+			gkeys, greqs := groupOf(keys, reqs, idx)
 			calls[g] = scriptCall{script: s.refund, keys: gkeys, args: s.refundArgs(now, greqs)}
 		}
 		var errs []error
@@ -688,10 +703,7 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 // refundArgs are refund.lua's ARGV for reqs.
 func (s *Store) refundArgs(now time.Time, reqs []limiter.Request) []any {
 	args := make([]any, 1, 1+5*len(reqs))
-	args[0] = ""
-	if s.clock == CallerClock {
-		args[0] = now.UnixMicro()
-	}
+	args[0] = s.nowArg(now)
 	for _, r := range reqs {
 		p := r.Limit.Period.Microseconds()
 		args = append(args, r.Limit.Count, p/r.Limit.Count, p%r.Limit.Count, r.Limit.Burst+r.Limit.MaxDebt, r.Hits)

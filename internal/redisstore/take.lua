@@ -42,7 +42,7 @@
 --           MaxWait exactly when it fits within this), shadow (0/1).
 --
 -- Returns one reply per Take, in order: an error reply if one of its
--- buckets holds something else than "TAT:Frac" (nothing of that Take is
+-- buckets is a string other than "TAT:Frac" (nothing of that Take is
 -- written; the others are decided as usual), else
 --   {now, all admitted (0/1), then for each request:
 --   allowed (0/1), exceeds burst (0/1), remaining, retry after µs,
@@ -53,6 +53,9 @@
 --   admitted, when its state differs from what a denied Take leaves),
 --   admitted TAT µs, admitted frac (the state the admitted Take leaves),
 --   denied TAT µs, denied frac (the state a denied Take leaves)}.
+-- A key of another Redis type (a hash, a list...) is no error: MGET answers
+-- nil for it, so it counts as a missing key, a full bucket, and a Take that
+-- writes the bucket overwrites it.
 
 -- mirrors Limit.advance: t + n·Period/Count, with Period = q·Count + r so
 -- that n·q and n·r stay below 2^53.

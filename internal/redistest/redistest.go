@@ -436,11 +436,3 @@ func StartSentinel(t testing.TB, masterName string) *Sentinel {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
-// Client returns a failover client that finds the master through the
-// sentinel; it is closed when the test ends.
-func (s *Sentinel) Client(t testing.TB) *redis.Client {
-	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs})
-	t.Cleanup(func() { c.Close() })
-	return c
-}

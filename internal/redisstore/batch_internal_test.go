@@ -1,0 +1,85 @@
+package redisstore
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// TestNoDirectCallAroundAFormingBatch: a call sent directly is held by a
+// paused server; a second call queues behind it, and its sender waits for
+// latecomers. Once the direct call is answered, a third call must queue
+// for a sender rather than go around the forming batch directly (which
+// would leave the batch waiting its whole BatchWait for nobody).
+func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, Options{Clock: CallerClock, Prefix: "forming:", BatchWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
+	takeAsync := func(key string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Take(ctx, t0, []limiter.Request{{Key: key, Limit: l, Hits: 1}})
+			done <- err
+		}()
+		return done
+	}
+	if err := <-takeAsync("warm"); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	start := s.Stats()
+
+	admin := srv.Client()
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "2000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	direct := takeAsync("direct")
+	waitFor(t, "the first call to be sent directly", func() bool { return s.Stats().Direct == start.Direct+1 })
+	// Submitted by hand, so that the test knows when it is queued.
+	reqs := []limiter.Request{{Key: "queued", Limit: l, Hits: 1}}
+	queued := s.batch.submit(ctx, scriptCall{s.take, []string{s.Key("queued")}, s.takeArgs(t0, reqs, false), true})
+	waitFor(t, "a sender to take the queued call", func() bool { return len(s.batch.calls) == 0 })
+	if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-direct; err != nil {
+		t.Fatalf("direct call: %v", err)
+	}
+	late := takeAsync("late")
+	if _, err := decodeTakeCmd(s.batch.await(ctx, queued), 1, false); err != nil {
+		t.Fatalf("queued call: %v", err)
+	}
+	if err := <-late; err != nil {
+		t.Fatalf("late call: %v", err)
+	}
+	// The late call may ride with the queued one or form a batch of its
+	// own with the other sender; either way it must not go directly.
+	if st := s.Stats(); st.Direct != start.Direct+1 {
+		t.Errorf("a direct call, then two while a batch formed: %d sent directly, want only the first",
+			st.Direct-start.Direct)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 5s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
