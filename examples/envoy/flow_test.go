@@ -37,7 +37,7 @@ type gatewaySim struct {
 
 func newGatewaySim(t *testing.T) *gatewaySim {
 	t.Helper()
-	return newGatewaySimClock(t, clockAt(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)))
+	return newGatewaySimClock(t, clocktest.New())
 }
 
 // newGatewaySimClock runs ratelimitd on clk, or on time.Now if clk is nil
@@ -376,11 +376,4 @@ func TestWaitFlow(t *testing.T) {
 			}
 		}
 	})
-}
-
-// clockAt is a hand-set clock reading t.
-func clockAt(t time.Time) *clocktest.Clock {
-	c := clocktest.New()
-	c.Set(t)
-	return c
 }

@@ -16,11 +16,13 @@
 //	ratelimitd_descriptor_shadow_mode_total    ratelimit.service.rate_limit.<domain>.<key>.shadow_mode
 //	ratelimitd_descriptor_requests_total       (none: descriptors by outcome)
 //	ratelimitd_descriptor_unmatched_total      (none: descriptors no rule matched)
+//	ratelimitd_requests_total                  (none: Envoy's own ratelimit.ok / over_limit / error)
 //	ratelimitd_request_duration_seconds        ratelimit_server.ShouldRateLimit.response_time
 //	ratelimitd_backend_errors_total            ratelimit.service.call.should_rate_limit.redis_error
 //	ratelimitd_config_reloads_total            ratelimit.service.config_load_success / config_load_error
 //	ratelimitd_config_info                     (none: the loaded config's hash)
 //	ratelimitd_failure_mode_activations_total  (none)
+//	ratelimitd_rule_limit_info                 (none: each rule's limits, as loaded)
 package metrics
 
 import (
@@ -258,9 +260,8 @@ func (m *Metrics) FailureModeActivated(mode string) {
 }
 
 // BackendError records a backend failure of the given kind ("timeout",
-// "unavailable", …), which must come from a small fixed set. ObserveCall
-// already counts the calls answered UNAVAILABLE; backends call this for
-// failures they absorb themselves (retries, fallbacks).
+// "unavailable", "no_config"), which must come from a small fixed set.
+// ObserveCall calls it for every call answered UNAVAILABLE.
 func (m *Metrics) BackendError(kind string) {
 	m.backendErrors.WithLabelValues(m.backend, kind).Inc()
 }

@@ -30,7 +30,8 @@ type Call struct {
 	Start    time.Time
 	Duration time.Duration
 	// Code is the gRPC status of the answer: OK, InvalidArgument,
-	// Unavailable (backend failure or no config), Canceled.
+	// Unavailable (backend failure or no config), Canceled, or
+	// DeadlineExceeded (a wait the caller's deadline cut short).
 	Code codes.Code
 	// Err is the error answered, nil when Code is OK. It is a gRPC status
 	// error; when a backend failure or a missing config (ErrNoConfig)
