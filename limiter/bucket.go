@@ -59,6 +59,15 @@ func (l Limit) advance(t instant, n int64) instant {
 	return instant{us: t.us + n*q + f/l.Count, frac: f % l.Count}
 }
 
+// Span returns the time n tokens take to arrive, n·Period/Count, exactly:
+// us whole microseconds plus frac/Count of one. It is Decide's arithmetic,
+// for a store that decides elsewhere (the Redis script) and needs its
+// spans: the fill time Span(Burst), a request's Span(Hits).
+func (l Limit) Span(n int64) (us, frac int64) {
+	t := l.advance(instant{}, n)
+	return t.us, t.frac
+}
+
 // fillTime is the time an empty bucket takes to fill: Burst·Period/Count.
 func (l Limit) fillTime() instant {
 	return l.advance(instant{}, l.Burst)
@@ -200,37 +209,51 @@ func (s State) Full(now time.Time) bool {
 func DecideAll(now time.Time, reqs []Request, stored []State) (decisions []Decision, next []State, allowed bool) {
 	decisions = make([]Decision, len(reqs))
 	next = make([]State, len(reqs))
-	// current is the state of reqs[i]'s bucket before it, after the earlier
-	// requests for the same key.
-	current := func(i int) State {
-		for j := i - 1; j >= 0; j-- {
-			if reqs[j].Key == reqs[i].Key {
-				return next[j]
-			}
-		}
-		return stored[i]
-	}
 	allowed = true
 	for i, r := range reqs {
-		next[i], decisions[i] = Decide(r, current(i), now)
+		next[i], decisions[i] = Decide(r, current(reqs, stored, next, i), now)
 		allowed = allowed && (decisions[i].Allowed || r.Shadow)
 	}
 	if allowed {
 		return decisions, next, true
 	}
+	decisions, next = DenyAll(now, reqs, stored, decisions)
+	return decisions, next, false
+}
+
+// DenyAll returns what DecideAll answers and leaves when the Take of reqs is
+// denied, given stored as DecideAll takes it and decided, DecideAll's
+// decision for each request before the Take was known to be denied (only
+// whether each was Allowed is read). A store that must know both outcomes
+// (one Take split over several Redis Cluster slots, which decide apart)
+// calls it when DecideAll admits.
+func DenyAll(now time.Time, reqs []Request, stored []State, decided []Decision) (decisions []Decision, next []State) {
+	decisions = make([]Decision, len(reqs))
+	next = make([]State, len(reqs))
 	for i, r := range reqs {
-		s := current(i)
+		s := current(reqs, stored, next, i)
 		switch {
 		case r.Charge():
 			next[i], decisions[i] = Decide(r, s, now)
-		case decisions[i].Allowed:
+		case decided[i].Allowed:
 			check := r
 			check.Hits = 0
 			next[i] = s
 			_, decisions[i] = Decide(check, s, now)
 		default:
-			next[i] = s
+			next[i], decisions[i] = s, decided[i]
 		}
 	}
-	return decisions, next, false
+	return decisions, next
+}
+
+// current is the state of reqs[i]'s bucket before it: next of the last
+// earlier request for the same key, else stored[i].
+func current(reqs []Request, stored, next []State, i int) State {
+	for j := i - 1; j >= 0; j-- {
+		if reqs[j].Key == reqs[i].Key {
+			return next[j]
+		}
+	}
+	return stored[i]
 }

@@ -49,7 +49,7 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 	waitFor(t, "the first call to be sent directly", func() bool { return s.Stats().Direct == start.Direct+1 })
 	// Submitted by hand, so that the test knows when it is queued.
 	reqs := []limiter.Request{{Key: "queued", Limit: l, Hits: 1}}
-	queued := s.batch.submit(ctx, scriptCall{s.take, []string{s.Key("queued")}, s.takeArgs(t0, reqs, false), true})
+	queued := s.batch.submit(ctx, scriptCall{s.take, []string{s.Key("queued")}, s.takeArgs(t0, reqs), true})
 	waitFor(t, "a sender to take the queued call", func() bool { return len(s.batch.calls) == 0 })
 	if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 		t.Fatalf("direct call: %v", err)
 	}
 	late := takeAsync("late")
-	if _, err := decodeTakeCmd(s.batch.await(ctx, queued), 1, false); err != nil {
+	if _, err := decodeTakeCmd(s.batch.await(ctx, queued), reqs, false); err != nil {
 		t.Fatalf("queued call: %v", err)
 	}
 	if err := <-late; err != nil {

@@ -39,10 +39,10 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	}
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
+	one := func(key string) []limiter.Request { return []limiter.Request{{Key: key, Limit: l, Hits: 1}} }
 	takeCall := func(key string, now time.Time) *call {
-		reqs := []limiter.Request{{Key: key, Limit: l, Hits: 1}}
 		return &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
-			script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(now, reqs, false), merge: true,
+			script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(now, one(key)), merge: true,
 		}}
 	}
 	refund := &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
@@ -55,14 +55,14 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	for _, c := range []*call{first, bad, refund, third} {
 		<-c.done
 	}
-	if res, err := decodeTakeCmd(first.cmd, 1, false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
+	if res, err := decodeTakeCmd(first.cmd, one("a"), false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
 		t.Errorf("first Take = %+v, %v; want admitted with 1 left", res.decisions, err)
 	}
-	if _, err := decodeTakeCmd(bad.cmd, 1, false); err == nil || !strings.Contains(err.Error(), "not TAT:Frac") {
+	if _, err := decodeTakeCmd(bad.cmd, one("bad"), false); err == nil || !strings.Contains(err.Error(), "not TAT:Frac") {
 		t.Errorf("Take on a bucket holding garbage: %v, want an error saying so", err)
 	}
 	// A minute later, after the first Take: 1h59m until full, 0 left.
-	if res, err := decodeTakeCmd(third.cmd, 1, false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, ResetAfter: 2*time.Hour - time.Minute}) {
+	if res, err := decodeTakeCmd(third.cmd, one("a"), false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, ResetAfter: 2*time.Hour - time.Minute}) {
 		t.Errorf("third Take = %+v, %v; want admitted on what the first left", res.decisions, err)
 	}
 	if err := refund.cmd.Err(); err != nil {
@@ -84,10 +84,10 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	<-other.done
 	// Two hours on, a is full again (the third Take left it full at
 	// +2h): this one leaves 1 of 2.
-	if res, err := decodeTakeCmd(fourth.cmd, 1, false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
+	if res, err := decodeTakeCmd(fourth.cmd, one("a"), false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
 		t.Errorf("Take after SCRIPT FLUSH = %+v, %v", res.decisions, err)
 	}
-	if res, err := decodeTakeCmd(other.cmd, 1, false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
+	if res, err := decodeTakeCmd(other.cmd, one("b"), false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
 		t.Errorf("second Take after SCRIPT FLUSH = %+v, %v", res.decisions, err)
 	}
 	if st := s.Stats(); st != (Stats{Calls: 6, Scripts: 3, RoundTrips: 3}) {
@@ -117,6 +117,7 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 	}
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 3}
+	reqsOf := map[*call][]limiter.Request{}
 	takeCall := func(hits ...int64) *call {
 		var keys []string
 		var reqs []limiter.Request
@@ -124,9 +125,11 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 			keys = append(keys, s.Key("r"))
 			reqs = append(reqs, limiter.Request{Key: "r", Limit: l, Hits: h})
 		}
-		return &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
-			script: s.take, keys: keys, args: s.takeArgs(t0, reqs, false), merge: true,
+		c := &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
+			script: s.take, keys: keys, args: s.takeArgs(t0, reqs), merge: true,
 		}}
+		reqsOf[c] = reqs
+		return c
 	}
 	calls := []*call{takeCall(1), takeCall(1, 2), takeCall(1, 1), takeCall(1)}
 	want := []struct {
@@ -152,7 +155,7 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 
 	for i, c := range calls {
 		<-c.done
-		res, err := decodeTakeCmd(c.cmd, len(want[i].decisions), false)
+		res, err := decodeTakeCmd(c.cmd, reqsOf[c], false)
 		if err != nil {
 			t.Fatalf("Take %d: %v", i+1, err)
 		}

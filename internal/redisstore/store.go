@@ -5,9 +5,13 @@
 // theoretical arrival time in Unix microseconds plus Frac/Count of one),
 // expiring when the bucket is full again: a missing key is a full bucket. One
 // Lua script (take.lua) reads every bucket of a Take, decides with exactly
-// the arithmetic of limiter.Decide and limiter.DecideAll, and writes back
-// what DecideAll says a store writes (everything if every request is
-// admitted, else only the post-paid charges); Redis runs it atomically.
+// the arithmetic of limiter.Decide and limiter.DecideAll whether the Take is
+// admitted, and writes back what DecideAll says a store writes (everything
+// if every request is admitted, else only the post-paid charges); Redis
+// runs it atomically. It answers with the states it read and the time it
+// decided at, and the Store computes the rest of the answer (remaining,
+// retry after, reset after, wait) by running DecideAll on them in Go: the
+// script does only what must be atomic.
 // Another (refund.lua) gives tokens back as limiter.Refund does.
 //
 // On Redis Cluster the keys of one Take may live in several hash slots, which
@@ -356,7 +360,8 @@ func unavailable(err error) error {
 	return fmt.Errorf("redis take: %w: %w", limiter.ErrUnavailable, err)
 }
 
-// takeResult is what one run of take.lua answered.
+// takeResult is the answer to one Take (or one slot's part of it): what
+// take.lua read, decided by limiter.DecideAll.
 type takeResult struct {
 	now       int64 // the time it decided at, Unix µs
 	allowed   bool
@@ -377,13 +382,15 @@ type giveBackRecord struct {
 // run runs take.lua on keys and their requests (all in one slot, or on a
 // server without slots).
 func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
-	cmd := s.script(ctx, scriptCall{s.take, keys, s.takeArgs(now, reqs, extras), s.group == nil})
-	return decodeTakeCmd(cmd, len(reqs), extras)
+	cmd := s.script(ctx, scriptCall{s.take, keys, s.takeArgs(now, reqs), s.group == nil})
+	return decodeTakeCmd(cmd, reqs, extras)
 }
 
-// decodeTakeCmd reads the answer of a take.lua call that carried one Take
-// (the batcher hands each merged Take such an answer too).
-func decodeTakeCmd(cmd *redis.Cmd, n int, extras bool) (takeResult, error) {
+// decodeTakeCmd reads the answer of a take.lua call that carried one Take of
+// reqs (the batcher hands each merged Take such an answer too). With
+// extras, it also works out what the Take answers and leaves if another
+// slot denies it.
+func decodeTakeCmd(cmd *redis.Cmd, reqs []limiter.Request, extras bool) (takeResult, error) {
 	replies, err := cmd.Slice()
 	if err != nil {
 		return takeResult{}, err
@@ -407,33 +414,54 @@ func decodeTakeCmd(cmd *redis.Cmd, n int, extras bool) (takeResult, error) {
 	default:
 		return takeResult{}, fmt.Errorf("take script returned %T, not an array", r)
 	}
-	return decodeTake(reply, n, extras)
+	return decodeTake(reply, reqs, extras)
 }
 
 // takeArgs are take.lua's ARGV for one Take of reqs: now, the number of
-// requests, extras, then nine per request. Several Takes' ARGV concatenated
-// are one call's (see envelopes).
-func (s *Store) takeArgs(now time.Time, reqs []limiter.Request, extras bool) []any {
-	args := make([]any, 3, 3+9*len(reqs))
+// requests, then eight per request (take.lua's header lists them). Several
+// Takes' ARGV concatenated are one call's (see envelopes).
+func (s *Store) takeArgs(now time.Time, reqs []limiter.Request) []any {
+	args := make([]any, 2, 2+8*len(reqs))
 	args[0] = s.nowArg(now)
 	args[1] = len(reqs)
-	args[2] = 0
-	if extras {
-		args[2] = 1
-	}
 	for _, r := range reqs {
-		// As Limit.advance: Period = q·Count + r. q ≤ the fill time and
-		// r < Count stay below 2^53; the period itself may not.
-		p := r.Limit.Period.Microseconds()
-		shadow := 0
-		if r.Shadow {
-			shadow = 1
+		l := r.Limit
+		// As limiter.Decide decides: a charge first, then hits above
+		// burst, then a check.
+		kind, hits := kindTake, r.Hits
+		var floorUS, floorFrac int64
+		switch {
+		case r.Charge():
+			kind, hits = kindCharge, min(r.Hits, l.Burst+l.MaxDebt)
+			floorUS, floorFrac = l.Span(l.Burst + l.MaxDebt)
+		case r.Hits > l.Burst:
+			kind, hits = kindAboveBurst, 0
+		case r.Hits == 0:
+			kind = kindCheck
+		default:
+			floorUS = r.MaxWait.Microseconds() // rounded down, see take.lua
 		}
-		args = append(args, r.Limit.Count, p/r.Limit.Count, p%r.Limit.Count, p, r.Limit.Burst, r.Hits,
-			r.Limit.MaxDebt, r.MaxWait.Microseconds(), shadow)
+		if r.Shadow {
+			kind++
+		}
+		hitsUS, hitsFrac := l.Span(hits)
+		fillUS, fillFrac := l.Span(l.Burst)
+		args = append(args, l.Count, hitsUS, hitsFrac, fillUS, fillFrac, floorUS, floorFrac, kinds[kind])
 	}
 	return args
 }
+
+// The kinds of request take.lua tells apart; each is followed by its Shadow
+// variant.
+const (
+	kindTake = 2 * iota
+	kindCheck
+	kindAboveBurst
+	kindCharge
+)
+
+// kinds are their names in take.lua's ARGV: upper case for Shadow.
+var kinds = [...]string{"t", "T", "k", "K", "x", "X", "c", "C"}
 
 // nowArg is the time argument every script reads first (ARGV[1], see
 // common.lua): now in Unix microseconds with CallerClock, else "" (the
@@ -523,34 +551,50 @@ func (s *Store) direct(ctx context.Context, c scriptCall) *redis.Cmd {
 	return cmd
 }
 
-// decodeTake reads take.lua's reply (its header comment gives the layout).
-func decodeTake(reply []int64, n int, extras bool) (takeResult, error) {
-	per := 6
-	if extras {
-		per = 6 + 6 + 5
+// decodeTake reads take.lua's reply to a Take of reqs (its header comment
+// gives the layout): the time it decided at and the states it read. The
+// answer is limiter.DecideAll's on them, which must agree with the script
+// on the admission (the script wrote by it).
+func decodeTake(reply []int64, reqs []limiter.Request, extras bool) (takeResult, error) {
+	n := len(reqs)
+	if len(reply) != 2+2*n {
+		return takeResult{}, fmt.Errorf("take script returned %d integers, want %d", len(reply), 2+2*n)
 	}
-	if len(reply) != 2+per*n {
-		return takeResult{}, fmt.Errorf("take script returned %d integers, want %d", len(reply), 2+per*n)
+	now := time.UnixMicro(reply[0])
+	stored := make([]limiter.State, n)
+	for i := range stored {
+		stored[i] = limiter.State{TAT: reply[2+2*i], Frac: reply[3+2*i]}
 	}
-	res := takeResult{now: reply[0], allowed: reply[1] == 1, decisions: make([]limiter.Decision, n)}
-	if extras {
-		res.denied = make([]limiter.Decision, n)
-		res.giveBack = make([]giveBackRecord, n)
+	decisions, next, allowed := limiter.DecideAll(now, reqs, stored)
+	if allowed != (reply[1] == 1) {
+		return takeResult{}, fmt.Errorf("take script admitted %v where limiter.DecideAll admits %v, on the states %v at %d µs",
+			reply[1] == 1, allowed, stored, reply[0])
 	}
-	for i := range n {
-		v := reply[2+per*i:]
-		res.decisions[i] = decision(v[:6])
-		if extras {
-			res.denied[i] = decision(v[6:12])
-			g := v[12:17]
-			res.giveBack[i] = giveBackRecord{
-				needed:      g[0] == 1,
-				admittedTAT: g[1], admittedFrac: g[2],
-				deniedTAT: g[3], deniedFrac: g[4],
+	res := takeResult{now: reply[0], allowed: allowed, decisions: decisions}
+	if extras && allowed {
+		res.denied, res.giveBack = giveBackRecords(now, reqs, stored, decisions, next)
+	}
+	return res, nil
+}
+
+// giveBackRecords works out, for a Take that one slot admitted, what its
+// requests answer if another slot denies it (limiter.DenyAll), and for the
+// last request naming each key whose admitted state differs from the
+// denied one, the record giveback.lua needs.
+func giveBackRecords(now time.Time, reqs []limiter.Request, stored []limiter.State, decisions []limiter.Decision, next []limiter.State) ([]limiter.Decision, []giveBackRecord) {
+	denied, deniedNext := limiter.DenyAll(now, reqs, stored, decisions)
+	records := make([]giveBackRecord, len(reqs))
+	for i, r := range reqs {
+		last := !slices.ContainsFunc(reqs[i+1:], func(later limiter.Request) bool { return later.Key == r.Key })
+		if last && next[i] != deniedNext[i] {
+			records[i] = giveBackRecord{
+				needed:      true,
+				admittedTAT: next[i].TAT, admittedFrac: next[i].Frac,
+				deniedTAT: deniedNext[i].TAT, deniedFrac: deniedNext[i].Frac,
 			}
 		}
 	}
-	return res, nil
+	return denied, records
 }
 
 // decision reads {allowed, exceeds, remaining, retry µs, reset µs, wait µs}.
@@ -573,10 +617,11 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 	calls := make([]scriptCall, len(groups))
 	for g, idx := range groups {
 		gkeys, greqs := groupOf(keys, reqs, idx)
-		calls[g] = scriptCall{script: s.take, keys: gkeys, args: s.takeArgs(now, greqs, true)}
+		calls[g] = scriptCall{script: s.take, keys: gkeys, args: s.takeArgs(now, greqs)}
 	}
 	for g, cmd := range s.scripts(ctx, calls) {
-		results[g], errs[g] = decodeTakeCmd(cmd, len(groups[g]), true)
+		_, greqs := groupOf(keys, reqs, groups[g])
+		results[g], errs[g] = decodeTakeCmd(cmd, greqs, true)
 	}
 
 	allowed := true

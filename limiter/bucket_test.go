@@ -1,0 +1,89 @@
+package limiter_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// TestSpan: the time of n tokens, exact to the fraction of a microsecond.
+func TestSpan(t *testing.T) {
+	tests := []struct {
+		limit    limiter.Limit
+		n        int64
+		us, frac int64
+	}{
+		{limiter.Limit{Count: 3, Period: time.Second, Burst: 3}, 1, 333333, 1},
+		{limiter.Limit{Count: 3, Period: time.Second, Burst: 3}, 3, 1_000_000, 0},
+		{limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}, 1, 3_600_000_000, 0},
+		{limiter.Limit{Count: 7, Period: time.Microsecond, Burst: 7}, 5, 0, 5},
+		{limiter.Limit{Count: 10, Period: time.Second, Burst: 10}, 0, 0, 0},
+	}
+	for _, tt := range tests {
+		if us, frac := tt.limit.Span(tt.n); us != tt.us || frac != tt.frac {
+			t.Errorf("%+v.Span(%d) = %d µs + %d/%d, want %d µs + %d/%d",
+				tt.limit, tt.n, us, frac, tt.limit.Count, tt.us, tt.frac, tt.limit.Count)
+		}
+	}
+}
+
+// TestDenyAll: what DecideAll answers for a denied Take is DenyAll's, given
+// the first pass's decisions; and for an admitted Take, DenyAll says what a
+// denial would have answered and left: the charge kept, the others
+// reporting a check, the denied one its denial.
+func TestDenyAll(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	perHour := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
+	debt := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2, MaxDebt: 5}
+	reqs := []limiter.Request{
+		{Key: "a", Limit: perHour, Hits: 1},
+		{Key: "c", Limit: debt, Hits: 3}, // a post-paid charge
+		{Key: "a", Limit: perHour, Hits: 1},
+	}
+	stored := make([]limiter.State, len(reqs))
+	decisions, next, allowed := limiter.DecideAll(now, reqs, stored)
+	if !allowed {
+		t.Fatalf("DecideAll = %+v, want admitted", decisions)
+	}
+	denied, deniedNext := limiter.DenyAll(now, reqs, stored, decisions)
+	check := func(r limiter.Request, s limiter.State) limiter.Decision {
+		r.Hits = 0
+		_, d := limiter.Decide(r, s, now)
+		return d
+	}
+	charged, chargeDecision := limiter.Decide(reqs[1], stored[1], now)
+	wantDecisions := []limiter.Decision{check(reqs[0], stored[0]), chargeDecision, check(reqs[2], stored[2])}
+	wantNext := []limiter.State{stored[0], charged, stored[2]}
+	for i := range reqs {
+		if denied[i] != wantDecisions[i] || deniedNext[i] != wantNext[i] {
+			t.Errorf("DenyAll[%d] = %+v, %+v; want %+v, %+v", i, denied[i], deniedNext[i], wantDecisions[i], wantNext[i])
+		}
+	}
+	if next[2] == deniedNext[2] {
+		t.Errorf("admitted and denied states of a agree (%+v): the test shows nothing", next[2])
+	}
+
+	// A third token on a: DecideAll denies, and answers as DenyAll does.
+	reqs = append(reqs, limiter.Request{Key: "a", Limit: perHour, Hits: 1})
+	stored = append(stored, limiter.State{})
+	decisions, next, allowed = limiter.DecideAll(now, reqs, stored)
+	if allowed {
+		t.Fatalf("DecideAll = %+v, want denied", decisions)
+	}
+	// The first pass, request by request on the chained states.
+	first := make([]limiter.Decision, len(reqs))
+	states := map[string]limiter.State{}
+	for i, r := range reqs {
+		states[r.Key], first[i] = limiter.Decide(r, states[r.Key], now)
+	}
+	wantD, wantN := limiter.DenyAll(now, reqs, stored, first)
+	for i := range reqs {
+		if decisions[i] != wantD[i] || next[i] != wantN[i] {
+			t.Errorf("denied DecideAll[%d] = %+v, %+v; DenyAll gives %+v, %+v", i, decisions[i], next[i], wantD[i], wantN[i])
+		}
+	}
+	if decisions[3].Allowed || decisions[3].RetryAfter == 0 {
+		t.Errorf("the denied request answers %+v, want its denial", decisions[3])
+	}
+}
