@@ -12,8 +12,11 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -105,13 +108,15 @@ func TestRedisUsage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	after, err := parseInfo("total_commands_processed:400\r\ntotal_reads_processed:72\r\ncmdstat_evalsha:calls=110,usec=5\r\ncmdstat_get:calls=100,usec=1\r\ncmdstat_info:calls=2,usec=3\r\ncmdstat_ping:calls=2\r\nused_cpu_sys:1.600000\r\nused_cpu_user:2.100000\r\n")
+	after, err := parseInfo("total_commands_processed:400\r\ntotal_reads_processed:72\r\ncmdstat_evalsha:calls=110,usec=5\r\ncmdstat_get:calls=100,usec=1\r\ncmdstat_info:calls=2,usec=3\r\ncmdstat_ping:calls=6\r\nused_cpu_sys:1.600000\r\nused_cpu_user:2.100000\r\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	u := usage(before, after, 200)
-	if u.Scripts != 100 || u.Commands != 200 || u.RoundTrips != 20 || u.RoundTripsPerDecision != 0.1 || u.ScriptsPerDecision != 0.5 {
-		t.Errorf("usage = %+v; want 100 scripts, 200 commands, 20 round trips (0.1 a decision), 0.5 scripts a decision", u)
+	// PINGs: 6, of which the second snapshot's is ours; INFO: 1, ours.
+	if u.Scripts != 100 || u.Commands != 205 || u.ByCommand["ping"] != 5 || u.ByCommand["info"] != 0 ||
+		u.RoundTrips != 20 || u.RoundTripsPerDecision != 0.1 || u.ScriptsPerDecision != 0.5 {
+		t.Errorf("usage = %+v; want 100 scripts, 205 commands (5 of them the server's PINGs), 20 round trips (0.1 a decision), 0.5 scripts a decision", u)
 	}
 	if u.CPUMicros != 200000 || u.CPUMicrosPerDecision != 1000 {
 		t.Errorf("usage = %+v; want 200000 µs of Redis CPU, 1000 µs a decision", u)
@@ -154,6 +159,36 @@ func TestLoadAgainstFloor(t *testing.T) {
 	}
 	if res.OK == 0 || res.OverLimit != 0 || res.Errors != 0 || res.P50us <= 0 || res.P99us < res.P50us {
 		t.Errorf("load against the floor = %+v; want only OK answers and sane latencies", res)
+	}
+}
+
+// TestLoadAgainstRedisFloor: the Redis floor answers OK after asking Redis
+// once per call, as the load's Redis counters show.
+func TestLoadAgainstRedisFloor(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	o := testLoadOptions(serveInProcess(t, floorServer{redis: c}), MixMixed)
+	o.redisAddr = srv.Addr
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := load(context.Background(), o, make([]int64, o.maxRequests))
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if res.OK == 0 || res.OverLimit != 0 || res.Errors != 0 {
+		t.Errorf("load against the Redis floor = %+v; want only OK answers", res)
+	}
+	// One PING per call, plus the counters' own PING and INFO.
+	if u := res.Redis; u == nil || u.RoundTripsPerDecision < 1 || u.RoundTripsPerDecision > 1.05 ||
+		u.CommandsPerDecision < 1 || u.CommandsPerDecision > 1.05 {
+		t.Errorf("Redis usage = %+v, want one round trip and one command per decision", res.Redis)
+	}
+
+	// Without Redis it cannot answer OK.
+	srv.Stop()
+	if _, err := (floorServer{redis: c}).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{}); status.Code(err) != codes.Unavailable {
+		t.Errorf("Redis floor with Redis stopped: %v, want Unavailable", err)
 	}
 }
 
@@ -207,6 +242,7 @@ func TestRunRefusesRemoteAddresses(t *testing.T) {
 		{"load", "--addr", "192.0.2.1:8081"},
 		{"load", "--addr", "127.0.0.1:8081", "--redis-addr", "192.0.2.1:6379"},
 		{"floor", "--addr", "0.0.0.0:0"},
+		{"floor", "--addr", "127.0.0.1:0", "--redis-addr", "192.0.2.1:6379"},
 	} {
 		err := run(context.Background(), args, &bytes.Buffer{}, &stderr)
 		if err == nil || !strings.Contains(err.Error(), "not a loopback address") {

@@ -35,7 +35,7 @@ type matrixOptions struct {
 
 // target is one server the matrix loads.
 type target struct {
-	name      string // floor, memory, redis
+	name      string // floor, memory, redis-floor, redis
 	addr      string
 	redisAddr string
 }
@@ -106,6 +106,14 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 			if err != nil {
 				return err
 			}
+			// The Redis floor: what one Redis round trip per call adds to
+			// the floor, on the same Redis.
+			floorRedisAddr, _, err := procs.start(ctx, "floor (redis)", self,
+				[]string{"floor", "--addr", "127.0.0.1:0", "--redis-addr", redisAddr}, jsonReady(floorStartedMsg))
+			if err != nil {
+				return err
+			}
+			targets = append(targets, target{name: "redis-floor", addr: floorRedisAddr, redisAddr: redisAddr})
 			addr, _, err := procs.start(ctx, "ratelimitd (redis)", rld, serverArgs("--redis-url", "redis://"+redisAddr), jsonReady("ratelimitd started"))
 			if err != nil {
 				return err

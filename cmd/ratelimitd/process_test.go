@@ -613,3 +613,45 @@ func TestHealthFollowsTheFailureMode(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestRedisMetrics: /metrics shows how calls reached Redis, and what the
+// denial cache answered instead. Three calls one after the other on a
+// bucket of one token: the first takes it, Redis denies the second (the
+// cache learns the denial), the cache denies the third.
+func TestRedisMetrics(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := writeConfig(t, map[string]string{"api.yaml": `domain: api
+descriptors:
+  - {key: client, rate_limit: {unit: hour, requests_per_unit: 1}}
+`})
+	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--backend-timeout", "1s")
+	rls := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
+	}}}
+	var got []string
+	for range 3 {
+		resp, err := rls.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, resp.GetOverallCode().String())
+	}
+	if want := "OK OVER_LIMIT OVER_LIMIT"; strings.Join(got, " ") != want {
+		t.Fatalf("3 calls on one token: %v, want %s", got, want)
+	}
+	code, body := httpGet(t, "http://"+p.httpAddr+"/metrics")
+	for _, want := range []string{
+		"ratelimitd_redis_takes_total 2",
+		"ratelimitd_redis_script_calls_total 2",
+		"ratelimitd_redis_scripts_total 2",
+		"ratelimitd_redis_round_trips_total 3",  // the first found no script: sent again as EVAL
+		"ratelimitd_redis_direct_calls_total 2", // Redis idle each time
+		"ratelimitd_denial_cache_learned_total 1",
+		"ratelimitd_denial_cache_denials_total 1",
+	} {
+		if code != http.StatusOK || !strings.Contains(body, want+"\n") {
+			t.Errorf("GET /metrics = %d, lacks %q", code, want)
+		}
+	}
+}

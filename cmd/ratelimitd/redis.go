@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
@@ -98,7 +100,46 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 		be.store = cache.Front(fs)
 	}
 	be.ready = func(ctx context.Context) error { return client.Ping(ctx).Err() }
+	be.collectors = redisCollectors(store, cache)
 	return be, nil
+}
+
+// redisCollectors are the counters of the Redis store (how well calls
+// coalesce) and of the denial cache (nil: off), read when scraped.
+func redisCollectors(store *redisstore.Store, cache *denialcache.Cache) []prometheus.Collector {
+	counter := func(name, help string, value func(redisstore.Stats) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(value(store.Stats())) })
+	}
+	cs := []prometheus.Collector{
+		counter("ratelimitd_redis_takes_total",
+			"Takes sent to Redis: the buckets of one request, taken all-or-nothing.",
+			func(s redisstore.Stats) int64 { return s.Takes }),
+		counter("ratelimitd_redis_script_calls_total",
+			"Script runs asked of Redis: one per Take (per hash slot on a Cluster), plus Cluster give-backs and refunds.",
+			func(s redisstore.Stats) int64 { return s.Calls }),
+		counter("ratelimitd_redis_scripts_total",
+			"Script commands sent: script calls, less those that travelled merged into one command with others.",
+			func(s redisstore.Stats) int64 { return s.Scripts }),
+		counter("ratelimitd_redis_round_trips_total",
+			"Round trips to Redis (one pipeline, to each node it names on a Cluster, counts once).",
+			func(s redisstore.Stats) int64 { return s.RoundTrips }),
+		counter("ratelimitd_redis_direct_calls_total",
+			"Script calls sent at once from their caller's goroutine because no round trip was in flight.",
+			func(s redisstore.Stats) int64 { return s.Direct }),
+	}
+	if cache != nil {
+		cs = append(cs,
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ratelimitd_denial_cache_denials_total",
+				Help: "Descriptors denied by the local denial cache without asking Redis.",
+			}, func() float64 { return float64(cache.Stats().LocalDenials) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ratelimitd_denial_cache_learned_total",
+				Help: "Denials from Redis the local denial cache remembered.",
+			}, func() float64 { return float64(cache.Stats().Learned) }))
+	}
+	return cs
 }
 
 // tlsConfig is the TLS to speak to Redis with, or nil for the defaults: a

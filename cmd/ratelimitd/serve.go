@@ -15,6 +15,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -48,6 +49,8 @@ type backend struct {
 	// failureMode is then what is answered while it does not.
 	healthy     func() bool
 	failureMode failover.Mode
+	// collectors are the backend's own metrics, for /metrics.
+	collectors []prometheus.Collector
 }
 
 func newLogger(c serveConfig, w io.Writer) *slog.Logger {
@@ -96,6 +99,11 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		return err
 	}
 	defer be.close()
+	for _, c := range be.collectors {
+		if err := obs.metrics.Registry().Register(c); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
 
 	srv, err := server.New(server.Options{
 		MaxWait:          c.maxWait,

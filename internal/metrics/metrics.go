@@ -23,6 +23,10 @@
 //	ratelimitd_config_info                     (none: the loaded config's hash)
 //	ratelimitd_failure_mode_activations_total  (none)
 //	ratelimitd_rule_limit_info                 (none: each rule's limits, as loaded)
+//
+// The Redis backend's own counters (ratelimitd_redis_*,
+// ratelimitd_denial_cache_*) are registered on the same registry by
+// cmd/ratelimitd, read from the store and the cache when scraped.
 package metrics
 
 import (

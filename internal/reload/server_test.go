@@ -147,6 +147,9 @@ func TestReloadStorm(t *testing.T) {
 			}
 		})
 	}
+	// Stops the load, also when the test fails midway.
+	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	t.Cleanup(stopLoad)
 	for i := 1; i <= 100; i++ {
 		if i%2 == 0 {
 			writeByRename(t, name, version(i))
@@ -154,16 +157,15 @@ func TestReloadStorm(t *testing.T) {
 			writeFile(t, name, version(i)) // in place: may be seen half-written
 		}
 		if i%10 == 0 {
-			waitHash(t, loaded, dir) // make sure reloads happen under load
+			// Make sure reloads happen under load: this batch's reload took
+			// effect, and at least 10 calls were answered meanwhile.
+			waitHash(t, loaded, dir)
+			waitCalls(t, &calls, 10*int64(i/10))
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stopLoad()
 	if failures.Load() > 0 {
 		t.Errorf("%d of %d calls failed during the reload storm; first: %v", failures.Load(), calls.Load(), firstErr.Load())
-	}
-	if calls.Load() < 100 {
-		t.Errorf("only %d calls during the storm; want the storm to run under load", calls.Load())
 	}
 	final, err := config.Load(dir)
 	if err != nil {
@@ -178,6 +180,18 @@ func TestReloadStorm(t *testing.T) {
 	}
 	if got := resp.GetStatuses()[0].GetCurrentLimit(); got.GetName() != "v100" || got.GetRequestsPerUnit() != 1100 {
 		t.Errorf("after the storm, current_limit = %v, want v100 at 1100/s", got)
+	}
+}
+
+// waitCalls waits until calls reaches n, for at most 10 s.
+func waitCalls(t *testing.T, calls *atomic.Int64, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for calls.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d calls answered in 10 s during the storm, want %d", calls.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
