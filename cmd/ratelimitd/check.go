@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -238,20 +235,9 @@ func checkCredentials(caFile, certFile, keyFile string) (credentials.TransportCr
 		}
 		return insecure.NewCredentials(), nil
 	}
-	pem, err := os.ReadFile(caFile)
+	cfg, err := clientTLS("--tls", caFile, certFile, keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("--tls-ca: %w", err)
-	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool()}
-	if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", caFile)
-	}
-	if certFile != "" {
-		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
+		return nil, err
 	}
 	return credentials.NewTLS(cfg), nil
 }

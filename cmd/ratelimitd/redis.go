@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -107,37 +105,35 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 // redisCollectors are the counters of the Redis store (how well calls
 // coalesce) and of the denial cache (nil: off), read when scraped.
 func redisCollectors(store *redisstore.Store, cache *denialcache.Cache) []prometheus.Collector {
-	counter := func(name, help string, value func(redisstore.Stats) int64) prometheus.Collector {
+	counter := func(name, help string, value func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
-			func() float64 { return float64(value(store.Stats())) })
+			func() float64 { return float64(value()) })
 	}
 	cs := []prometheus.Collector{
 		counter("ratelimitd_redis_takes_total",
 			"Takes sent to Redis: the buckets of one request, taken all-or-nothing.",
-			func(s redisstore.Stats) int64 { return s.Takes }),
+			func() int64 { return store.Stats().Takes }),
 		counter("ratelimitd_redis_script_calls_total",
 			"Script runs asked of Redis: one per Take (per hash slot on a Cluster), plus Cluster give-backs and refunds.",
-			func(s redisstore.Stats) int64 { return s.Calls }),
+			func() int64 { return store.Stats().Calls }),
 		counter("ratelimitd_redis_scripts_total",
 			"Script commands sent: script calls, less those that travelled merged into one command with others.",
-			func(s redisstore.Stats) int64 { return s.Scripts }),
+			func() int64 { return store.Stats().Scripts }),
 		counter("ratelimitd_redis_round_trips_total",
 			"Round trips to Redis (one pipeline, to each node it names on a Cluster, counts once).",
-			func(s redisstore.Stats) int64 { return s.RoundTrips }),
+			func() int64 { return store.Stats().RoundTrips }),
 		counter("ratelimitd_redis_direct_calls_total",
 			"Script calls sent at once from their caller's goroutine because no round trip was in flight.",
-			func(s redisstore.Stats) int64 { return s.Direct }),
+			func() int64 { return store.Stats().Direct }),
 	}
 	if cache != nil {
 		cs = append(cs,
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "ratelimitd_denial_cache_denials_total",
-				Help: "Descriptors denied by the local denial cache without asking Redis.",
-			}, func() float64 { return float64(cache.Stats().LocalDenials) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "ratelimitd_denial_cache_learned_total",
-				Help: "Denials from Redis the local denial cache remembered.",
-			}, func() float64 { return float64(cache.Stats().Learned) }))
+			counter("ratelimitd_denial_cache_denials_total",
+				"Descriptors denied by the local denial cache without asking Redis.",
+				func() int64 { return cache.Stats().LocalDenials }),
+			counter("ratelimitd_denial_cache_learned_total",
+				"Denials from Redis the local denial cache remembered.",
+				func() int64 { return cache.Stats().Learned }))
 	}
 	return cs
 }
@@ -148,28 +144,7 @@ func (r redisFlags) tlsConfig() (*tls.Config, error) {
 	if r.tlsCA == "" && r.tlsCert == "" && r.tlsKey == "" {
 		return nil, nil
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if r.tlsCA != "" {
-		pem, err := os.ReadFile(r.tlsCA)
-		if err != nil {
-			return nil, fmt.Errorf("--redis-tls-ca: %w", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--redis-tls-ca %s: no PEM certificate in it", r.tlsCA)
-		}
-	}
-	if (r.tlsCert == "") != (r.tlsKey == "") {
-		return nil, fmt.Errorf("--redis-tls-cert and --redis-tls-key go together")
-	}
-	if r.tlsCert != "" {
-		pair, err := tls.LoadX509KeyPair(r.tlsCert, r.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("--redis-tls-cert/--redis-tls-key: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
-	}
-	return cfg, nil
+	return clientTLS("--redis-tls", r.tlsCA, r.tlsCert, r.tlsKey)
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.

@@ -117,6 +117,23 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 		dialerRetries = 1
 	)
 
+	// What Sentinel and Cluster clients share.
+	common := func() *redis.UniversalOptions {
+		return &redis.UniversalOptions{
+			Username:              opts.Username,
+			Password:              opts.Password,
+			PoolSize:              opts.PoolSize,
+			DialTimeout:           dial,
+			ReadTimeout:           read,
+			WriteTimeout:          write,
+			PoolTimeout:           pool,
+			ContextTimeoutEnabled: true,
+			MaxRetries:            maxRetries,
+			DialerRetries:         dialerRetries,
+			TLSConfig:             opts.TLSConfig,
+		}
+	}
+
 	switch {
 	case opts.URL != "":
 		o, err := redis.ParseURL(opts.URL)
@@ -162,24 +179,11 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 		if err := errors.Join(errs...); err != nil {
 			return nil, err
 		}
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            opts.SentinelMaster,
-			SentinelAddrs:         opts.SentinelAddrs,
-			SentinelUsername:      opts.SentinelUsername,
-			SentinelPassword:      opts.SentinelPassword,
-			Username:              opts.Username,
-			Password:              opts.Password,
-			DB:                    opts.DB,
-			PoolSize:              opts.PoolSize,
-			DialTimeout:           dial,
-			ReadTimeout:           read,
-			WriteTimeout:          write,
-			PoolTimeout:           pool,
-			ContextTimeoutEnabled: true,
-			MaxRetries:            maxRetries,
-			DialerRetries:         dialerRetries,
-			TLSConfig:             opts.TLSConfig,
-		}), nil
+		u := common()
+		u.Addrs, u.MasterName = opts.SentinelAddrs, opts.SentinelMaster
+		u.SentinelUsername, u.SentinelPassword = opts.SentinelUsername, opts.SentinelPassword
+		u.DB = opts.DB
+		return redis.NewFailoverClient(u.Failover()), nil
 
 	default:
 		if opts.DB != 0 {
@@ -188,20 +192,9 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 		if err := errors.Join(errs...); err != nil {
 			return nil, err
 		}
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 opts.ClusterAddrs,
-			Username:              opts.Username,
-			Password:              opts.Password,
-			PoolSize:              opts.PoolSize,
-			DialTimeout:           dial,
-			ReadTimeout:           read,
-			WriteTimeout:          write,
-			PoolTimeout:           pool,
-			ContextTimeoutEnabled: true,
-			MaxRetries:            maxRetries,
-			DialerRetries:         dialerRetries,
-			TLSConfig:             opts.TLSConfig,
-		}), nil
+		u := common()
+		u.Addrs = opts.ClusterAddrs
+		return redis.NewClusterClient(u.Cluster()), nil
 	}
 }
 
