@@ -217,7 +217,8 @@ func DecideAll(now time.Time, reqs []Request, stored []State) (decisions []Decis
 	if allowed {
 		return decisions, next, true
 	}
-	decisions, next = DenyAll(now, reqs, stored, decisions)
+	// In place: denyAll reads each first-pass decision before replacing it.
+	denyAll(now, reqs, stored, decisions, decisions, next)
 	return decisions, next, false
 }
 
@@ -230,6 +231,13 @@ func DecideAll(now time.Time, reqs []Request, stored []State) (decisions []Decis
 func DenyAll(now time.Time, reqs []Request, stored []State, decided []Decision) (decisions []Decision, next []State) {
 	decisions = make([]Decision, len(reqs))
 	next = make([]State, len(reqs))
+	denyAll(now, reqs, stored, decided, decisions, next)
+	return decisions, next
+}
+
+// denyAll is DenyAll writing into decisions and next, which may be decided
+// itself: decided[i] is read before decisions[i] is written.
+func denyAll(now time.Time, reqs []Request, stored []State, decided, decisions []Decision, next []State) {
 	for i, r := range reqs {
 		s := current(reqs, stored, next, i)
 		switch {
@@ -244,7 +252,6 @@ func DenyAll(now time.Time, reqs []Request, stored []State, decided []Decision) 
 			next[i], decisions[i] = s, decided[i]
 		}
 	}
-	return decisions, next
 }
 
 // current is the state of reqs[i]'s bucket before it: next of the last
