@@ -164,7 +164,7 @@ func TestDeadlineReturnsPromptly(t *testing.T) {
 	// Another client pauses the server briefly: callers queue behind the
 	// paused batch.
 	admin := srv.Client()
-	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "300", "WRITE").Err(); err != nil {
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "2000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Do(context.Background(), "CLIENT", "UNPAUSE")
@@ -379,7 +379,7 @@ func TestIdleCallsAreSentDirectly(t *testing.T) {
 	}
 
 	admin := srv.Client()
-	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "300", "WRITE").Err(); err != nil {
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "2000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Do(context.Background(), "CLIENT", "UNPAUSE")
