@@ -62,7 +62,8 @@ func (l Limit) advance(t instant, n int64) instant {
 // Span returns the time n tokens take to arrive, n·Period/Count, exactly:
 // us whole microseconds plus frac/Count of one. It is Decide's arithmetic,
 // for a store that decides elsewhere (the Redis script) and needs its
-// spans: the fill time Span(Burst), a request's Span(Hits).
+// spans: the fill time Span(Burst), a request's Span(Hits). n must be at
+// most Burst+MaxDebt, as in Decide (beyond, n·Period may overflow).
 func (l Limit) Span(n int64) (us, frac int64) {
 	t := l.advance(instant{}, n)
 	return t.us, t.frac
@@ -224,8 +225,8 @@ func DecideAll(now time.Time, reqs []Request, stored []State) (decisions []Decis
 
 // DenyAll returns what DecideAll answers and leaves when the Take of reqs is
 // denied, given stored as DecideAll takes it and decided, DecideAll's
-// decision for each request before the Take was known to be denied (only
-// whether each was Allowed is read). A store that must know both outcomes
+// decision for each request before the Take was known to be denied (a
+// request that was denied answers that same decision). A store that must know both outcomes
 // (one Take split over several Redis Cluster slots, which decide apart)
 // calls it when DecideAll admits.
 func DenyAll(now time.Time, reqs []Request, stored []State, decided []Decision) (decisions []Decision, next []State) {

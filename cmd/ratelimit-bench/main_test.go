@@ -104,11 +104,11 @@ func TestPercentiles(t *testing.T) {
 }
 
 func TestRedisUsage(t *testing.T) {
-	before, err := parseInfo("# Stats\r\ntotal_commands_processed:100\r\ntotal_reads_processed:50\r\n# Commandstats\r\ncmdstat_evalsha:calls=10,usec=5\r\ncmdstat_info:calls=1,usec=3\r\n# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.000000\r\nused_cpu_sys_children:9.000000\r\n")
+	before, err := parseInfo("# Stats\r\ntotal_commands_processed:100\r\ntotal_reads_processed:50\r\n# Commandstats\r\ncmdstat_evalsha:calls=10,usec=5\r\ncmdstat_info:calls=1,usec=3\r\ncmdstat_ping:calls=1\r\n# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.000000\r\nused_cpu_sys_children:9.000000\r\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	after, err := parseInfo("total_commands_processed:400\r\ntotal_reads_processed:72\r\ncmdstat_evalsha:calls=110,usec=5\r\ncmdstat_get:calls=100,usec=1\r\ncmdstat_info:calls=2,usec=3\r\ncmdstat_ping:calls=6\r\nused_cpu_sys:1.600000\r\nused_cpu_user:2.100000\r\n")
+	after, err := parseInfo("total_commands_processed:400\r\ntotal_reads_processed:72\r\ncmdstat_evalsha:calls=110,usec=5\r\ncmdstat_get:calls=100,usec=1\r\ncmdstat_info:calls=2,usec=3\r\ncmdstat_ping:calls=7\r\nused_cpu_sys:1.600000\r\nused_cpu_user:2.100000\r\n")
 	if err != nil {
 		t.Fatal(err)
 	}

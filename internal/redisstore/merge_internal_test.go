@@ -223,3 +223,45 @@ func TestEnvelopesBoundMergedCalls(t *testing.T) {
 		t.Errorf("keys per command = %v, want %v", got, want)
 	}
 }
+
+// TestDecodeTake: take.lua's reply read against limiter.DecideAll, which
+// gives the answer; a reply whose admission DecideAll does not share, or of
+// the wrong length, is an error.
+func TestDecodeTake(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
+	reqs := []limiter.Request{{Key: "a", Limit: l, Hits: 1}}
+	full := limiter.State{}
+	empty := limiter.State{TAT: t0.Add(2 * time.Hour).UnixMicro()}
+	tests := []struct {
+		name    string
+		reply   []int64
+		want    limiter.Decision
+		wantErr string
+	}{
+		{"admitted", []int64{t0.UnixMicro(), 1, full.TAT, full.Frac},
+			limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}, ""},
+		{"denied", []int64{t0.UnixMicro(), 0, empty.TAT, empty.Frac},
+			limiter.Decision{RetryAfter: time.Hour, ResetAfter: 2 * time.Hour}, ""},
+		{"script admits what DecideAll denies", []int64{t0.UnixMicro(), 1, empty.TAT, empty.Frac},
+			limiter.Decision{}, "take script admitted true where limiter.DecideAll admits false"},
+		{"script denies what DecideAll admits", []int64{t0.UnixMicro(), 0, full.TAT, full.Frac},
+			limiter.Decision{}, "take script admitted false where limiter.DecideAll admits true"},
+		{"short", []int64{t0.UnixMicro(), 1, 0},
+			limiter.Decision{}, "take script returned 3 integers, want 4"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := decodeTake(tt.reply, reqs, false)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("decodeTake = %+v, %v; want an error containing %q", res, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || len(res.decisions) != 1 || res.decisions[0] != tt.want || res.now != t0.UnixMicro() {
+				t.Errorf("decodeTake = %+v, %v; want %+v at %d", res, err, tt.want, t0.UnixMicro())
+			}
+		})
+	}
+}

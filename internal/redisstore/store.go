@@ -366,7 +366,7 @@ type takeResult struct {
 	now       int64 // the time it decided at, Unix µs
 	allowed   bool
 	decisions []limiter.Decision
-	// With extras only:
+	// With extras, when this slot admitted the Take:
 	denied   []limiter.Decision // what each request answers if the Take is denied
 	giveBack []giveBackRecord   // one per request; needed false for most
 }
@@ -554,7 +554,9 @@ func (s *Store) direct(ctx context.Context, c scriptCall) *redis.Cmd {
 // decodeTake reads take.lua's reply to a Take of reqs (its header comment
 // gives the layout): the time it decided at and the states it read. The
 // answer is limiter.DecideAll's on them, which must agree with the script
-// on the admission (the script wrote by it).
+// on the admission. If it does not (a script and a Go side out of step),
+// the Take fails; what the script wrote stays written (on a cluster, such
+// a slot is not given back), which can only make later answers stricter.
 func decodeTake(reply []int64, reqs []limiter.Request, extras bool) (takeResult, error) {
 	n := len(reqs)
 	if len(reply) != 2+2*n {
@@ -595,18 +597,6 @@ func giveBackRecords(now time.Time, reqs []limiter.Request, stored []limiter.Sta
 		}
 	}
 	return denied, records
-}
-
-// decision reads {allowed, exceeds, remaining, retry µs, reset µs, wait µs}.
-func decision(v []int64) limiter.Decision {
-	return limiter.Decision{
-		Allowed:      v[0] == 1,
-		ExceedsBurst: v[1] == 1,
-		Remaining:    v[2],
-		RetryAfter:   time.Duration(v[3]) * time.Microsecond,
-		ResetAfter:   time.Duration(v[4]) * time.Microsecond,
-		Wait:         time.Duration(v[5]) * time.Microsecond,
-	}
 }
 
 // takeGroups takes each group (one hash slot) in parallel, and if one

@@ -74,7 +74,8 @@ end
 -- 100-year fill and a reservation 100 years ahead has tat − now up to
 -- 2·MaxFill; adding a burst to it would pass 2^53, so "used > tau" is
 -- decided as "tat − now > tau − h", and used is formed only when it is at
--- most tau + MaxWait.
+-- most tau + MaxWait (for a charge: at most its floor, tau + MaxDebt's
+-- time, or tat − now when that is deeper).
 local function step(b, sus, sfr, now)
   local kind = string.lower(ARGV[b + 8])
   if kind == 'x' then
@@ -94,9 +95,13 @@ local function step(b, sus, sfr, now)
     if less(lus, lfr, tus, tfr) then
       lus, lfr = tus, tfr
     end
-    local uus, ufr = add(tus, tfr, hus, hfr, count)
-    if less(lus, lfr, uus, ufr) then
-      uus, ufr = lus, lfr
+    -- used = min(before + h, floor), decided as "before > floor − h" so
+    -- that the sum is formed only when it is at most the floor (floor ≥ h:
+    -- h is the time of at most burst + max debt tokens).
+    local uus, ufr = lus, lfr
+    local mus, mfr = sub(lus, lfr, hus, hfr, count)
+    if not less(mus, mfr, tus, tfr) then
+      uus, ufr = add(tus, tfr, hus, hfr, count)
     end
     return now + uus, ufr, not less(fus, ffr, tus, tfr)
   end
