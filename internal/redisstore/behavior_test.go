@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -318,5 +319,28 @@ func TestInventedValuesDoNotAccumulate(t *testing.T) {
 			t.Fatalf("DBSIZE = %d five seconds after buckets that fill in 100ms were last touched", n)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestGarbageBucket: a bucket holding anything but "TAT:Frac" fails the
+// Take and the Refund that touch it, with an error that names it, and is
+// left as it is.
+func TestGarbageBucket(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	ctx := context.Background()
+	if err := c.Set(ctx, s.Key("garbage"), "12:x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []limiter.Request{{Key: "garbage", Limit: limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, Hits: 1}}
+	_, takeErr := s.Take(ctx, t0, reqs)
+	refundErr := s.Refund(ctx, t0, reqs)
+	for name, err := range map[string]error{"Take": takeErr, "Refund": refundErr} {
+		if !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "holds 12:x, not TAT:Frac") {
+			t.Errorf("%s on a garbage bucket = %v, want ErrUnavailable saying what it holds", name, err)
+		}
+	}
+	if v, err := c.Get(ctx, s.Key("garbage")).Result(); err != nil || v != "12:x" {
+		t.Errorf("garbage bucket = %q, %v after the failed calls, want it untouched", v, err)
 	}
 }

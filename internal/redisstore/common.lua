@@ -44,6 +44,16 @@ local function full(us, fr, now)
   return us < now or (us == now and fr == 0)
 end
 
+-- parse reads the value v of the bucket key, "TAT:Frac": us, frac; nil and
+-- a message for anything else.
+local function parse(key, v)
+  local a, b = string.match(v, '^(-?%d+):(%d+)$')
+  if not a then
+    return nil, 'ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac'
+  end
+  return tonumber(a), tonumber(b)
+end
+
 local server_clock = ARGV[1] == ''
 local now
 if server_clock then
@@ -56,4 +66,20 @@ if server_clock then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 else
   now = tonumber(ARGV[1])
+end
+
+-- put writes the state (us, fr) of a bucket that is not full at now to
+-- key, expiring when the bucket is full again, and returns the value
+-- written. With the server's clock the key expires when that clock (the
+-- one TIME read) passes the TAT: the key vanishing means exactly "full".
+-- With a caller's clock it expires after the time until full, counted
+-- from the write.
+local function put(key, us, fr, now)
+  local v = string.format('%d:%d', us, fr) -- Lua 5.1: as a C long
+  if server_clock then
+    redis.call('SET', key, v, 'PXAT', (divmod(ceil_us(us, fr) + 999, 1000)))
+  else
+    redis.call('SET', key, v, 'PX', (divmod(ceil_us(us, fr) - now + 999, 1000)))
+  end
+  return v
 end

@@ -27,20 +27,12 @@
 
 local taken = tonumber(ARGV[2])
 
--- store writes TAT:Frac expiring when full, as take.lua does.
+-- store writes state (us, fr) to key, or deletes the key if it is full.
 local function store(key, us, fr)
   if full(us, fr, now) then
     redis.call('DEL', key)
-    return
-  end
-  local c = us
-  if fr > 0 then
-    c = c + 1
-  end
-  if server_clock then
-    redis.call('SET', key, string.format('%.0f:%.0f', us, fr), 'PXAT', (divmod(c + 999, 1000)))
   else
-    redis.call('SET', key, string.format('%.0f:%.0f', us, fr), 'PX', (divmod(c - now + 999, 1000)))
+    put(key, us, fr, now)
   end
 end
 
@@ -52,11 +44,10 @@ for j, key in ipairs(KEYS) do
   local tus, tfr = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   local v = redis.call('GET', key)
   if v and not full(wus, wfr, now) then
-    local cs, fs = string.match(v, '^(-?%d+):(%d+)$')
-    if not cs then
-      return error('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac')
+    local cus, cfr = parse(key, v)
+    if not cus then
+      return error(cfr)
     end
-    local cus, cfr = tonumber(cs), tonumber(fs)
     if cus == wus and cfr == wfr then
       store(key, tus, tfr)
     else

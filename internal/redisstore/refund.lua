@@ -21,11 +21,10 @@ for i, key in ipairs(KEYS) do
   local most, hits = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   local v = redis.call('GET', key)
   if v then
-    local cs, fs = string.match(v, '^(-?%d+):(%d+)$')
-    if not cs then
-      return error('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac')
+    local sus, sfr = parse(key, v)
+    if not sus then
+      return error(sfr)
     end
-    local sus, sfr = tonumber(cs), tonumber(fs)
     local tus, tfr = sus, math.min(sfr, count - 1)
     -- mirrors Refund
     local nus, nfr = sus, sfr -- the next state
@@ -45,16 +44,7 @@ for i, key in ipairs(KEYS) do
       redis.call('DEL', key)
       changed = changed + 1
     elseif nus ~= sus or nfr ~= sfr then
-      local s = string.format('%.0f:%.0f', nus, nfr)
-      local c = nus
-      if nfr > 0 then
-        c = c + 1
-      end
-      if server_clock then
-        redis.call('SET', key, s, 'PXAT', (divmod(c + 999, 1000)))
-      else
-        redis.call('SET', key, s, 'PX', (divmod(c - now + 999, 1000)))
-      end
+      put(key, nus, nfr, now)
       changed = changed + 1
     end
   end

@@ -17,8 +17,8 @@
 -- the state the Takes before it left.
 -- Go side: internal/redisstore/store.go (takeArgs, decodeTakeCmd) and
 -- batch.go (merging). It starts with common.lua (store.go prepends it):
--- divmod, less, sub, ceil_us, full, and now, read from ARGV[1] or the
--- server's TIME.
+-- divmod, less, sub, ceil_us, full, parse, put, and now, read from ARGV[1]
+-- or the server's TIME.
 --
 -- Lua numbers are doubles: every value below stays an integer under 2^53
 -- for a valid limiter.Limit and Request (limiter.MaxTokens, MaxFill), and so
@@ -141,26 +141,13 @@ local function load(key)
   if not v then
     return 0, 0
   end
-  local a, b = string.match(v, '^(-?%d+):(%d+)$')
-  if not a then
-    return nil, 'ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac'
-  end
-  return tonumber(a), tonumber(b)
+  return parse(key, v)
 end
 
--- write stores state (us, fr) in key, expiring when the bucket is full
--- again (for a bucket in debt, after the debt is paid and it refills);
--- count is that of the last request on the key.
-local function write(key, us, fr, now, count)
-  local v = string.format('%d:%d', us, fr) -- Lua 5.1: as a C long
-  values[key] = v
-  if server_clock then
-    -- It expires when the server's clock (the one TIME read) passes the
-    -- TAT: the key vanishing means exactly "full".
-    redis.call('SET', key, v, 'PXAT', (divmod(ceil_us(us, fr) + 999, 1000)))
-  else
-    redis.call('SET', key, v, 'PX', (divmod(ceil_us(sub(us, fr, now, 0, count)) + 999, 1000)))
-  end
+-- write stores state (us, fr) in key (see put), where the Takes after this
+-- one read it.
+local function write(key, us, fr, now)
+  values[key] = put(key, us, fr, now)
 end
 
 -- take_single is take (below) for a Take of one request, the common case,
@@ -180,7 +167,7 @@ local function take_single(key, b, now)
     end
   end
   if nus ~= us or nfr ~= fr then
-    write(key, nus, nfr, now, tonumber(ARGV[b + 1]))
+    write(key, nus, nfr, now)
   end
   return {now, allowed, us, fr}
 end
@@ -210,15 +197,13 @@ local function take(k, a, n, now)
 
   -- mirrors DecideAll: each request sees the state left by the requests
   -- before it that name the same key.
-  local cur = {}   -- key → {us, frac}: the state as the requests so far leave it
-  local count = {} -- key → the count of the last request naming it
+  local cur = {} -- key → {us, frac}: the state as the requests so far leave it
   local allowed = true
   for i = 1, n do
     local key, b = KEYS[k + i], a + 2 + 8 * (i - 1) - 1
     local s = cur[key] or stored[key]
     local nus, nfr, ok = step(b, s[1], s[2], now)
     cur[key] = {nus, nfr}
-    count[key] = tonumber(ARGV[b + 1])
     -- upper case: Shadow, its denial denies nothing
     if not ok and string.lower(ARGV[b + 8]) == ARGV[b + 8] then
       allowed = false
@@ -245,7 +230,7 @@ local function take(k, a, n, now)
   for key, s in pairs(cur) do
     local was = stored[key]
     if s[1] ~= was[1] or s[2] ~= was[2] then
-      write(key, s[1], s[2], now, count[key])
+      write(key, s[1], s[2], now)
     end
   end
   return out
