@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -355,5 +356,44 @@ func TestCommandFlags(t *testing.T) {
 				t.Errorf("run(%q) printed %q on stdout, want only the usage on stderr", tt.args, stdout.String())
 			}
 		})
+	}
+}
+
+// TestWriteTable: one row per result, ratios to the floor ("-" for the
+// floor itself and where Redis was not measured), durations in µs or ms,
+// error kinds in a stable order, and the note for a capped phase.
+func TestWriteTable(t *testing.T) {
+	rep := report{
+		Settings: settings{DurationSec: 5, WarmupSec: 1, Rounds: 3, Conns: 1, Keyspace: 10000, ZipfS: 1.1, OverLimitShare: 0.2, CPUs: 2, GoVersion: "go1.x"},
+		Results: []Result{
+			{Case: "mixed c=64", Target: "floor", DecisionsPerSec: 27096, P50us: 2050, P99us: 6700, P999us: 9180, OK: 135531},
+			{Case: "mixed c=64", Target: "redis", DecisionsPerSec: 13733.4, P50us: 427, P99us: 12110, P999us: 15270,
+				OK: 55083, OverLimit: 13624, Errors: 3, ErrorKind: map[string]int64{"Unavailable": 2, "DeadlineExceeded": 1},
+				ThroughputVsFloor: 0.507, P50VsFloor: 2.08, P99VsFloor: 1.81, Capped: true,
+				Redis: &RedisUsage{ScriptsPerDecision: 0.0764, CommandsPerDecision: 1.03, RoundTripsPerDecision: 0.0761, CPUMicrosPerDecision: 18.34}},
+		},
+	}
+	var b bytes.Buffer
+	if err := writeTable(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("table has %d lines, want settings, header, 2 rows and the capped note:\n%s", len(lines), b.String())
+	}
+	if want := "5s per cell after 1s warm-up, median of 3 round(s); 1 gRPC connection(s); keyspace 10000, Zipf s=1.1, 20% aimed over limit; 2 CPUs, go1.x"; lines[0] != want {
+		t.Errorf("settings line = %q, want %q", lines[0], want)
+	}
+	for i, want := range [][]string{
+		{"mixed c=64", "floor", "27096", "-", "2.05ms", "-", "6.70ms", "-", "9.18ms", "135531", "0", "0", "-", "-", "-", "-"},
+		{"mixed c=64", "redis", "13733*", "0.51", "427µs", "2.08", "12.11ms", "1.81", "15.27ms", "55083", "13624",
+			"3", "(DeadlineExceeded:1,Unavailable:2)", "0.076", "1.030", "0.076", "18.3"},
+	} {
+		if got := strings.Fields(lines[2+i]); !slices.Equal(got, strings.Fields(strings.Join(want, " "))) {
+			t.Errorf("row %d = %q, want %q", i, got, want)
+		}
+	}
+	if lines[4] != "* --max-requests ended the phase before --duration" {
+		t.Errorf("last line = %q, want the capped note", lines[4])
 	}
 }

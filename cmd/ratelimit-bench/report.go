@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -74,6 +75,7 @@ func writeTable(w io.Writer, rep report) error {
 			for k, n := range r.ErrorKind {
 				kinds = append(kinds, fmt.Sprintf("%s:%d", k, n))
 			}
+			slices.Sort(kinds)
 			errs += " (" + strings.Join(kinds, ",") + ")"
 		}
 		capped := ""

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"slices"
+	"sync"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -14,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/server"
@@ -75,11 +77,11 @@ func TestSetupWithEndpointDoesNotDial(t *testing.T) {
 	shutdown(ctx)
 }
 
-func TestSpanHasDomainAndCode(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	defer tp.Shutdown(context.Background())
-
+// serveTraced serves ratelimitd's handler, traced with tp, on a loopback
+// port, and returns a client and a stop function that returns once every
+// call's span has ended (a span ends after its answer is sent).
+func serveTraced(t *testing.T, tp *sdktrace.TracerProvider) (rlsv3.RateLimitServiceClient, func()) {
+	t.Helper()
 	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(`
 domain: api
 descriptors:
@@ -101,13 +103,24 @@ descriptors:
 		t.Fatal(err)
 	}
 	go gs.Serve(lis)
-	defer gs.Stop()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
+		gs.Stop()
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
+	stop := sync.OnceFunc(func() {
+		conn.Close()
+		gs.GracefulStop()
+	})
+	t.Cleanup(stop)
+	return rlsv3.NewRateLimitServiceClient(conn), stop
+}
+
+func TestSpanHasDomainAndCode(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	client, stop := serveTraced(t, tp)
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "x"}}}}}
 	for _, want := range []string{"OK", "OVER_LIMIT"} {
@@ -117,10 +130,7 @@ descriptors:
 		}
 	}
 
-	// A span ends after its answer is sent: once the server has stopped,
-	// every one has ended.
-	conn.Close()
-	gs.GracefulStop()
+	stop()
 	spans := exp.GetSpans()
 	if len(spans) != 2 {
 		t.Fatalf("%d spans, want 2: %v", len(spans), spans)
@@ -141,5 +151,34 @@ descriptors:
 	slices.Sort(codes)
 	if !slices.Equal(codes, []string{"OK", "OVER_LIMIT"}) {
 		t.Errorf("spans' overall codes = %v, want OK and OVER_LIMIT", codes)
+	}
+}
+
+// TestSpanJoinsEnvoysTrace: a call carrying Envoy's W3C traceparent gets a
+// span in that trace, under Envoy's span.
+func TestSpanJoinsEnvoysTrace(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	client, stop := serveTraced(t, tp)
+
+	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+traceID+"-"+parentID+"-01")
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "x"}}}}}
+	if _, err := client.ShouldRateLimit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	spans := exp.GetSpans()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans, want 1: %v", len(spans), spans)
+	}
+	s := spans[0]
+	if got := s.SpanContext.TraceID().String(); got != traceID {
+		t.Errorf("span's trace = %s, want Envoy's %s", got, traceID)
+	}
+	if got := s.Parent.SpanID().String(); got != parentID || !s.Parent.IsRemote() {
+		t.Errorf("span's parent = %s (remote %v), want Envoy's span %s", got, s.Parent.IsRemote(), parentID)
 	}
 }
