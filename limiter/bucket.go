@@ -210,17 +210,24 @@ func (s State) Full(now time.Time) bool {
 func DecideAll(now time.Time, reqs []Request, stored []State) (decisions []Decision, next []State, allowed bool) {
 	decisions = make([]Decision, len(reqs))
 	next = make([]State, len(reqs))
+	allowed = decideAll(now, reqs, stored, decisions, next)
+	return decisions, next, allowed
+}
+
+// decideAll is DecideAll writing into decisions and next (as long as reqs),
+// for a store that provides them.
+func decideAll(now time.Time, reqs []Request, stored []State, decisions []Decision, next []State) (allowed bool) {
 	allowed = true
 	for i, r := range reqs {
 		next[i], decisions[i] = Decide(r, current(reqs, stored, next, i), now)
 		allowed = allowed && (decisions[i].Allowed || r.Shadow)
 	}
 	if allowed {
-		return decisions, next, true
+		return true
 	}
 	// In place: denyAll reads each first-pass decision before replacing it.
 	denyAll(now, reqs, stored, decisions, decisions, next)
-	return decisions, next, false
+	return false
 }
 
 // DenyAll returns what DecideAll answers and leaves when the Take of reqs is

@@ -95,11 +95,16 @@ func (m *MemoryStore) Take(ctx context.Context, now time.Time, reqs []Request) (
 		}
 	}()
 	now = time.UnixMicro(nowUS)
-	stored := make([]State, len(reqs))
+	// The states on the stack for up to 8 requests (the decisions are
+	// returned: on the heap).
+	var sbuf, nbuf [8]State
+	stored, next := sbuf[:0], nbuf[:0]
 	for i, r := range reqs {
-		stored[i] = m.shards[ids[i]].buckets[r.Key]
+		stored = append(stored, m.shards[ids[i]].buckets[r.Key])
+		next = append(next, State{})
 	}
-	decisions, next, _ := DecideAll(now, reqs, stored)
+	decisions := make([]Decision, len(reqs))
+	decideAll(now, reqs, stored, decisions, next)
 	for _, id := range locks {
 		m.shards[id].latest = nowUS
 	}
