@@ -254,11 +254,6 @@ func (b *batcher) collect(batch []*call, timer *time.Timer) (_ []*call, stopped 
 	return batch, false
 }
 
-// exec sends batch as one pipeline and hands each call its answer.
-func (b *batcher) exec(batch []*call) {
-	answer(b.roundTrip(batch))
-}
-
 // roundTrip sends batch as one pipeline: the Takes that may merge (see
 // scriptCall.merge) as one take.lua call, every other call as its own
 // EVALSHA; those that find their script missing (NOSCRIPT: a restarted or

@@ -13,3 +13,9 @@ var Slot = slot
 func fmtSscan(v string, st *limiter.State) (int, error) {
 	return fmt.Sscanf(v, "%d:%d", &st.TAT, &st.Frac)
 }
+
+// exec sends batch as one pipeline and hands each call its answer, as a
+// sender does, for tests that build a batch by hand.
+func (b *batcher) exec(batch []*call) {
+	answer(b.roundTrip(batch))
+}

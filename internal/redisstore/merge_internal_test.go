@@ -14,20 +14,27 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
+// newCallerClockStore returns a Store on a Redis of its own, deciding at
+// the callers' now, and the client it uses.
+func newCallerClockStore(t *testing.T, prefix string) (*Store, *redis.Client) {
+	t.Helper()
+	c := redistest.Start(t).Client()
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, Options{Clock: CallerClock, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, c
+}
+
 // TestMergedTakesAreDecidedInOrder sends one batch by hand: three Takes
 // that merge into one take.lua call (the second on a bucket holding
 // garbage) and a refund beside them. Each Take gets its own answer, as if
 // sent alone: the first and third on the state the ones before them left,
 // the second an error naming its bucket, which does not spoil the others.
 func TestMergedTakesAreDecidedInOrder(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client()
-	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Clock: CallerClock, Prefix: "merge:"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, c := newCallerClockStore(t, "merge:")
 	ctx := context.Background()
 	if err := c.Set(ctx, s.Key("bad"), "garbage", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -103,14 +110,7 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 // wrote, its second request on the state its first leaves, exactly as
 // limiter.DecideAll.
 func TestMergedTakeWithARepeatedKey(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client()
-	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Clock: CallerClock, Prefix: "repeat:"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, c := newCallerClockStore(t, "repeat:")
 	ctx := context.Background()
 	if err := s.take.Load(ctx, c).Err(); err != nil { // no NOSCRIPT retry
 		t.Fatal(err)
@@ -172,14 +172,7 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 // TestTakeOfManyBuckets: a call reads its buckets in chunks (Lua's unpack
 // has a bound); a Take of 2,500 buckets decides every one.
 func TestTakeOfManyBuckets(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client()
-	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Clock: CallerClock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, _ := newCallerClockStore(t, "")
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
 	reqs := make([]limiter.Request, 2500)

@@ -398,18 +398,18 @@ func decodeTakeCmd(cmd *redis.Cmd, reqs []limiter.Request, extras bool) (takeRes
 	if len(replies) != 1 {
 		return takeResult{}, fmt.Errorf("take script returned %d replies for one Take", len(replies))
 	}
-	var reply []int64
+	var buf [2 + 2*8]int64 // a Take of up to 8 requests: on the stack
+	reply := buf[:0]
 	switch r := replies[0].(type) {
 	case error:
 		return takeResult{}, r
 	case []any:
-		reply = make([]int64, len(r))
-		for i, v := range r {
+		for _, v := range r {
 			x, ok := v.(int64)
 			if !ok {
 				return takeResult{}, fmt.Errorf("take script returned %T, not an integer", v)
 			}
-			reply[i] = x
+			reply = append(reply, x)
 		}
 	default:
 		return takeResult{}, fmt.Errorf("take script returned %T, not an array", r)
@@ -605,13 +605,14 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 	results := make([]takeResult, len(groups))
 	errs := make([]error, len(groups))
 	calls := make([]scriptCall, len(groups))
+	greqs := make([][]limiter.Request, len(groups))
 	for g, idx := range groups {
-		gkeys, greqs := groupOf(keys, reqs, idx)
-		calls[g] = scriptCall{script: s.take, keys: gkeys, args: s.takeArgs(now, greqs)}
+		var gkeys []string
+		gkeys, greqs[g] = groupOf(keys, reqs, idx)
+		calls[g] = scriptCall{script: s.take, keys: gkeys, args: s.takeArgs(now, greqs[g])}
 	}
 	for g, cmd := range s.scripts(ctx, calls) {
-		_, greqs := groupOf(keys, reqs, groups[g])
-		results[g], errs[g] = decodeTakeCmd(cmd, greqs, true)
+		results[g], errs[g] = decodeTakeCmd(cmd, greqs[g], true)
 	}
 
 	allowed := true

@@ -174,7 +174,7 @@ end
 
 -- take decides the Take whose n requests are KEYS[k+1..k+n] and whose
 -- arguments start at ARGV[a], at now, writes what it says, and returns its
--- reply.
+-- reply. Request i's eight arguments follow ARGV[a + 1 + 8(i-1)].
 local function take(k, a, n, now)
   if n == 1 then
     return take_single(KEYS[k + 1], a + 1, now)
@@ -200,7 +200,7 @@ local function take(k, a, n, now)
   local cur = {} -- key → {us, frac}: the state as the requests so far leave it
   local allowed = true
   for i = 1, n do
-    local key, b = KEYS[k + i], a + 2 + 8 * (i - 1) - 1
+    local key, b = KEYS[k + i], a + 1 + 8 * (i - 1)
     local s = cur[key] or stored[key]
     local nus, nfr, ok = step(b, s[1], s[2], now)
     cur[key] = {nus, nfr}
@@ -216,7 +216,7 @@ local function take(k, a, n, now)
     out[2] = 0
     cur = {}
     for i = 1, n do
-      local key, b = KEYS[k + i], a + 2 + 8 * (i - 1) - 1
+      local key, b = KEYS[k + i], a + 1 + 8 * (i - 1)
       if string.lower(ARGV[b + 8]) == 'c' then
         local s = cur[key] or stored[key]
         local nus, nfr = step(b, s[1], s[2], now)
