@@ -100,9 +100,9 @@ type Metrics struct {
 
 	// byCode holds the latency histogram's children, by gRPC code.
 	byCode [codes.Unauthenticated + 1]prometheus.Observer
-	// rules caches each configured rule's counters, keyed by *config.Rule;
-	// it is replaced by ConfigLoaded so that old rules do not pile up.
-	rules atomic.Pointer[sync.Map]
+	// rules caches the counters of the loaded config's rules; it is
+	// replaced by ConfigLoaded so that old rules do not pile up.
+	rules atomic.Pointer[ruleCache]
 	// overrides caches the counters of limit-override descriptors, by
 	// (bounded) domain.
 	overrides sync.Map
@@ -186,7 +186,7 @@ func New(opts Options) (*Metrics, error) {
 		}, []string{"domain", "rule", "limit", "counts", "group", "rate"}),
 	}
 	m.domains.max = opts.MaxDomains
-	m.rules.Store(new(sync.Map))
+	m.rules.Store(&ruleCache{})
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
 		m.calls, m.latency, m.backendErrors, m.reloads, m.configInfo, m.failureMode, m.ruleInfo}
 	if opts.ProcessMetrics {
@@ -224,15 +224,15 @@ func (m *Metrics) ConfigLoaded(set *config.Set) {
 	m.configInfo.WithLabelValues(hash).Set(1)
 	// The new config has new *config.Rules: drop the fast path to the
 	// counters, and what the old rules' limits were.
-	m.rules.Store(new(sync.Map))
-	m.ruleInfo.Reset()
-
 	kept := make(map[ruleID]bool)
 	for _, d := range set.Domains() {
 		for _, r := range d.Rules {
 			kept[ruleID{d.Name, r.Label()}] = true
 		}
 	}
+	m.rules.Store(&ruleCache{loaded: kept})
+	m.ruleInfo.Reset()
+
 	m.byIDMu.Lock()
 	defer m.byIDMu.Unlock()
 	for id := range m.byID {
@@ -311,6 +311,9 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome) 
 		return
 	}
 	rc := m.ruleCounters(d.Rule, domain)
+	if rc == nil {
+		return // a rule a reload removed
+	}
 	vc := &rc.all
 	if rc.detailed {
 		vc = rc.value(d.Descriptor.GetEntries())
@@ -340,7 +343,8 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome) 
 	}
 }
 
-// ruleCounters returns the cached counters of r, creating them on first use.
+// ruleCounters returns the cached counters of r, creating them on first
+// use; nil for a rule of a replaced config that the loaded one lacks.
 func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
 	if r.File == "" {
 		// Made for a limit override: one series per domain.
@@ -351,14 +355,28 @@ func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
 		return rc.(*ruleCounters)
 	}
 	rules := m.rules.Load()
-	if rc, ok := rules.Load(r); ok {
+	if rc, ok := rules.counters.Load(r); ok {
 		return rc.(*ruleCounters)
 	}
-	rc, loaded := rules.LoadOrStore(r, m.countersByID(r))
+	if rules.loaded != nil && !rules.loaded[ruleID{r.Domain, r.Label()}] {
+		// A call decided under a config since replaced, by a rule the new
+		// one lacks: its series were deleted with it and must not come
+		// back.
+		return nil
+	}
+	rc, loaded := rules.counters.LoadOrStore(r, m.countersByID(r))
 	if !loaded {
 		m.describeRule(r)
 	}
 	return rc.(*ruleCounters)
+}
+
+// ruleCache is the counters of one loaded config's rules.
+type ruleCache struct {
+	// loaded is the config's rules, by domain and label; nil before the
+	// first ConfigLoaded, when every rule is counted.
+	loaded   map[ruleID]bool
+	counters sync.Map // *config.Rule → *ruleCounters
 }
 
 // countersByID returns the counters kept for r's domain and label, or new

@@ -403,6 +403,17 @@ descriptors:
 	if got, ok := value(t, reg, "ratelimitd_descriptor_hits_total", series[0]); !ok || got != 1 {
 		t.Errorf("kept rule gpt-4o: hits %v (present %v), want 1 kept across the reload", got, ok)
 	}
+	// Calls decided under the old config and observed after the reload
+	// (srv still has it): a kept rule goes on counting, a removed one does
+	// not come back.
+	for _, d := range [][]string{{"model", "gpt-4o"}, {"model", "shadowed"}, {"user", "u2"}} {
+		if _, err := srv.ShouldRateLimit(ctx, request("api", d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, ok := value(t, reg, "ratelimitd_descriptor_hits_total", series[0]); !ok || got != 2 {
+		t.Errorf("kept rule gpt-4o after a late call: hits %v (present %v), want 2", got, ok)
+	}
 	for _, name := range []string{"ratelimitd_descriptor_hits_total", "ratelimitd_descriptor_within_limit_total"} {
 		for _, labels := range series[1:] {
 			if _, ok := value(t, reg, name, labels); ok {
