@@ -50,8 +50,12 @@ func (r *Rule) AppendKey(dst []byte, limit int, entries []Entry) []byte {
 		dst = appendPart(dst, e.Value)
 	}
 	if len(r.Limits) > 1 && limit < len(r.Limits) {
+		id := r.Limits[limit].id
+		if id == "" { // a Rule whose Limits were set outside this package
+			id = r.Limits[limit].identity()
+		}
 		dst = appendPart(dst, "")
-		dst = appendPart(dst, r.Limits[limit].id)
+		dst = appendPart(dst, id)
 	}
 	return dst
 }

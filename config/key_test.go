@@ -89,5 +89,15 @@ descriptors:
 		if n := testing.AllocsPerRun(100, func() { buf = r.AppendKey(buf[:0], tt.limit, tt.entries) }); n != 0 {
 			t.Errorf("AppendKey(%v, limit %d) into a buffer: %v allocations, want none", tt.entries, tt.limit, n)
 		}
+		// The same rule with its limits set from outside this package (no
+		// precomputed identities) keys its buckets alike.
+		bare := *r
+		bare.Limits = nil
+		for _, l := range r.Limits {
+			bare.Limits = append(bare.Limits, RateLimit{Name: l.Name, Counts: l.Counts, Limit: l.Limit, Unit: l.Unit, UnitMultiplier: l.UnitMultiplier, Group: l.Group, Shared: l.Shared})
+		}
+		if got := fmt.Sprintf("%q", bare.AppendKey(nil, tt.limit, tt.entries)); got != tt.want {
+			t.Errorf("AppendKey(%v, limit %d) of a rule whose limits were built by hand = %s, want %s", tt.entries, tt.limit, got, tt.want)
+		}
 	}
 }

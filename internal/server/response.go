@@ -53,10 +53,10 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 	resp := newResponse(len(p.items))
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	var (
-		deniedBy, shadow, exceeds, waited, full []*config.Rule
-		matched                                 int           // descriptors that matched a rule
-		retry                                   time.Duration // longest wait among denials
-		denier, least                           = -1, -1      // the longest denial; the least remaining
+		shadow, exceeds, waited, full []*config.Rule
+		matched, denied               int           // descriptors that matched a rule; that denied
+		retry                         time.Duration // longest wait among denials
+		denier, least                 = -1, -1      // the longest denial; the least remaining
 	)
 	for i, it := range p.items {
 		st := resp.Statuses[i]
@@ -112,7 +112,7 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 		default:
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-			deniedBy = append(deniedBy, it.rule)
+			denied++
 			if denier < 0 || wait > retry {
 				denier, retry = i, wait
 			}
@@ -135,17 +135,21 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 		}
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(resp.Statuses[pick])...)
 	}
-	notable := len(deniedBy)+len(shadow)+len(exceeds)+len(waited)+len(full) > 0
+	extra := len(shadow) + len(exceeds) + len(waited) + len(full) // beyond matched and denied
 	switch {
-	case matched == 0, opts.metadata == DynamicMetadataOff, opts.metadata == DynamicMetadataNotable && !notable:
-	case len(p.items) == 1 && p.items[0].configured && len(shadow)+len(exceeds)+len(waited)+len(full) == 0:
+	case matched == 0, opts.metadata == DynamicMetadataOff, opts.metadata == DynamicMetadataNotable && denied+extra == 0:
+	case len(p.items) == 1 && p.items[0].configured && extra == 0:
 		// The common answers: one rule, admitted or denied. Shared, read-only.
-		resp.DynamicMetadata = cache.alone(p.items[0].rule, len(deniedBy) > 0)
+		resp.DynamicMetadata = cache.alone(p.items[0].rule, denied > 0)
 	default:
 		rules := make([]*config.Rule, 0, matched)
-		for _, it := range p.items {
+		var deniedBy []*config.Rule
+		for i, it := range p.items {
 			if it.rule != nil {
 				rules = append(rules, it.rule)
+			}
+			if resp.Statuses[i].Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+				deniedBy = append(deniedBy, it.rule)
 			}
 		}
 		fields := make(map[string]*structpb.Value, 2)

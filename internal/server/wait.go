@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,6 +37,15 @@ type waiter struct {
 // The caller must call release(p, claimed) afterwards. A request that may
 // not wait (the common case) takes no lock.
 func (w *waitQueues) claim(p *plan) (claimed []bool, full []bool) {
+	if !slices.ContainsFunc(p.takes, func(r limiter.Request) bool { return r.MaxWait > 0 }) {
+		return nil, nil
+	}
+	claimed, full = make([]bool, len(p.takes)), make([]bool, len(p.takes))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.queues == nil {
+		w.queues = make(map[string]*waitQueue)
+	}
 	for _, it := range p.items {
 		if !it.limited {
 			continue
@@ -45,14 +55,6 @@ func (w *waitQueues) claim(p *plan) (claimed []bool, full []bool) {
 			r := &p.takes[k]
 			if r.MaxWait <= 0 {
 				continue
-			}
-			if claimed == nil {
-				claimed, full = make([]bool, len(p.takes)), make([]bool, len(p.takes))
-				w.mu.Lock()
-				defer w.mu.Unlock()
-				if w.queues == nil {
-					w.queues = make(map[string]*waitQueue)
-				}
 			}
 			q := w.queues[r.Key]
 			if q == nil {
