@@ -41,14 +41,15 @@ test-browser:
 	$(GO) test -tags browser -count=1 -timeout 3m -run Browser -v ./internal/limitspage
 
 vet:
-	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+	@files=$$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'); \
+	test -z "$$(gofmt -l $$files)" || { echo "gofmt needed:"; gofmt -l $$files; exit 1; }
 	$(GO) vet ./...
 
 ## check: the layering README promises: limiter imports only the standard
 ## library; config (which parses YAML) imports no gRPC, protobuf or Redis.
 check:
-	@deps=$$($(GO) list -deps -f '{{if not .Standard}}{{.ImportPath}}{{end}}' ./limiter) || exit 1; \
-	bad=$$(echo "$$deps" | grep -v -x 'github.com/ratelimitd/ratelimitd/limiter' || true); \
+	@self=$$($(GO) list ./limiter) && deps=$$($(GO) list -deps -f '{{if not .Standard}}{{.ImportPath}}{{end}}' ./limiter) || exit 1; \
+	bad=$$(echo "$$deps" | grep -v -x "$$self" || true); \
 	if [ -n "$$bad" ]; then echo "limiter imports more than the standard library: $$bad"; exit 1; fi
 	@deps=$$($(GO) list -deps ./config) || exit 1; \
 	bad=$$(echo "$$deps" | grep -E 'grpc|protobuf|redis' || true); \

@@ -72,6 +72,8 @@ func TestCheckErrors(t *testing.T) {
 		{"bad descriptor", []string{"--domain", "api", "-d", "model"}, true, `"model": want key=value`},
 		{"empty key", []string{"--domain", "api", "-d", "=x"}, true, "want key=value"},
 		{"hits too large", []string{"--domain", "api", "-d", "a=b", "--hits", "4294967296"}, true, "hits_addend"},
+		{"client key without a CA", []string{"--domain", "api", "-d", "a=b", "--tls-key", "k.pem"}, true, "--tls-cert and --tls-key need --tls-ca"},
+		{"client certificate without its key", []string{"--domain", "api", "-d", "a=b", "--tls-ca", "ca.pem", "--tls-cert", "c.pem"}, true, "--tls-cert and --tls-key go together"},
 		{"no server", []string{"--addr", "127.0.0.1:1", "--timeout", "2s", "--domain", "api", "-d", "a=b"}, false, "ShouldRateLimit at 127.0.0.1:1"},
 	}
 	for _, tt := range tests {

@@ -177,12 +177,16 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if c.logFormat, err = choose("log-format", c.logFormat, logFormats, logFormats); err != nil {
 		return c, usageError{err}
 	}
-	if c.failure.Mode, err = failover.ParseMode(*onFailure); err != nil {
-		return c, usageError{fmt.Errorf("--on-backend-failure: %w", err)}
+	modes := []failover.Mode{failover.Error, failover.Allow, failover.Deny, failover.Local}
+	modeNames := make([]string, len(modes))
+	for i, m := range modes {
+		modeNames[i] = m.String()
 	}
-	if c.failure.GraceMode, err = choose("failure-grace-mode", *graceMode,
-		[]string{"error", "allow", "deny"},
-		[]failover.Mode{failover.Error, failover.Allow, failover.Deny}); err != nil {
+	if c.failure.Mode, err = choose("on-backend-failure", *onFailure, modeNames, modes); err != nil {
+		return c, usageError{err}
+	}
+	// The grace before local mode answers as one of the others.
+	if c.failure.GraceMode, err = choose("failure-grace-mode", *graceMode, modeNames[:3], modes[:3]); err != nil {
 		return c, usageError{err}
 	}
 	if (c.tls.certFile == "") != (c.tls.keyFile == "") {

@@ -92,7 +92,7 @@ func TestParseServeFlagsRejects(t *testing.T) {
 		{"ratelimit-headers", []string{"--ratelimit-headers", "draft04"}, `--ratelimit-headers "draft04": want off or draft03`},
 		{"dynamic-metadata", []string{"--dynamic-metadata", "some"}, `--dynamic-metadata "some": want all, notable or off`},
 		{"log-format", []string{"--log-format", "xml"}, `--log-format "xml": want text or json`},
-		{"on-backend-failure", []string{"--on-backend-failure", "retry"}, `--on-backend-failure: unknown failure mode "retry"`},
+		{"on-backend-failure", []string{"--on-backend-failure", "retry"}, `--on-backend-failure "retry": want error, allow, deny or local`},
 		{"failure-grace-mode local", []string{"--failure-grace-mode", "local"}, `--failure-grace-mode "local": want error, allow or deny`},
 		{"tls cert without key", []string{"--grpc-tls-cert", "cert.pem"}, "--grpc-tls-cert and --grpc-tls-key go together"},
 		{"tls key without cert", []string{"--grpc-tls-key", "key.pem"}, "--grpc-tls-cert and --grpc-tls-key go together"},

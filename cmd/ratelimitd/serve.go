@@ -99,8 +99,8 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		return err
 	}
 	defer be.close()
-	for _, c := range be.collectors {
-		if err := obs.metrics.Registry().Register(c); err != nil {
+	for _, col := range be.collectors {
+		if err := obs.metrics.Registry().Register(col); err != nil {
 			return fmt.Errorf("metrics: %w", err)
 		}
 	}

@@ -34,16 +34,6 @@ const (
 	Local
 )
 
-// ParseMode reads a mode's name: error, allow, deny or local.
-func ParseMode(s string) (Mode, error) {
-	for m := Error; m <= Local; m++ {
-		if m.String() == s {
-			return m, nil
-		}
-	}
-	return 0, fmt.Errorf("unknown failure mode %q (want error, allow, deny or local)", s)
-}
-
 // String returns the mode's name.
 func (m Mode) String() string {
 	switch m {

@@ -318,15 +318,3 @@ func TestNeitherBadRequestsNorCancelledCallersTripTheBreaker(t *testing.T) {
 		t.Error("the breaker counted a caller's cancellation as a backend failure")
 	}
 }
-
-func TestParseMode(t *testing.T) {
-	for _, name := range []string{"error", "allow", "deny", "local"} {
-		m, err := failover.ParseMode(name)
-		if err != nil || m.String() != name {
-			t.Errorf("ParseMode(%q) = %v, %v", name, m, err)
-		}
-	}
-	if _, err := failover.ParseMode("open"); err == nil {
-		t.Error("ParseMode(open) = nil error")
-	}
-}
