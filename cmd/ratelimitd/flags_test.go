@@ -39,6 +39,7 @@ func TestParseServeFlagsChoices(t *testing.T) {
 		{"failure-grace-mode", "error", func(c serveConfig) any { return c.failure.GraceMode }, failover.Error},
 		{"failure-grace-mode", "allow", func(c serveConfig) any { return c.failure.GraceMode }, failover.Allow},
 		{"failure-grace-mode", "deny", func(c serveConfig) any { return c.failure.GraceMode }, failover.Deny},
+		{"breaker-failing-for", "30ms", func(c serveConfig) any { return c.failure.FailingFor }, 30 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.flag+"="+tt.value, func(t *testing.T) {

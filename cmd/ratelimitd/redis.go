@@ -98,13 +98,18 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 		be.store = cache.Front(fs)
 	}
 	be.ready = func(ctx context.Context) error { return client.Ping(ctx).Err() }
-	be.collectors = redisCollectors(store, cache)
+	var cacheStats func() denialcache.Stats // nil: no cache
+	if cache != nil {
+		cacheStats = cache.Stats
+	}
+	be.collectors = redisCollectors(store.Stats, cacheStats)
 	return be, nil
 }
 
 // redisCollectors are the counters of the Redis store (how well calls
-// coalesce) and of the denial cache (nil: off), read when scraped.
-func redisCollectors(store *redisstore.Store, cache *denialcache.Cache) []prometheus.Collector {
+// coalesce) and of the denial cache (nil: off), read from their Stats when
+// scraped.
+func redisCollectors(store func() redisstore.Stats, cache func() denialcache.Stats) []prometheus.Collector {
 	counter := func(name, help string, value func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(value()) })
@@ -112,28 +117,28 @@ func redisCollectors(store *redisstore.Store, cache *denialcache.Cache) []promet
 	cs := []prometheus.Collector{
 		counter("ratelimitd_redis_takes_total",
 			"Takes sent to Redis: the buckets of one request, taken all-or-nothing.",
-			func() int64 { return store.Stats().Takes }),
+			func() int64 { return store().Takes }),
 		counter("ratelimitd_redis_script_calls_total",
 			"Script runs asked of Redis: one per Take (per hash slot on a Cluster), plus Cluster give-backs and refunds.",
-			func() int64 { return store.Stats().Calls }),
+			func() int64 { return store().Calls }),
 		counter("ratelimitd_redis_scripts_total",
 			"Script commands sent: script calls, less those that travelled merged into one command with others.",
-			func() int64 { return store.Stats().Scripts }),
+			func() int64 { return store().Scripts }),
 		counter("ratelimitd_redis_round_trips_total",
 			"Round trips to Redis (one pipeline, to each node it names on a Cluster, counts once).",
-			func() int64 { return store.Stats().RoundTrips }),
+			func() int64 { return store().RoundTrips }),
 		counter("ratelimitd_redis_direct_calls_total",
 			"Script calls sent at once from their caller's goroutine because no round trip was in flight.",
-			func() int64 { return store.Stats().Direct }),
+			func() int64 { return store().Direct }),
 	}
 	if cache != nil {
 		cs = append(cs,
 			counter("ratelimitd_denial_cache_denials_total",
 				"Descriptors denied by the local denial cache without asking Redis.",
-				func() int64 { return cache.Stats().LocalDenials }),
+				func() int64 { return cache().LocalDenials }),
 			counter("ratelimitd_denial_cache_learned_total",
 				"Denials from Redis the local denial cache remembered.",
-				func() int64 { return cache.Stats().Learned }))
+				func() int64 { return cache().Learned }))
 	}
 	return cs
 }

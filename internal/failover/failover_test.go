@@ -156,6 +156,21 @@ func TestBreakerNeedsFailuresThatLast(t *testing.T) {
 		t.Error("Healthy() = true with the breaker open")
 	}
 
+	// FailingFor unset: twice Timeout.
+	b = newBackend()
+	s, clk = newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 1, Timeout: 10 * time.Millisecond})
+	b.set("down")
+	for i, tc := range []struct {
+		advance   time.Duration
+		wantCalls int
+	}{{0, 1}, {15 * time.Millisecond, 2}, {5 * time.Millisecond, 3}, {0, 3}} {
+		clk.Advance(tc.advance)
+		s.Take(ctx, t0, oneReq)
+		if got := b.Calls(); got != tc.wantCalls {
+			t.Errorf("default FailingFor (2 × 10ms), call %d: backend called %d times in all, want %d (open from 20ms on)", i+1, got, tc.wantCalls)
+		}
+	}
+
 	// Failures that last are not enough alone: FailureThreshold of them
 	// must fail.
 	b = newBackend()

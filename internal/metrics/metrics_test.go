@@ -391,6 +391,14 @@ func TestReloadDropsSeriesOfRemovedRules(t *testing.T) {
 			t.Fatalf("no hits series %v before the reload", labels)
 		}
 	}
+	for _, rule := range []string{"shadowed", "api > user"} {
+		n := ruleSeries(t, reg, rule)
+		for _, family := range []string{"hits", "within_limit", "near_limit", "over_limit", "shadow_mode", "requests"} {
+			if n["ratelimitd_descriptor_"+family+"_total"] == 0 {
+				t.Fatalf("rule %q has no %s series before the reload: %v", rule, family, n)
+			}
+		}
+	}
 
 	kept := `
 domain: api
@@ -414,13 +422,42 @@ descriptors:
 	if got, ok := value(t, reg, "ratelimitd_descriptor_hits_total", series[0]); !ok || got != 2 {
 		t.Errorf("kept rule gpt-4o after a late call: hits %v (present %v), want 2", got, ok)
 	}
-	for _, name := range []string{"ratelimitd_descriptor_hits_total", "ratelimitd_descriptor_within_limit_total"} {
-		for _, labels := range series[1:] {
-			if _, ok := value(t, reg, name, labels); ok {
-				t.Errorf("%s%v still present after a reload removed the rule", name, labels)
+	for _, rule := range []string{"shadowed", "api > user"} {
+		if n := ruleSeries(t, reg, rule); len(n) > 0 {
+			t.Errorf("rule %q still has series %v after a reload removed it", rule, n)
+		}
+	}
+
+	// Back to the first config: a removed rule that returns counts again,
+	// on live series (not on the counters the reload deleted).
+	m.ConfigLoaded(mustParse(t, testConfig))
+	if _, err := srv.ShouldRateLimit(ctx, request("api", []string{"model", "shadowed"})); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := value(t, reg, "ratelimitd_descriptor_hits_total", series[1]); !ok || got != 1 {
+		t.Errorf("rule shadowed back after two reloads: hits %v (present %v), want 1", got, ok)
+	}
+}
+
+// ruleSeries counts, per per-rule metric family, the series of the rule
+// labelled rule.
+func ruleSeries(t *testing.T, reg prometheus.Gatherer, rule string) map[string]int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "rule" && l.GetValue() == rule {
+					n[mf.GetName()]++
+				}
 			}
 		}
 	}
+	return n
 }
 
 // TestReloadKeepsDetailedValuesBounded: a reload that keeps a

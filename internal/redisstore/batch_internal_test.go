@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,5 +82,21 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestMergedReplyOfTheWrongLength: a merged call whose reply does not hold
+// one reply per Take fails every Take of it, saying so.
+func TestMergedReplyOfTheWrongLength(t *testing.T) {
+	ctx := context.Background()
+	calls := []*call{{ctx: ctx, done: make(chan struct{})}, {ctx: ctx, done: make(chan struct{})}}
+	cmd := redis.NewCmd(ctx)
+	cmd.SetVal([]any{[]any{int64(1)}})
+	(&envelope{calls: calls, cmd: cmd}).answer()
+	for i, c := range calls {
+		<-c.done
+		if err := c.cmd.Err(); err == nil || !strings.Contains(err.Error(), "returned 1 replies for 2 Takes") {
+			t.Errorf("Take %d of the merged call: %v, want an error about the reply's length", i+1, err)
+		}
 	}
 }

@@ -190,6 +190,39 @@ func TestClosedStoreFails(t *testing.T) {
 	}
 }
 
+// TestClusterDoesNotMergeTakes: concurrent single-bucket Takes on many
+// buckets of a cluster share round trips but never one script call, which
+// could not span their slots (CROSSSLOT).
+func TestClusterDoesNotMergeTakes(t *testing.T) {
+	c := cluster(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 64 {
+		wg.Go(func() {
+			for i := range 5 {
+				d, err := s.Take(context.Background(), t0, []limiter.Request{{Key: fmt.Sprint("spread", g, ".", i), Limit: l, Hits: 1}})
+				if err == nil && !d[0].Allowed {
+					err = fmt.Errorf("a fresh bucket denied: %+v", d[0])
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Scripts != st.Calls || st.RoundTrips >= st.Calls {
+		t.Errorf("Stats = %+v: want one script per call, in fewer round trips", st)
+	}
+}
+
 // TestClusterCoalescesAcrossSlots: goroutines race Takes spanning two
 // slots. They share round trips; give-backs may deny some requests that a
 // single Redis would admit, but never admit more than the smaller bucket
