@@ -156,40 +156,34 @@ func TestBreakerNeedsFailuresThatLast(t *testing.T) {
 		t.Error("Healthy() = true with the breaker open")
 	}
 
-	// FailingFor unset: twice Timeout.
-	b = newBackend()
-	s, clk = newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 1, Timeout: 10 * time.Millisecond})
-	b.set("down")
-	for i, tc := range []struct {
-		advance   time.Duration
-		wantCalls int
-	}{{0, 1}, {15 * time.Millisecond, 2}, {5 * time.Millisecond, 3}, {0, 3}} {
-		clk.Advance(tc.advance)
-		s.Take(ctx, t0, oneReq)
-		if got := b.Calls(); got != tc.wantCalls {
-			t.Errorf("default FailingFor (2 × 10ms), call %d: backend called %d times in all, want %d (open from 20ms on)", i+1, got, tc.wantCalls)
-		}
+	// With the backend down all along: when failures open the breaker.
+	type call struct {
+		advance   time.Duration // on the clock before it
+		wantCalls int           // backend calls in all after it
 	}
-
-	// Failures that last are not enough alone: FailureThreshold of them
-	// must fail.
-	b = newBackend()
-	s, clk = newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 3, FailingFor: 20 * time.Millisecond})
-	b.set("down")
-	for i, tc := range []struct {
-		advance   time.Duration
-		wantCalls int
-		why       string
+	for _, tc := range []struct {
+		name  string
+		opts  failover.Options
+		calls []call
 	}{
-		{0, 1, "failure 1"},
-		{30 * time.Millisecond, 2, "failure 2, 30ms on: still below the threshold"},
-		{0, 3, "failure 3: opens"},
-		{0, 3, "open"},
+		// FailingFor unset: twice Timeout, open from 20ms on.
+		{"default FailingFor (2 × 10ms)", failover.Options{FailureThreshold: 1, Timeout: 10 * time.Millisecond},
+			[]call{{0, 1}, {15 * time.Millisecond, 2}, {5 * time.Millisecond, 3}, {0, 3}}},
+		// Failures that last are not enough alone: FailureThreshold of them
+		// must fail (the second, 30ms on, is below it; the third opens).
+		{"threshold 3", failover.Options{FailureThreshold: 3, FailingFor: 20 * time.Millisecond},
+			[]call{{0, 1}, {30 * time.Millisecond, 2}, {0, 3}, {0, 3}}},
 	} {
-		clk.Advance(tc.advance)
-		s.Take(ctx, t0, oneReq)
-		if got := b.Calls(); got != tc.wantCalls {
-			t.Errorf("threshold 3, call %d (%s): backend called %d times in all, want %d", i+1, tc.why, got, tc.wantCalls)
+		b := newBackend()
+		tc.opts.Mode = failover.Error
+		s, clk := newStore(t, b, tc.opts)
+		b.set("down")
+		for i, st := range tc.calls {
+			clk.Advance(st.advance)
+			s.Take(ctx, t0, oneReq)
+			if got := b.Calls(); got != st.wantCalls {
+				t.Errorf("%s, call %d: backend called %d times in all, want %d", tc.name, i+1, got, st.wantCalls)
+			}
 		}
 	}
 }
