@@ -73,10 +73,41 @@ func TestParseServeFlagsDefaults(t *testing.T) {
 		{"failure-grace", c.failure.Grace, time.Duration(0)},
 		{"failure-grace-mode", c.failure.GraceMode, failover.Error},
 		{"replicas-hint", c.failure.ReplicasHint, int64(1)},
+		{"gc-heap-floor-mib", c.gcHeapFloor, uint64(64 << 20)},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {
 			t.Errorf("--%s defaults to %v, want %v", tt.flag, tt.got, tt.want)
+		}
+	}
+}
+
+// TestGOGCWinsOverTheHeapFloor: with GOGC set, the operator has chosen the
+// collector's pace, and no heap floor is kept, whatever the flag says.
+func TestGOGCWinsOverTheHeapFloor(t *testing.T) {
+	tests := []struct {
+		gogc string
+		args []string
+		want uint64
+	}{
+		{"", []string{"--gc-heap-floor-mib", "256"}, 256 << 20},
+		{"", []string{"--gc-heap-floor-mib", "0"}, 0},
+		{"200", nil, 0},
+		{"off", []string{"--gc-heap-floor-mib", "256"}, 0},
+	}
+	for _, tt := range tests {
+		getenv := func(k string) string {
+			if k == "GOGC" {
+				return tt.gogc
+			}
+			return ""
+		}
+		c, err := parseServeFlags(append([]string{"--config", "x"}, tt.args...), getenv, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.gcHeapFloor != tt.want {
+			t.Errorf("GOGC=%q %q: heap floor %d, want %d", tt.gogc, tt.args, c.gcHeapFloor, tt.want)
 		}
 	}
 }
@@ -97,6 +128,7 @@ func TestParseServeFlagsRejects(t *testing.T) {
 		{"failure-grace-mode local", []string{"--failure-grace-mode", "local"}, `--failure-grace-mode "local": want error, allow or deny`},
 		{"tls cert without key", []string{"--grpc-tls-cert", "cert.pem"}, "--grpc-tls-cert and --grpc-tls-key go together"},
 		{"tls key without cert", []string{"--grpc-tls-key", "key.pem"}, "--grpc-tls-cert and --grpc-tls-key go together"},
+		{"negative heap floor", []string{"--gc-heap-floor-mib", "-1"}, "--gc-heap-floor-mib -1: want 0 to 1073741824"},
 		{"client CA without cert", []string{"--grpc-client-ca", "ca.pem"}, "--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key"},
 	}
 	for _, tt := range tests {

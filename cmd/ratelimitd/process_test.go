@@ -655,3 +655,24 @@ descriptors:
 		}
 	}
 }
+
+// TestHeapFloorReachesTheRuntime: the GC percent a process runs with, as
+// /metrics reports it, is the heap floor's while the live heap is small
+// (64 MiB over the runtime's 4 MiB minimum: 1600), and GOGC's default
+// with the floor off.
+func TestHeapFloorReachesTheRuntime(t *testing.T) {
+	dir := writeConfig(t, map[string]string{"api.yaml": "domain: api\n"})
+	for _, tt := range []struct {
+		floor string
+		want  string
+	}{
+		{"64", "go_gc_gogc_percent 1600\n"},
+		{"0", "go_gc_gogc_percent 100\n"},
+	} {
+		p := startProc(t, "--config", dir, "--gc-heap-floor-mib", tt.floor)
+		code, body := httpGet(t, "http://"+p.httpAddr+"/metrics")
+		if code != http.StatusOK || !strings.Contains(body, tt.want) {
+			t.Errorf("--gc-heap-floor-mib %s: GET /metrics = %d, lacks %q", tt.floor, code, tt.want)
+		}
+	}
+}

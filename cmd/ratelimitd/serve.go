@@ -23,6 +23,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/gctune"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/reload"
 	"github.com/ratelimitd/ratelimitd/internal/server"
@@ -64,6 +65,8 @@ func newLogger(c serveConfig, w io.Writer) *slog.Logger {
 // serve runs the service until ctx is done, then shuts down gracefully.
 func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	log := newLogger(c, logw)
+	// GOGC unset (see parseServeFlags): the runtime's default, 100.
+	defer gctune.Start(c.gcHeapFloor, 100).Stop()
 	set, err := config.Load(c.configPath)
 	if err != nil {
 		return fmt.Errorf("load config %s:\n%w", c.configPath, err)
