@@ -498,3 +498,63 @@ func TestReloadKeepsDetailedValuesBounded(t *testing.T) {
 		t.Errorf("after 5 reloads, rule api > user has %d hits series, want 3 (2 values and _other)", n)
 	}
 }
+
+// TestReloadFlipsDetailedMetric: a reload that turns detailed_metric off
+// for a rule replaces its per-value series with one series for every
+// value, and turning it back on does the reverse; the new series start at
+// zero.
+func TestReloadFlipsDetailedMetric(t *testing.T) {
+	m, err := metrics.New(metrics.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := func(detailed bool) string {
+		return fmt.Sprintf(`
+domain: api
+descriptors:
+  - key: user
+    detailed_metric: %v
+    rate_limit: {unit: minute, requests_per_unit: 100}
+`, detailed)
+	}
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	srv, err := server.New(server.Options{
+		Store:    limiter.NewMemoryStore(limiter.MemoryOptions{}),
+		Now:      func() time.Time { return now },
+		Observer: m,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := m.Registry()
+	hits := func(v string) (float64, bool) {
+		return value(t, reg, "ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "api > user", "value": v})
+	}
+	steps := []struct {
+		detailed bool
+		calls    []string           // users, one call each
+		want     map[string]float64 // hits by value label: exactly these series
+	}{
+		{true, []string{"u1", "u2", "u1"}, map[string]float64{"u1": 2, "u2": 1}},
+		{false, []string{"u1", "u3"}, map[string]float64{"": 2}},
+		{true, []string{"u3"}, map[string]float64{"u3": 1}},
+	}
+	for i, st := range steps {
+		set := mustParse(t, rule(st.detailed))
+		srv.SetConfig(set)
+		m.ConfigLoaded(set)
+		for _, u := range st.calls {
+			if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"user", u})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for v, want := range st.want {
+			if got, ok := hits(v); !ok || got != want {
+				t.Errorf("step %d (detailed_metric %v): hits{value=%q} = %v (present %v), want %v", i, st.detailed, v, got, ok, want)
+			}
+		}
+		if n := ruleSeries(t, reg, "api > user")["ratelimitd_descriptor_hits_total"]; n != len(st.want) {
+			t.Errorf("step %d (detailed_metric %v): %d hits series, want %d", i, st.detailed, n, len(st.want))
+		}
+	}
+}
