@@ -78,9 +78,11 @@ type DomainPage struct {
 
 // RulePage is one rule of a Page.
 type RulePage struct {
-	// Name is rate_limit.name ("" if none); Path the descriptor path.
-	Name string `json:"name"`
-	Path string `json:"path"`
+	// Name is rate_limit.name ("" if none); Path the descriptor path;
+	// Label what metrics and logs call the rule (config.Rule.Label).
+	Name  string `json:"name"`
+	Path  string `json:"path"`
+	Label string `json:"label"`
 	// Rate reads like "600 per minute" or "unlimited".
 	Rate string `json:"rate"`
 	// RequestsPerUnit, Unit and UnitMultiplier are the rate as configured;
@@ -100,14 +102,6 @@ type RulePage struct {
 	LastMinute Counts `json:"last_minute"`
 }
 
-// Label is the rule's name, else its path.
-func (r RulePage) Label() string {
-	if r.Name != "" {
-		return r.Name
-	}
-	return r.Path
-}
-
 // Build computes the page at now.
 func (h *Handler) Build(now time.Time) Page {
 	set := h.opts.Config()
@@ -117,7 +111,7 @@ func (h *Handler) Build(now time.Time) Page {
 		dp := DomainPage{Name: d.Name, Files: d.Files, Rules: make([]RulePage, 0, len(d.Rules))}
 		for _, r := range d.Rules {
 			dp.Rules = append(dp.Rules, RulePage{
-				Name: r.Name, Path: r.Path, Rate: rate(r),
+				Name: r.Name, Path: r.Path, Label: r.Label(), Rate: rate(r),
 				RequestsPerUnit: r.Limit.Count, Unit: r.Unit.String(), UnitMultiplier: r.UnitMultiplier, Burst: r.Limit.Burst,
 				ShadowMode: r.ShadowMode, Unlimited: r.Unlimited, DenyAll: r.DenyAll, DetailedMetric: r.DetailedMetric,
 				File: r.File, Line: r.Line,

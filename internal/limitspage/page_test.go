@@ -138,7 +138,7 @@ func TestLimitsJSON(t *testing.T) {
 	}
 	rules := map[string]limitspage.RulePage{}
 	for _, r := range page.Domains[0].Rules {
-		rules[r.Label()] = r
+		rules[r.Label] = r
 	}
 	tests := []struct {
 		rule       string
