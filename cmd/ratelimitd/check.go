@@ -18,6 +18,32 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
+// requestFlags are the flags check and explain share: a request's domain
+// and its descriptors.
+type requestFlags struct {
+	domain string
+	descs  descriptorFlags
+}
+
+func (r *requestFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&r.domain, "domain", "", "the request's domain (required)")
+	fs.Var(&r.descs, "d", "a descriptor, key=value[,key=value...]; repeat for several (at least one)")
+}
+
+// check is the usage error of command cmd whose flags fs parsed into r: a
+// stray argument, or no domain or descriptor.
+func (r *requestFlags) check(cmd string, fs *flag.FlagSet) error {
+	switch {
+	case fs.NArg() > 0:
+		return usageError{fmt.Errorf("%s: unexpected argument %q", cmd, fs.Arg(0))}
+	case r.domain == "":
+		return usageError{fmt.Errorf("%s: --domain is required", cmd)}
+	case len(r.descs) == 0:
+		return usageError{fmt.Errorf("%s: at least one -d key=value is required", cmd)}
+	}
+	return nil
+}
+
 // descriptorFlags collects repeated -d key=value[,key=value] flags, one
 // request descriptor each.
 type descriptorFlags [][]*ratelimitv3.RateLimitDescriptor_Entry
@@ -62,9 +88,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tlsCA := fs.String("tls-ca", "", "speak TLS, trusting this PEM CA (a server started with --grpc-tls-cert)")
 	tlsCert := fs.String("tls-cert", "", "client certificate (PEM) for a server that requires one (--grpc-client-ca)")
 	tlsKey := fs.String("tls-key", "", "key (PEM) of --tls-cert")
-	domain := fs.String("domain", "", "the request's domain (required)")
-	var descs descriptorFlags
-	fs.Var(&descs, "d", "a descriptor, key=value[,key=value...]; repeat for several (at least one)")
+	var rf requestFlags
+	rf.register(fs)
 	hits := fs.Uint("hits", 0, "the request's hits_addend (0: Envoy's default, 1)")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
@@ -75,18 +100,14 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
-	switch {
-	case fs.NArg() > 0:
-		return usageError{fmt.Errorf("check: unexpected argument %q", fs.Arg(0))}
-	case *domain == "":
-		return usageError{errors.New("check: --domain is required")}
-	case len(descs) == 0:
-		return usageError{errors.New("check: at least one -d key=value is required")}
-	case *hits > 1<<32-1:
+	if err := rf.check("check", fs); err != nil {
+		return err
+	}
+	if *hits > 1<<32-1 {
 		return usageError{fmt.Errorf("check: --hits %d is more than hits_addend holds", *hits)}
 	}
-	req := &rlsv3.RateLimitRequest{Domain: *domain, HitsAddend: uint32(*hits)}
-	for _, entries := range descs {
+	req := &rlsv3.RateLimitRequest{Domain: rf.domain, HitsAddend: uint32(*hits)}
+	for _, entries := range rf.descs {
 		req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{Entries: entries})
 	}
 

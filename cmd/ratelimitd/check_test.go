@@ -69,6 +69,7 @@ func TestCheckErrors(t *testing.T) {
 	}{
 		{"no domain", []string{"-d", "a=b"}, true, "--domain is required"},
 		{"no descriptor", []string{"--domain", "api"}, true, "at least one -d"},
+		{"stray argument", []string{"--domain", "api", "-d", "a=b", "extra"}, true, `check: unexpected argument "extra"`},
 		{"bad descriptor", []string{"--domain", "api", "-d", "model"}, true, `"model": want key=value`},
 		{"empty key", []string{"--domain", "api", "-d", "=x"}, true, "want key=value"},
 		{"hits too large", []string{"--domain", "api", "-d", "a=b", "--hits", "4294967296"}, true, "hits_addend"},
@@ -122,6 +123,7 @@ func TestExplainErrors(t *testing.T) {
 		{"no config", []string{"--domain", "api", "-d", "a=b"}, "--config is required"},
 		{"no domain", []string{"--config", bad, "-d", "a=b"}, "--domain is required"},
 		{"no descriptor", []string{"--config", bad, "--domain", "api"}, "at least one -d"},
+		{"stray argument", []string{"--config", bad, "--domain", "api", "-d", "a=b", "extra"}, `explain: unexpected argument "extra"`},
 		{"invalid config", []string{"--config", bad, "--domain", "api", "-d", "a=b"}, "invalid configuration"},
 	}
 	for _, tt := range tests {

@@ -17,9 +17,8 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ratelimitd explain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "descriptor file or directory (required)")
-	domain := fs.String("domain", "", "the request's domain (required)")
-	var descs descriptorFlags
-	fs.Var(&descs, "d", "a descriptor, key=value[,key=value...]; repeat for several (at least one)")
+	var rf requestFlags
+	rf.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: ratelimitd explain --config PATH --domain D -d key=value[,key=value] [-d ...]")
 		fs.PrintDefaults()
@@ -27,15 +26,11 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
-	switch {
-	case fs.NArg() > 0:
-		return usageError{fmt.Errorf("explain: unexpected argument %q", fs.Arg(0))}
-	case *path == "":
+	if err := rf.check("explain", fs); err != nil {
+		return err
+	}
+	if *path == "" {
 		return usageError{errors.New("explain: --config is required")}
-	case *domain == "":
-		return usageError{errors.New("explain: --domain is required")}
-	case len(descs) == 0:
-		return usageError{errors.New("explain: at least one -d key=value is required")}
 	}
 	set, err := config.Load(*path)
 	if err != nil {
@@ -43,7 +38,7 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 		return errInvalidConfig
 	}
 	var b strings.Builder
-	for i, d := range descs {
+	for i, d := range rf.descs {
 		entries := make([]config.Entry, len(d))
 		for j, e := range d {
 			entries[j] = config.Entry{Key: e.GetKey(), Value: e.GetValue()}
@@ -52,7 +47,7 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 			b.WriteByte('\n')
 		}
 		fmt.Fprintf(&b, "descriptor %d: %s\n", i+1, entriesString(d))
-		for _, line := range set.Explain(*domain, entries) {
+		for _, line := range set.Explain(rf.domain, entries) {
 			fmt.Fprintf(&b, "  %s\n", line)
 		}
 	}
