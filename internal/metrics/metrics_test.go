@@ -55,10 +55,14 @@ func mustParse(t testing.TB, yaml string) *config.Set {
 // instant, that reports to m.
 func newServer(t testing.TB, m server.Observer) *server.Server {
 	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(testConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := newServerWithoutConfig(t, m)
+	srv.SetConfig(mustParse(t, testConfig))
+	return srv
+}
+
+// newServerWithoutConfig is newServer before its first config.
+func newServerWithoutConfig(t testing.TB, m server.Observer) *server.Server {
+	t.Helper()
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	srv, err := server.New(server.Options{
 		Store:    limiter.NewMemoryStore(limiter.MemoryOptions{}),
@@ -68,7 +72,6 @@ func newServer(t testing.TB, m server.Observer) *server.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.SetConfig(set)
 	return srv
 }
 
@@ -517,15 +520,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 `, detailed)
 	}
-	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	srv, err := server.New(server.Options{
-		Store:    limiter.NewMemoryStore(limiter.MemoryOptions{}),
-		Now:      func() time.Time { return now },
-		Observer: m,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := newServerWithoutConfig(t, m)
 	reg := m.Registry()
 	hits := func(v string) (float64, bool) {
 		return value(t, reg, "ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "api > user", "value": v})
