@@ -51,13 +51,13 @@ func TestTunerFollowsTheLiveHeap(t *testing.T) {
 		t.Fatal("Start(64 MiB) = nil at GOGC=100")
 	}
 	defer tu.Stop()
-	waitPercent(t, "small live heap", func(p int) bool { return p > 1000 })
+	waitPercent(t, "small live heap", func(p int) bool { return p > 100 })
 
 	big := make([]byte, 2*floor) // live, pointer-free: cheap to mark
 	waitPercent(t, "live heap above the floor", func(p int) bool { return p == 100 })
 	runtime.KeepAlive(big)
 	big = nil
-	waitPercent(t, "live heap freed", func(p int) bool { return p > 1000 })
+	waitPercent(t, "live heap freed", func(p int) bool { return p > 100 })
 
 	tu.Stop()
 	if p := readPercent(); p != 100 {
