@@ -10,13 +10,16 @@
 // percent while the live heap is below a floor, so that the heap may grow to
 // about the floor between collections, and gives the percent back as the live
 // heap approaches the floor: above it the collector paces as GOGC says. The
-// heap never grows past max(floor, what GOGC alone allows) for long, and a
+// heap goal is at most max(floor, what GOGC alone allows) after each
+// collection (until the next one: a live heap that jumps past the floor
+// within one cycle is paced by the percent set for the smaller one), and a
 // memory limit (GOMEMLIMIT) still holds. This is the "GOGC tuner" Uber
 // described for its services (eng.uber.com, "How We Saved 70K Cores Across
 // 30 Mission-Critical Services"), in its simplest form.
 package gctune
 
 import (
+	"math"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -29,25 +32,26 @@ import (
 const heapMinimum = 4 << 20
 
 // Percent is the GC percent that lets a heap whose last collection found
-// live bytes live grow to about floor bytes before the next one, and never
-// below base: with percent p the runtime's heap goal is about
-// max(live·(1+p/100), heapMinimum·p/100), so Percent is the largest p that
-// keeps both at or below floor, or base if that is larger. A live heap of 0
-// (no collection yet) counts as 1 byte.
-func Percent(live, floor uint64, base int) int {
-	if live == 0 {
-		live = 1
-	}
+// live bytes live, and scanned scan bytes of goroutine stacks and globals,
+// grow to about floor bytes before the next one, and never below base: with
+// percent p the runtime's heap goal is
+// max(live + (live+scan)·p/100, heapMinimum·p/100) (runtime/mgcpacer.go),
+// so Percent is the largest p that keeps both at or below floor, or base if
+// that is larger. A live heap of 0 (no collection yet) counts as 1 byte.
+// floor is at most MaxFloor.
+func Percent(live, scan, floor uint64, base int) int {
+	live = max(live, 1)
+	floor = min(floor, MaxFloor)
 	if live >= floor {
 		return base
 	}
-	pct := min((floor-live)*100/live, floor*100/heapMinimum, MaxFloor*100/heapMinimum)
+	pct := min((floor-live)*100/(live+scan), floor*100/heapMinimum)
 	return max(int(pct), base)
 }
 
-// MaxFloor is the largest floor Percent is defined for (its arithmetic
-// stays within 64 bits).
-const MaxFloor = 1 << 50
+// MaxFloor is the largest floor: its percent, 100·MaxFloor/heapMinimum,
+// is still an int32, what the runtime keeps.
+const MaxFloor = math.MaxInt32 / 100 * heapMinimum
 
 // A Tuner sets the GC percent after every collection (see the package doc).
 // Start one with Start; its methods are safe for concurrent use.
@@ -75,10 +79,14 @@ func Start(floor uint64, base int) *Tuner {
 		return nil
 	}
 	t := &Tuner{
-		floor:   floor,
-		base:    base,
-		last:    -2, // not a percent: the first apply sets it
-		samples: []metrics.Sample{{Name: "/gc/heap/live:bytes"}},
+		floor: floor,
+		base:  base,
+		last:  -2, // not a percent: the first apply sets it
+		samples: []metrics.Sample{
+			{Name: "/gc/heap/live:bytes"},
+			{Name: "/gc/scan/stack:bytes"},
+			{Name: "/gc/scan/globals:bytes"},
+		},
 	}
 	t.apply()
 	t.arm()
@@ -121,11 +129,13 @@ func (t *Tuner) apply() bool {
 		return false
 	}
 	metrics.Read(t.samples)
-	var live uint64
-	if v := t.samples[0].Value; v.Kind() == metrics.KindUint64 {
-		live = v.Uint64()
+	var read [3]uint64 // live, stack scan, globals scan; 0 if unsupported
+	for i, s := range t.samples {
+		if s.Value.Kind() == metrics.KindUint64 {
+			read[i] = s.Value.Uint64()
+		}
 	}
-	if p := Percent(live, t.floor, t.base); p != t.last {
+	if p := Percent(read[0], read[1]+read[2], t.floor, t.base); p != t.last {
 		debug.SetGCPercent(p)
 		t.last = p
 	}

@@ -13,27 +13,30 @@ const mib = 1 << 20
 
 func TestPercent(t *testing.T) {
 	tests := []struct {
-		name        string
-		live, floor uint64
-		base, want  int
+		name              string
+		live, scan, floor uint64
+		base, want        int
 	}{
 		// 64 MiB at heapMinimum·p/100 is p = 1600: the runtime's own
 		// minimum then makes the floor.
-		{"tiny heap: the runtime's minimum is the floor", 1 * mib, 64 * mib, 100, 1600},
-		{"no collection yet", 0, 64 * mib, 100, 1600},
-		{"live heap sets the percent", 16 * mib, 64 * mib, 100, 300},
-		{"rounded down", 24 * mib, 64 * mib, 100, 166},
-		{"near the floor: base", 40 * mib, 64 * mib, 100, 100},
-		{"at the floor: base", 64 * mib, 64 * mib, 100, 100},
-		{"above the floor: base", 1 << 30, 64 * mib, 100, 100},
-		{"a larger base wins", 16 * mib, 64 * mib, 400, 400},
-		{"a floor below the runtime's minimum changes nothing", 1 * mib, 2 * mib, 100, 100},
-		{"the largest floor", 1, MaxFloor, 100, MaxFloor * 100 / heapMinimum},
+		{"tiny heap: the runtime's minimum is the floor", 1 * mib, 0, 64 * mib, 100, 1600},
+		{"no collection yet", 0, 0, 64 * mib, 100, 1600},
+		{"live heap sets the percent", 16 * mib, 0, 64 * mib, 100, 300},
+		{"rounded down", 24 * mib, 0, 64 * mib, 100, 166},
+		// goal = live + (live+scan)·p/100: 16 + 32·p/100 ≤ 64
+		{"stacks and globals count", 16 * mib, 16 * mib, 64 * mib, 100, 150},
+		{"near the floor: base", 40 * mib, 0, 64 * mib, 100, 100},
+		{"at the floor: base", 64 * mib, 0, 64 * mib, 100, 100},
+		{"above the floor: base", 1 << 30, 0, 64 * mib, 100, 100},
+		{"a larger base wins", 16 * mib, 0, 64 * mib, 400, 400},
+		{"a floor below the runtime's minimum changes nothing", 1 * mib, 0, 2 * mib, 100, 100},
+		{"the largest floor: an int32 percent", 1, 0, MaxFloor, 100, math.MaxInt32 / 100 * 100},
+		{"past the largest floor: the same", 1, 0, 1 << 62, 100, math.MaxInt32 / 100 * 100},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := Percent(tc.live, tc.floor, tc.base); got != tc.want {
-				t.Errorf("Percent(%d, %d, %d) = %d, want %d", tc.live, tc.floor, tc.base, got, tc.want)
+			if got := Percent(tc.live, tc.scan, tc.floor, tc.base); got != tc.want {
+				t.Errorf("Percent(%d, %d, %d, %d) = %d, want %d", tc.live, tc.scan, tc.floor, tc.base, got, tc.want)
 			}
 		})
 	}
@@ -63,10 +66,13 @@ func TestTunerFollowsTheLiveHeap(t *testing.T) {
 	if p := readPercent(); p != 100 {
 		t.Errorf("after Stop, GC percent = %d, want 100", p)
 	}
-	runtime.GC() // a cleanup left armed must not set it again
-	runtime.GC()
+	// A cleanup left armed runs apply once more: it must neither set the
+	// percent nor arm another.
+	if tu.apply() {
+		t.Error("apply after Stop reports the Tuner running")
+	}
 	if p := readPercent(); p != 100 {
-		t.Errorf("after Stop and two collections, GC percent = %d, want 100", p)
+		t.Errorf("after Stop and a late apply, GC percent = %d, want 100", p)
 	}
 }
 
