@@ -73,6 +73,7 @@ func TestParseServeFlagsDefaults(t *testing.T) {
 		{"failure-grace", c.failure.Grace, time.Duration(0)},
 		{"failure-grace-mode", c.failure.GraceMode, failover.Error},
 		{"replicas-hint", c.failure.ReplicasHint, int64(1)},
+		{"grpc-stream-workers", c.streamWorkers, 128},
 		{"gc-heap-floor-mib", c.gcHeapFloor, uint64(64 << 20)},
 	}
 	for _, tt := range tests {
@@ -128,7 +129,7 @@ func TestParseServeFlagsRejects(t *testing.T) {
 		{"failure-grace-mode local", []string{"--failure-grace-mode", "local"}, `--failure-grace-mode "local": want error, allow or deny`},
 		{"tls cert without key", []string{"--grpc-tls-cert", "cert.pem"}, "--grpc-tls-cert and --grpc-tls-key go together"},
 		{"tls key without cert", []string{"--grpc-tls-key", "key.pem"}, "--grpc-tls-cert and --grpc-tls-key go together"},
-		{"negative heap floor", []string{"--gc-heap-floor-mib", "-1"}, "--gc-heap-floor-mib -1: want 0 to 1073741824"},
+		{"negative heap floor", []string{"--gc-heap-floor-mib", "-1"}, "--gc-heap-floor-mib -1: want 0 to 85899344"},
 		{"client CA without cert", []string{"--grpc-client-ca", "ca.pem"}, "--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key"},
 	}
 	for _, tt := range tests {
