@@ -121,8 +121,8 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv.SetConfig(set)
 	obs.metrics.ConfigLoaded(set)
+	srv.SetConfig(set)
 	watcher, err := newWatcher(c, set, srv, log, obs.metrics)
 	if err != nil {
 		return err
@@ -311,13 +311,15 @@ func newWatcher(c serveConfig, current *config.Set, srv *server.Server, log *slo
 		Current: current,
 		Watch:   mode,
 		OnLoad: func(set *config.Set) {
+			// Metrics first: a call decided on the new config must find
+			// its rules' counters ready.
+			m.ConfigLoaded(set)
 			srv.SetConfig(set)
 			var names []string
 			for _, d := range set.Domains() {
 				names = append(names, d.Name)
 			}
 			log.Info("config reloaded", "config", c.configPath, "config_hash", set.Hash(), "domains", names)
-			m.ConfigLoaded(set)
 		},
 		OnError: func(err error) {
 			if errors.Is(err, reload.ErrWatch) {

@@ -235,16 +235,21 @@ func (m *Metrics) ConfigLoaded(set *config.Set) {
 
 	m.byIDMu.Lock()
 	defer m.byIDMu.Unlock()
-	for id := range m.byID {
+	for id, rc := range m.byID {
 		if !kept[id] {
-			m.deleteRuleSeries(id)
+			m.retire(id, rc)
 			delete(m.byID, id)
 		}
 	}
 }
 
-// deleteRuleSeries deletes every series of the rule id.
-func (m *Metrics) deleteRuleSeries(id ruleID) {
+// retire deletes every series of the rule id, whose counters were rc, and
+// keeps rc from making new ones (a call that fetched rc before may still
+// count on it). m.byIDMu is held.
+func (m *Metrics) retire(id ruleID, rc *ruleCounters) {
+	rc.mu.Lock()
+	rc.retired = true
+	rc.mu.Unlock()
 	labels := prometheus.Labels{"domain": id.domain, "rule": id.rule}
 	for _, v := range []*prometheus.CounterVec{m.hits, m.within, m.near, m.over, m.shadow, m.requests} {
 		v.DeletePartialMatch(labels)
@@ -316,7 +321,9 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome) 
 	}
 	vc := &rc.all
 	if rc.detailed {
-		vc = rc.value(d.Descriptor.GetEntries())
+		if vc = rc.value(d.Descriptor.GetEntries()); vc == nil {
+			return // a rule a reload removed, after this call fetched it
+		}
 	}
 	if int(d.Outcome) < len(vc.requests) && vc.requests[d.Outcome] != nil {
 		vc.requests[d.Outcome].Inc()
@@ -364,7 +371,11 @@ func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
 		// back.
 		return nil
 	}
-	rc, loaded := rules.counters.LoadOrStore(r, m.countersByID(r))
+	byID := m.countersByID(r)
+	if byID == nil {
+		return nil // removed by a reload since rules was loaded
+	}
+	rc, loaded := rules.counters.LoadOrStore(r, byID)
 	if !loaded {
 		m.describeRule(r)
 	}
@@ -386,12 +397,17 @@ func (m *Metrics) countersByID(r *config.Rule) *ruleCounters {
 	id := ruleID{r.Domain, r.Label()}
 	m.byIDMu.Lock()
 	defer m.byIDMu.Unlock()
+	// ConfigLoaded deletes under this lock what the config it stored
+	// lacks: checked here, a rule it removed cannot come back.
+	if loaded := m.rules.Load().loaded; loaded != nil && !loaded[id] {
+		return nil
+	}
 	rc := m.byID[id]
 	if rc != nil && rc.detailed == r.DetailedMetric {
 		return rc
 	}
 	if rc != nil {
-		m.deleteRuleSeries(id)
+		m.retire(id, rc)
 	}
 	if m.byID == nil {
 		m.byID = make(map[ruleID]*ruleCounters)
@@ -424,8 +440,9 @@ type ruleCounters struct {
 	detailed     bool
 	all          valueCounters // value "" (every value, for rules without detailed_metric)
 
-	mu     sync.Mutex
-	values map[string]*valueCounters // detailed_metric: at most MaxValuesPerRule + 1
+	mu      sync.Mutex
+	values  map[string]*valueCounters // detailed_metric: at most MaxValuesPerRule + 1
+	retired bool                      // its series are deleted: make no more
 }
 
 // valueCounters are the counters of one (domain, rule, value).
@@ -459,7 +476,8 @@ func (m *Metrics) newValueCounters(domain, rule, value string) valueCounters {
 }
 
 // value returns the counters for a detailed_metric descriptor's values,
-// or those of "_other" once the rule has MaxValuesPerRule values.
+// or those of "_other" once the rule has MaxValuesPerRule values; nil for
+// a value new to a retired rule.
 func (rc *ruleCounters) value(entries []*ratelimitv3.RateLimitDescriptor_Entry) *valueCounters {
 	var buf [128]byte
 	v := appendValues(buf[:0], entries)
@@ -467,6 +485,9 @@ func (rc *ruleCounters) value(entries []*ratelimitv3.RateLimitDescriptor_Entry) 
 	defer rc.mu.Unlock()
 	if vc := rc.values[string(v)]; vc != nil {
 		return vc
+	}
+	if rc.retired {
+		return nil
 	}
 	label := string(v)
 	if len(rc.values) >= rc.m.opts.MaxValuesPerRule {

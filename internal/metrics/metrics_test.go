@@ -480,24 +480,7 @@ func TestReloadKeepsDetailedValuesBounded(t *testing.T) {
 			}
 		}
 	}
-	mfs, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, mf := range mfs {
-		if mf.GetName() != "ratelimitd_descriptor_hits_total" {
-			continue
-		}
-		for _, s := range mf.GetMetric() {
-			for _, l := range s.GetLabel() {
-				if l.GetName() == "rule" && l.GetValue() == "api > user" {
-					n++
-				}
-			}
-		}
-	}
-	if n != 3 {
+	if n := ruleSeries(t, m.Registry(), "api > user")["ratelimitd_descriptor_hits_total"]; n != 3 {
 		t.Errorf("after 5 reloads, rule api > user has %d hits series, want 3 (2 values and _other)", n)
 	}
 }

@@ -1,0 +1,57 @@
+package metrics
+
+import (
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/config"
+)
+
+// TestRemovedRuleStaysRemoved: a call that fetched a rule's counters, or
+// its config's cache, before a reload removed the rule counts after it
+// without bringing back any series: neither a new value of a
+// detailed_metric rule, nor the rule itself.
+func TestRemovedRuleStaysRemoved(t *testing.T) {
+	parse := func(yaml string) *config.Set {
+		set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(yaml)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return set
+	}
+	old := parse("domain: api\ndescriptors:\n  - {key: user, detailed_metric: true, rate_limit: {unit: minute, requests_per_unit: 9}}\n  - {key: team, rate_limit: {unit: minute, requests_per_unit: 9}}\n")
+	m, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ConfigLoaded(old)
+	user, team := old.Domains()[0].Rules[0], old.Domains()[0].Rules[1]
+	rc := m.ruleCounters(user, "api") // fetched before the reload
+	if rc == nil || rc.value([]*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}) == nil {
+		t.Fatal("no counters for a loaded rule")
+	}
+
+	m.ConfigLoaded(parse("domain: api\n"))
+	if vc := rc.value([]*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u2"}}); vc != nil {
+		t.Error("a removed detailed_metric rule made counters for a new value")
+	}
+	// The lookup a call holding the old cache makes for a rule it had not
+	// used yet.
+	if got := m.countersByID(team); got != nil {
+		t.Error("countersByID made counters for a rule the loaded config lacks")
+	}
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "domain" && l.GetValue() == "api" {
+					t.Errorf("series %s %v outlived the reload", mf.GetName(), s.GetLabel())
+				}
+			}
+		}
+	}
+}
