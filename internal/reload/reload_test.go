@@ -350,7 +350,7 @@ func TestReloadWithoutWatching(t *testing.T) {
 		t.Fatal("Reload did not load the files")
 	}
 	writeFile(t, name, yamlWithRate(7))
-	time.Sleep(2 * reload.DefaultDebounce) // ten times the debounce
+	time.Sleep(2 * reload.DefaultDebounce) // 400 ms, twenty times the debounce
 	if n := len(loadCalls); n > 0 {
 		t.Errorf("the changed files were loaded without Reload (%d loads)", n)
 	}
