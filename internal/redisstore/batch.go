@@ -255,7 +255,8 @@ func (b *batcher) collect(batch []*call, timer *time.Timer) (_ []*call, stopped 
 }
 
 // roundTrip sends batch as one pipeline: the Takes that may merge (see
-// scriptCall.merge) as one take.lua call, every other call as its own
+// scriptCall.merge) as take.lua calls of up to mergeMaxKeys buckets each
+// (see envelopes), every other call as its own
 // EVALSHA; those that find their script missing (NOSCRIPT: a restarted or
 // flushed server) go again as EVAL, which runs them and caches the script.
 // Calls whose caller has given up are dropped first (failed at once). It

@@ -1,6 +1,6 @@
 -- ratelimitd refund: gives tokens back to buckets (Store.Refund in
 -- store.go), one request after the other. It is limiter.Refund
--- (limiter/bucket.go) step by step, with the arithmetic of take.lua: a
+-- (limiter/bucket.go) step by step, with the helpers of common.lua: a
 -- bucket's TAT moves back by the time its hits take to arrive, but never
 -- before now (a bucket cannot be fuller than full). A missing key is a full
 -- bucket and stays missing; a bucket left full is deleted, as MemoryStore
@@ -9,7 +9,7 @@
 -- KEYS[i]   the bucket of request i; a key may repeat.
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
 -- ARGV[2+5(i-1)..6+5(i-1)]  of request i: count, q and r (the period in µs
---           is q·count + r, as in take.lua), burst + max debt, hits.
+--           is q·count + r: limiter.Limit's), burst + max debt, hits.
 --
 -- Returns the number of buckets written or deleted. (common.lua, prepended,
 -- has the helpers and reads the clock.)

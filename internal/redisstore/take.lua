@@ -13,8 +13,9 @@
 -- with the same integer arithmetic, on spans the Go side computed with
 -- Limit.Span: see the "mirrors" comments.
 -- Several Takes travel in one call when the Store coalesces them (one script
--- entry, one TIME, one reply for the batch); each is still decided alone, on
--- the state the Takes before it left.
+-- entry, one TIME, one reply for the call; a batch of more than 512 buckets
+-- is split into several calls); each is still decided alone, on the state
+-- the Takes before it left.
 -- Go side: internal/redisstore/store.go (takeArgs, decodeTakeCmd) and
 -- batch.go (merging). It starts with common.lua (store.go prepends it):
 -- divmod, less, sub, ceil_us, full, parse, put, and now, read from ARGV[1]
