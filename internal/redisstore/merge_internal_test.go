@@ -258,3 +258,64 @@ func TestDecodeTake(t *testing.T) {
 		})
 	}
 }
+
+// TestMalformedSpecFailsItsTakeAlone sends one batch by hand: a Take whose
+// second request's spec is malformed, merged between two good Takes, and a
+// one-request Take with a malformed spec. Each bad Take gets an error naming
+// the spec and writes nothing (not even its good request's bucket); the
+// good ones are decided as usual.
+func TestMalformedSpecFailsItsTakeAlone(t *testing.T) {
+	s, c := newCallerClockStore(t, "spec:")
+	ctx := context.Background()
+	if err := s.take.Load(ctx, c).Err(); err != nil { // no NOSCRIPT retry
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
+	one := func(key string) []limiter.Request { return []limiter.Request{{Key: key, Limit: l, Hits: 1}} }
+	takeCall := func(keys []string, args []any) *call {
+		return &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{script: s.take, keys: keys, args: args, merge: true}}
+	}
+	good := func(key string) *call { return takeCall([]string{s.Key(key)}, s.takeArgs(t0, one(key))) }
+	tests := []struct {
+		name string
+		spec string
+	}{
+		{"empty", ""},
+		{"unknown kind", "q:1:0:0:0:0:0:0"},
+		{"a field short", "t:1:0:0:0:0:0"},
+		{"not a number", "t:1:0:0:x:0:0:0"},
+		{"trailing text", "t:1:0:0:0:0:0:0:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pair := s.takeArgs(t0, append(one("pair-a"), one("pair-b")...))
+			pair[3] = tt.spec
+			bad := takeCall([]string{s.Key("pair-a"), s.Key("pair-b")}, pair)
+			single := takeCall([]string{s.Key("single")}, []any{s.nowArg(t0), 1, tt.spec})
+			before, after := good("before"), good("after")
+			s.batch.exec([]*call{before, bad, after, single})
+			for _, c := range []*call{before, bad, after, single} {
+				<-c.done
+			}
+			for name, c := range map[string]*call{"two-request Take": bad, "one-request Take": single} {
+				if _, err := decodeTakeCmd(c.cmd, make([]limiter.Request, len(c.keys)), false); err == nil || !strings.Contains(err.Error(), "malformed request spec") {
+					t.Errorf("%s with spec %q: %v, want an error naming the malformed spec", name, tt.spec, err)
+				}
+			}
+			for _, key := range []string{"pair-a", "pair-b", "single"} {
+				if n := c.Exists(ctx, s.Key(key)).Val(); n != 0 {
+					t.Errorf("bucket %s written by a Take with a malformed spec", key)
+				}
+			}
+			for name, c := range map[string]*call{"before": before, "after": after} {
+				if res, err := decodeTakeCmd(c.cmd, one(name), false); err != nil || !res.decisions[0].Allowed {
+					t.Errorf("good Take %s beside malformed ones = %+v, %v; want admitted", name, res.decisions, err)
+				}
+			}
+			if err := c.Del(ctx, s.Key("before"), s.Key("after")).Err(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

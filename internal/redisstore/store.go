@@ -42,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -418,37 +419,50 @@ func decodeTakeCmd(cmd *redis.Cmd, reqs []limiter.Request, extras bool) (takeRes
 }
 
 // takeArgs are take.lua's ARGV for one Take of reqs: now, the number of
-// requests, then eight per request (take.lua's header lists them). Several
-// Takes' ARGV concatenated are one call's (see envelopes).
+// requests, then one spec per request (take.lua's header lists its
+// fields). Several Takes' ARGV concatenated are one call's (see envelopes).
 func (s *Store) takeArgs(now time.Time, reqs []limiter.Request) []any {
-	args := make([]any, 2, 2+8*len(reqs))
+	args := make([]any, 2, 2+len(reqs))
 	args[0] = s.nowArg(now)
 	args[1] = len(reqs)
 	for _, r := range reqs {
-		l := r.Limit
-		// As limiter.Decide decides: a charge first, then hits above
-		// burst, then a check.
-		kind, hits := kindTake, r.Hits
-		var floorUS, floorFrac int64
-		switch {
-		case r.Charge():
-			kind, hits = kindCharge, min(r.Hits, l.Burst+l.MaxDebt)
-			floorUS, floorFrac = l.Span(l.Burst + l.MaxDebt)
-		case r.Hits > l.Burst:
-			kind, hits = kindAboveBurst, 0
-		case r.Hits == 0:
-			kind = kindCheck
-		default:
-			floorUS = r.MaxWait.Microseconds() // rounded down, see take.lua
-		}
-		if r.Shadow {
-			kind++
-		}
-		hitsUS, hitsFrac := l.Span(hits)
-		fillUS, fillFrac := l.Span(l.Burst)
-		args = append(args, l.Count, hitsUS, hitsFrac, fillUS, fillFrac, floorUS, floorFrac, kinds[kind])
+		args = append(args, takeSpec(r))
 	}
 	return args
+}
+
+// takeSpec is take.lua's spec of r, "kind:count:h µs:h frac:f µs:f
+// frac:floor µs:floor frac", formed in one buffer: one string per request
+// instead of eight arguments, which go-redis and Redis each handle one by
+// one, and Lua converts from strings.
+func takeSpec(r limiter.Request) string {
+	l := r.Limit
+	// As limiter.Decide decides: a charge first, then hits above
+	// burst, then a check.
+	kind, hits := kindTake, r.Hits
+	var floorUS, floorFrac int64
+	switch {
+	case r.Charge():
+		kind, hits = kindCharge, min(r.Hits, l.Burst+l.MaxDebt)
+		floorUS, floorFrac = l.Span(l.Burst + l.MaxDebt)
+	case r.Hits > l.Burst:
+		kind, hits = kindAboveBurst, 0
+	case r.Hits == 0:
+		kind = kindCheck
+	default:
+		floorUS = r.MaxWait.Microseconds() // rounded down, see take.lua
+	}
+	if r.Shadow {
+		kind++
+	}
+	hitsUS, hitsFrac := l.Span(hits)
+	fillUS, fillFrac := l.Span(l.Burst)
+	var buf [8 + 7*20]byte // a kind letter, seven int64s and their colons
+	b := append(buf[:0], kinds[kind])
+	for _, v := range [...]int64{l.Count, hitsUS, hitsFrac, fillUS, fillFrac, floorUS, floorFrac} {
+		b = strconv.AppendInt(append(b, ':'), v, 10)
+	}
+	return string(b)
 }
 
 // The kinds of request take.lua tells apart; each is followed by its Shadow
@@ -460,8 +474,8 @@ const (
 	kindCharge
 )
 
-// kinds are their names in take.lua's ARGV: upper case for Shadow.
-var kinds = [...]string{"t", "T", "k", "K", "x", "X", "c", "C"}
+// kinds are their letters in take.lua's specs: upper case for Shadow.
+var kinds = [...]byte{'t', 'T', 'k', 'K', 'x', 'X', 'c', 'C'}
 
 // nowArg is the time argument every script reads first (ARGV[1], see
 // common.lua): now in Unix microseconds with CallerClock, else "" (the

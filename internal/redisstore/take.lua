@@ -36,7 +36,11 @@
 --   a       now in Unix microseconds, or "" for the server's TIME (every
 --           Take of a call uses the same clock; common.lua reads ARGV[1]).
 --   a+1     n, the number of its requests (its next n KEYS).
---   a+2+8(i-1)..a+9+8(i-1)  of request i:
+--   a+1+i   request i's spec, "kind:count:h µs:h frac:f µs:f frac:floor
+--           µs:floor frac", one argument (requests under the same limit
+--           share it, and each distinct spec is parsed once a call):
+--           kind: "t" a take, "k" a check (hits 0), "x" hits above burst,
+--             "c" a post-paid charge; upper case when the request is Shadow;
 --           count (the limit's, the denominator of every fraction),
 --           h µs, h frac: the time of its hits (for a charge, of at most
 --             burst + max debt of them),
@@ -44,13 +48,12 @@
 --           floor µs (a charge: the fill time plus that of max debt tokens,
 --             the deepest a charge may go; otherwise the longest wait it
 --             may reserve, in whole µs rounded down, 0 for none),
---           floor frac (a charge; otherwise 0),
---           kind: "t" a take, "k" a check (hits 0), "x" hits above burst,
---             "c" a post-paid charge; upper case when the request is Shadow.
+--           floor frac (a charge; otherwise 0).
 --
 -- Returns one reply per Take, in order: an error reply if one of its
--- buckets is a string other than "TAT:Frac" (nothing of that Take is
--- written; the others are decided as usual), else
+-- buckets is a string other than "TAT:Frac" or one of its specs is
+-- malformed (nothing of that Take is written; the others are decided as
+-- usual), else
 --   {now, all admitted (0/1), then for each request the state stored under
 --   its key before the Take: TAT µs, frac (0, 0 for a missing key)}.
 -- A key of another Redis type (a hash, a list...) is no error: MGET answers
@@ -66,9 +69,9 @@ local function add(tus, tfr, uus, ufr, count)
   return us, fr
 end
 
--- step mirrors Decide for the request whose arguments follow ARGV[b], on a
--- bucket in state (sus, sfr) at now: it returns the state after it and
--- whether it is admitted.
+-- step mirrors Decide for the request with spec p (see spec), on a bucket
+-- in state (sus, sfr) at now: it returns the state after it and whether it
+-- is admitted.
 -- It works in the frame of now: where Decide computes next = advance(tat,
 -- hits) and then used = next − now, this computes used = (tat − now) + h
 -- directly, the same integers. It matters for doubles: a bucket with a
@@ -77,22 +80,22 @@ end
 -- decided as "tat − now > tau − h", and used is formed only when it is at
 -- most tau + MaxWait (for a charge: at most its floor, tau + MaxDebt's
 -- time, or tat − now when that is deeper).
-local function step(b, sus, sfr, now)
-  local kind = string.lower(ARGV[b + 8])
+local function step(p, sus, sfr, now)
+  local kind = p.kind
   if kind == 'x' then
     return sus, sfr, false
   end
-  local count = tonumber(ARGV[b + 1])
+  local count = p.count
   local tus, tfr = sus - now, math.min(sfr, count - 1) -- before: tat − now
   if tus < 0 then
     tus, tfr = 0, 0
   end
-  local hus, hfr = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local fus, ffr = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local hus, hfr = p.hus, p.hfr
+  local fus, ffr = p.fus, p.ffr
   if kind == 'c' then
     -- mirrors Limit.charge: never deeper than the floor, nor fuller than
     -- before; admitted unless in debt before.
-    local lus, lfr = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
+    local lus, lfr = p.lus, p.lfr
     if less(lus, lfr, tus, tfr) then
       lus, lfr = tus, tfr
     end
@@ -115,12 +118,38 @@ local function step(b, sus, sfr, now)
     return now + uus, ufr, true
   end
   -- A reservation: admitted if its tokens arrive within the longest wait.
-  local maxwait = tonumber(ARGV[b + 6])
+  local maxwait = p.lus
   if kind == 't' and maxwait > 0 and ceil_us(sub(tus, tfr, rus, rfr, count)) <= maxwait then
     local uus, ufr = add(tus, tfr, hus, hfr, count)
     return now + uus, ufr, true
   end
   return sus, sfr, false
+end
+
+-- The specs parsed so far in this call: spec string → its fields.
+local specs = {}
+
+-- spec returns the fields of the spec string v (see ARGV above): kind
+-- (lower case), shadow, count, hus, hfr, fus, ffr, lus, lfr (the floor);
+-- nil and a message if v is malformed.
+local function spec(v)
+  local p = specs[v]
+  if p then
+    return p
+  end
+  local k, c, hus, hfr, fus, ffr, lus, lfr = string.match(v or '',
+    '^([tkxcTKXC]):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  if not k then
+    return nil, 'ratelimitd: malformed request spec ' .. tostring(v)
+  end
+  local kind = string.lower(k)
+  p = {
+    kind = kind, shadow = kind ~= k, count = tonumber(c),
+    hus = tonumber(hus), hfr = tonumber(hfr), fus = tonumber(fus), ffr = tonumber(ffr),
+    lus = tonumber(lus), lfr = tonumber(lfr),
+  }
+  specs[v] = p
+  return p
 end
 
 -- Every bucket of the call, read at once: key → its value, or false when
@@ -152,15 +181,15 @@ local function write(key, us, fr, now)
 end
 
 -- take_single is take (below) for a Take of one request, the common case,
--- without take's per-key tables: the request's arguments follow ARGV[b].
-local function take_single(key, b, now)
+-- without take's per-key tables: the request's spec is p.
+local function take_single(key, p, now)
   local us, fr = load(key)
   if not us then
     return redis.error_reply(fr)
   end
-  local nus, nfr, ok = step(b, us, fr, now)
-  local allowed, kind = 1, ARGV[b + 8]
-  if not ok and string.lower(kind) == kind then
+  local nus, nfr, ok = step(p, us, fr, now)
+  local allowed, kind = 1, p.kind
+  if not ok and not p.shadow then
     -- mirrors DenyAll: a denied Take writes only a post-paid charge
     allowed = 0
     if kind ~= 'c' then
@@ -175,10 +204,18 @@ end
 
 -- take decides the Take whose n requests are KEYS[k+1..k+n] and whose
 -- arguments start at ARGV[a], at now, writes what it says, and returns its
--- reply. Request i's eight arguments follow ARGV[a + 1 + 8(i-1)].
+-- reply. Request i's spec is ARGV[a + 1 + i].
 local function take(k, a, n, now)
+  local ps = {}
+  for i = 1, n do
+    local p, err = spec(ARGV[a + 1 + i])
+    if not p then
+      return redis.error_reply(err)
+    end
+    ps[i] = p
+  end
   if n == 1 then
-    return take_single(KEYS[k + 1], a + 1, now)
+    return take_single(KEYS[k + 1], ps[1], now)
   end
   local out = {now, 1}
   local stored = {} -- key → {us, frac}
@@ -201,12 +238,12 @@ local function take(k, a, n, now)
   local cur = {} -- key → {us, frac}: the state as the requests so far leave it
   local allowed = true
   for i = 1, n do
-    local key, b = KEYS[k + i], a + 1 + 8 * (i - 1)
+    local key, p = KEYS[k + i], ps[i]
     local s = cur[key] or stored[key]
-    local nus, nfr, ok = step(b, s[1], s[2], now)
+    local nus, nfr, ok = step(p, s[1], s[2], now)
     cur[key] = {nus, nfr}
-    -- upper case: Shadow, its denial denies nothing
-    if not ok and string.lower(ARGV[b + 8]) == ARGV[b + 8] then
+    -- a Shadow request's denial denies nothing
+    if not ok and not p.shadow then
       allowed = false
     end
   end
@@ -217,10 +254,10 @@ local function take(k, a, n, now)
     out[2] = 0
     cur = {}
     for i = 1, n do
-      local key, b = KEYS[k + i], a + 1 + 8 * (i - 1)
-      if string.lower(ARGV[b + 8]) == 'c' then
+      local key, p = KEYS[k + i], ps[i]
+      if p.kind == 'c' then
         local s = cur[key] or stored[key]
-        local nus, nfr = step(b, s[1], s[2], now)
+        local nus, nfr = step(p, s[1], s[2], now)
         cur[key] = {nus, nfr}
       end
     end
@@ -248,6 +285,6 @@ while a <= #ARGV do
     tnow = tonumber(ARGV[a])
   end
   replies[#replies + 1] = take(k, a, n, tnow)
-  k, a = k + n, a + 2 + 8 * n
+  k, a = k + n, a + 2 + n
 end
 return replies
