@@ -1,9 +1,12 @@
 package server
 
 import (
+	"slices"
 	"sync"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ratelimitd/ratelimitd/config"
@@ -15,7 +18,7 @@ import (
 // comes with each config, so rules of old configs are dropped with it.
 type protoCache struct {
 	names  sync.Map    // *config.Rule → *structpb.Value, the rule's name
-	alones [2]sync.Map // *config.Rule → *structpb.Struct, metadata naming only it: [admitted, denied]
+	alones [2]sync.Map // *config.Rule → aloneMetadata, metadata naming only it: [admitted, denied]
 	limits sync.Map    // *config.RateLimit → *rlsv3.RateLimitResponse_RateLimit
 }
 
@@ -37,26 +40,45 @@ func (c *protoCache) list(rules []*config.Rule) *structpb.Value {
 	return structpb.NewListValue(&structpb.ListValue{Values: values})
 }
 
+// aloneMetadata is the metadata of an answer in which only one rule
+// matched: the Struct, and wire, the encoding of RateLimitResponse field
+// dynamic_metadata holding it (see buildResponse). Wire is nil if the
+// Struct cannot be encoded (protobuf strings must be UTF-8, which rule
+// labels from YAML always are); the answer then carries the Struct, and
+// fails to marshal as it always did.
+type aloneMetadata struct {
+	meta *structpb.Struct
+	wire protoreflect.RawFields
+}
+
 // alone is the metadata of an answer in which only r matched, and either
 // admitted or denied the request.
-func (c *protoCache) alone(r *config.Rule, denied bool) *structpb.Struct {
-	build := func() *structpb.Struct {
+func (c *protoCache) alone(r *config.Rule, denied bool) aloneMetadata {
+	build := func() aloneMetadata {
 		rules := []*config.Rule{r}
 		fields := map[string]*structpb.Value{metaMatched: c.list(rules)}
 		if denied {
 			fields[metaDeniedBy] = c.list(rules)
 		}
-		return &structpb.Struct{Fields: fields}
+		a := aloneMetadata{meta: &structpb.Struct{Fields: fields}}
+		// A message with only this field set encodes as exactly that
+		// field: tag, length, the Struct. Clipped, so that an append to
+		// an answer's unknown fields (proto.Merge into it) copies rather
+		// than writing into the array every answer shares.
+		if b, err := proto.Marshal(&rlsv3.RateLimitResponse{DynamicMetadata: a.meta}); err == nil {
+			a.wire = slices.Clip(b)
+		}
+		return a
 	}
 	m := &c.alones[0]
 	if denied {
 		m = &c.alones[1]
 	}
 	if v, ok := m.Load(r); ok {
-		return v.(*structpb.Struct)
+		return v.(aloneMetadata)
 	}
 	v, _ := m.LoadOrStore(r, build())
-	return v.(*structpb.Struct)
+	return v.(aloneMetadata)
 }
 
 // currentLimit is currentLimit(r, l), shared.

@@ -48,7 +48,9 @@ const (
 // into Envoy's answer; queueFull[k], when set, says take k could not wait
 // because too many requests already waited on its bucket. cache holds the
 // read-only protobuf parts of the loaded config's rules. It is pure: the
-// same inputs give the same answer.
+// same inputs give the same answer. A one-rule answer carries its
+// dynamic_metadata pre-encoded in its unknown fields, not in
+// DynamicMetadata (see below); on the wire the two are the same.
 func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts answerOptions, cache *protoCache) *rlsv3.RateLimitResponse {
 	resp := newResponse(len(p.items))
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
@@ -139,8 +141,27 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 	switch {
 	case matched == 0, opts.metadata == DynamicMetadataOff, opts.metadata == DynamicMetadataNotable && denied+extra == 0:
 	case len(p.items) == 1 && p.items[0].configured && extra == 0:
-		// The common answers: one rule, admitted or denied. Shared, read-only.
-		resp.DynamicMetadata = cache.alone(p.items[0].rule, denied > 0)
+		// The common answers: one rule, admitted or denied. Their metadata
+		// goes pre-encoded, as the answer's unknown fields: gRPC marshals
+		// every answer, and marshaling the Struct (a map) cost about 0.5 µs
+		// of a one-status answer's 1.35 µs, against 0.1 µs for the same
+		// bytes copied. protobuf-go writes unknown fields verbatim after
+		// the known ones, so the wire carries the same message and every
+		// client decodes dynamic_metadata as before. In process, though,
+		// such an answer has a nil DynamicMetadata: a reader before the
+		// wire must decode it from resp.ProtoReflect().GetUnknown().
+		//
+		// The bytes are shared by concurrent answers, read-only. In
+		// protobuf-go v1.36 (internal/impl), SetUnknown stores the slice
+		// as given, without a copy; Size only adds its length and Marshal
+		// only appends it to its output. Only decoding or merging into an
+		// answer (UnmarshalOptions.Merge, proto.Merge) appends to it, and
+		// the slice is clipped, so that append copies (protoCache.alone).
+		if a := cache.alone(p.items[0].rule, denied > 0); a.wire != nil {
+			resp.ProtoReflect().SetUnknown(a.wire)
+		} else {
+			resp.DynamicMetadata = a.meta
+		}
 	default:
 		rules := make([]*config.Rule, 0, matched)
 		var deniedBy []*config.Rule
