@@ -27,7 +27,11 @@ const slots = int(Window / time.Second)
 type TrackerOptions struct {
 	// MaxBuckets bounds the buckets remembered for "busiest buckets";
 	// default 1000. When full, buckets that have refilled are forgotten
-	// first, then the least full.
+	// first, then the least full, down to MaxBuckets/2. After forgetting
+	// buckets still in use, and until it next forgets, the tracker adds a
+	// new bucket only if it is at least as full as a bar that falls as the
+	// kept buckets refill; a bucket that denied its call always is (see
+	// Tracker).
 	MaxBuckets int
 }
 
@@ -35,6 +39,31 @@ type TrackerOptions struct {
 // last minute, and remembers the most recent state of recently used
 // buckets. It is a server.Observer, safe for concurrent use; its memory is
 // bounded by the number of rules and MaxBuckets.
+//
+// Buckets are ranked as Busiest ranks them: by share of burst in use,
+// estimated at an instant from each bucket's last call and its refill
+// rate. A bucket already remembered is updated by every call. When
+// MaxBuckets are remembered and a call uses a new one, the tracker evicts:
+// it forgets the buckets that have refilled, then, if more than
+// MaxBuckets/2 remain, all but the MaxBuckets/2 fullest.
+//
+// An eviction of the second kind sets a bar: the least share in use among
+// the buckets kept (counting their refill in fractions of a token, where
+// the estimate counts whole tokens), falling from then on at the fastest
+// refill rate among them. Until the next eviction, a call on a bucket not
+// yet remembered adds it only if the bucket's share in use is at least the
+// bar at the call's Start, or at the latest call on a kept bucket if that
+// started later; a bucket left without tokens, as by a denied call, always
+// is. A call that leaves a kept bucket below the bar so taken, or gives it
+// a limit that refills faster, removes the bar. So each bucket kept stays,
+// by the estimate, at least as full as the bar.
+//
+// A bucket seen but not held therefore had refilled, or was, when it was
+// last evicted or turned away, ranked below MaxBuckets/2 buckets the
+// tracker held: Busiest(n) at that instant, for any n up to MaxBuckets/2,
+// is the same as if it had been kept. (Eviction has always judged at one
+// instant: buckets refill at different rates, so one forgotten can later
+// be fuller than some kept.)
 type Tracker struct {
 	maxBuckets int
 
@@ -42,7 +71,71 @@ type Tracker struct {
 	rules   map[string]*window            // by rule path
 	buckets map[string]map[string]*bucket // by rule path, then descriptor
 	nb      int                           // buckets in buckets
+	bar     bar                           // set by the last eviction
 	scratch []byte
+	all     []filled // evict's, kept between calls to spare its allocation
+}
+
+// bar is what a bucket not yet remembered must reach to be added (see
+// Tracker). Its zero value admits every bucket.
+type bar struct {
+	share float64   // at the eviction; 0: no bar
+	at    time.Time // of the eviction
+	fall  float64   // share of burst refilled per nanosecond
+	last  time.Time // the latest of at and the calls on the buckets kept
+	gen   uint64    // numbers the bars set; the buckets kept carry it
+}
+
+// shareAt returns the bar for a call at t. It is judged at last when that
+// is later: the estimate for any instant before a bucket's last call is
+// that call's state.
+func (r *bar) shareAt(t time.Time) float64 {
+	if t.Before(r.last) {
+		t = r.last
+	}
+	return r.share - r.fall*float64(t.Sub(r.at))
+}
+
+// admits reports whether a new bucket of limit l with used tokens in use
+// at t reaches the bar. A denied call leaves its bucket at share 1, which
+// no bar exceeds.
+func (r *bar) admits(l limiter.Limit, used int64, t time.Time) bool {
+	return r.share <= 0 || float64(used)/float64(l.Burst) >= r.shareAt(t)
+}
+
+// holds reports whether b, a bucket the bar's eviction kept, still stays
+// at least as full as the bar once a call at t leaves it with limit l and
+// used tokens in use.
+func (r *bar) holds(b *bucket, l limiter.Limit, used int64, t time.Time) bool {
+	if l != b.limit && fall(l) > r.fall {
+		return false
+	}
+	next := bucket{limit: l, used: used, at: t}
+	if t.Before(r.last) {
+		t = r.last
+	}
+	return next.shareFloor(t) >= r.shareAt(t)
+}
+
+// fall returns the share of its burst a bucket of limit l refills per
+// nanosecond, as usedAt counts it.
+func fall(l limiter.Limit) float64 {
+	if l.Period <= 0 || l.Burst <= 0 {
+		return 0
+	}
+	return float64(l.Count) / float64(l.Period) / float64(l.Burst)
+}
+
+// shareFloor returns the share of burst in use at t with the refill since
+// the last call counted in full, not in whole tokens: never more than
+// usedAt(t)/burst, and from then on falling at fall(b.limit), never faster
+// than usedAt.
+func (b *bucket) shareFloor(t time.Time) float64 {
+	s := float64(b.used) / float64(b.limit.Burst)
+	if el := t.Sub(b.at); el > 0 {
+		s -= fall(b.limit) * float64(el)
+	}
+	return s
 }
 
 // NewTracker returns an empty Tracker.
@@ -107,6 +200,7 @@ type bucket struct {
 	limit      limiter.Limit
 	used       int64 // burst − remaining after the last call
 	at         time.Time
+	kept       uint64 // the gen of the bar whose eviction kept it, if any
 }
 
 // usedAt estimates the tokens in use at t: the bucket refills Count tokens
@@ -160,20 +254,37 @@ func (t *Tracker) ObserveCall(c server.Call) {
 
 // noteBucket records a bucket's state after a call. t.mu is held.
 func (t *Tracker) noteBucket(d *server.DescriptorOutcome, at time.Time) {
-	t.scratch = appendDescriptor(t.scratch[:0], d.Descriptor.GetEntries())
 	used := d.Limit.Burst - d.Decision.Remaining
 	if !d.Decision.Allowed {
 		used = d.Limit.Burst
 	}
 	byDesc := t.buckets[d.Rule.Path]
+	admit := t.bar.admits(d.Limit, used, at)
+	if len(byDesc) == 0 && !admit {
+		return // not remembered, and not to be: spare building its name
+	}
+	t.scratch = appendDescriptor(t.scratch[:0], d.Descriptor.GetEntries())
 	if b := byDesc[string(t.scratch)]; b != nil {
 		if !at.Before(b.at) {
+			if b.kept == t.bar.gen && t.bar.share > 0 {
+				if !t.bar.holds(b, d.Limit, used, at) {
+					t.bar = bar{gen: t.bar.gen}
+				} else if at.After(t.bar.last) {
+					t.bar.last = at
+				}
+			}
 			b.limit, b.used, b.at = d.Limit, used, at
 		}
 		return
 	}
+	if !admit {
+		return
+	}
 	if t.nb >= t.maxBuckets {
 		t.evict(at)
+		if !t.bar.admits(d.Limit, used, at) {
+			return
+		}
 		byDesc = t.buckets[d.Rule.Path] // evict may have dropped the rule's map
 	}
 	if byDesc == nil {
@@ -187,9 +298,11 @@ func (t *Tracker) noteBucket(d *server.DescriptorOutcome, at time.Time) {
 
 // evict forgets the buckets that have refilled by now, and if that is not
 // enough, the least full, down to half of maxBuckets, so that the sort it
-// may need is paid for by as many new buckets as it frees.
+// may need is paid for by as many new buckets as it frees; then it sets
+// the bar (see Tracker) for those it kept, or none if it kept all.
 func (t *Tracker) evict(now time.Time) {
-	var all []filled
+	t.bar = bar{gen: t.bar.gen}
+	all := t.all[:0]
 	for path, byDesc := range t.buckets {
 		for k, b := range byDesc {
 			used := b.usedAt(now)
@@ -204,19 +317,27 @@ func (t *Tracker) evict(now time.Time) {
 			delete(t.buckets, path)
 		}
 	}
-	keep := t.maxBuckets / 2
-	if len(all) <= keep {
-		return
-	}
-	slices.SortFunc(all, compareFilled)
-	for _, f := range all[keep:] {
-		b := f.b
-		delete(t.buckets[b.path], b.desc)
-		t.nb--
-		if len(t.buckets[b.path]) == 0 {
-			delete(t.buckets, b.path)
+	if keep := t.maxBuckets / 2; len(all) > keep {
+		slices.SortFunc(all, compareFilled)
+		if keep > 0 {
+			t.bar = bar{share: 1, at: now, last: now, gen: t.bar.gen + 1}
+		}
+		for _, f := range all[:keep] {
+			f.b.kept = t.bar.gen
+			t.bar.share = min(t.bar.share, f.b.shareFloor(now))
+			t.bar.fall = max(t.bar.fall, fall(f.b.limit))
+		}
+		for _, f := range all[keep:] {
+			b := f.b
+			delete(t.buckets[b.path], b.desc)
+			t.nb--
+			if len(t.buckets[b.path]) == 0 {
+				delete(t.buckets, b.path)
+			}
 		}
 	}
+	clear(all) // hold on to no forgotten bucket
+	t.all = all[:0]
 }
 
 // filled is a bucket and the tokens in use in it at one instant.
@@ -238,7 +359,12 @@ func compareFilled(x, y filled) int {
 // descriptors read differently.
 func appendDescriptor(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry) []byte {
 	esc := func(b []byte, s string) []byte {
-		for i := 0; i < len(s); i++ {
+		i := 0 // s[:i] needs no escaping
+		for i < len(s) && s[i] != ',' && s[i] != '=' && s[i] != '%' {
+			i++
+		}
+		b = append(b, s[:i]...)
+		for ; i < len(s); i++ {
 			switch c := s[i]; c {
 			case ',':
 				b = append(b, "%2C"...)
@@ -293,13 +419,18 @@ func (t *Tracker) LastMinute(path string, now time.Time) Counts {
 // fullest first.
 func (t *Tracker) Busiest(n int, now time.Time) []BucketState {
 	t.mu.Lock()
-	var all []filled
+	copies := make([]bucket, 0, t.nb) // to sort after unlocking
 	for _, byDesc := range t.buckets {
 		for _, b := range byDesc {
-			if u := b.usedAt(now); u > 0 {
-				all = append(all, filled{b, u})
+			if b.usedAt(now) > 0 {
+				copies = append(copies, *b)
 			}
 		}
+	}
+	t.mu.Unlock()
+	all := make([]filled, len(copies))
+	for i := range copies {
+		all[i] = filled{&copies[i], copies[i].usedAt(now)}
 	}
 	slices.SortFunc(all, compareFilled)
 	all = all[:min(n, len(all))]
@@ -309,6 +440,5 @@ func (t *Tracker) Busiest(n int, now time.Time) []BucketState {
 		out[i] = BucketState{Rule: b.path, Descriptor: b.desc, Used: u, Burst: b.limit.Burst,
 			FillPercent: u * 100 / b.limit.Burst, LastSeen: b.at}
 	}
-	t.mu.Unlock()
 	return out
 }
