@@ -325,8 +325,8 @@ func TestInventedValuesDoNotAccumulate(t *testing.T) {
 }
 
 // TestGarbageBucket: a bucket holding anything but "TAT:Frac" fails the
-// Take and the Refund that touch it, with an error that names it, and is
-// left as it is.
+// Takes and the Refund that touch it, with an error that names it, and is
+// left as it is; a Take of several buckets writes none of the others.
 func TestGarbageBucket(t *testing.T) {
 	c := standalone(t).Client()
 	s := newStore(t, c, redisstore.CallerClock)
@@ -334,10 +334,15 @@ func TestGarbageBucket(t *testing.T) {
 	if err := c.Set(ctx, s.Key("garbage"), "12:x", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	reqs := []limiter.Request{{Key: "garbage", Limit: limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, Hits: 1}}
+	l := limiter.Limit{Count: 1, Period: time.Second, Burst: 1}
+	reqs := []limiter.Request{{Key: "garbage", Limit: l, Hits: 1}}
 	_, takeErr := s.Take(ctx, t0, reqs)
+	_, pairErr := s.Take(ctx, t0, []limiter.Request{{Key: "fine", Limit: l, Hits: 1}, reqs[0]})
 	refundErr := s.Refund(ctx, t0, reqs)
-	for name, err := range map[string]error{"Take": takeErr, "Refund": refundErr} {
+	if n := c.Exists(ctx, s.Key("fine")).Val(); n != 0 {
+		t.Errorf("a Take that failed on a garbage bucket wrote its other bucket")
+	}
+	for name, err := range map[string]error{"Take": takeErr, "Take of two buckets": pairErr, "Refund": refundErr} {
 		if !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "holds 12:x, not TAT:Frac") {
 			t.Errorf("%s on a garbage bucket = %v, want ErrUnavailable saying what it holds", name, err)
 		}
