@@ -583,8 +583,9 @@ func decodeTake(reply []int64, reqs []limiter.Request, extras bool) (takeResult,
 	}
 	decisions, next, allowed := limiter.DecideAll(now, reqs, stored)
 	if allowed != (reply[1] == 1) {
+		// A copy, so that stored itself does not escape to the heap.
 		return takeResult{}, fmt.Errorf("take script admitted %v where limiter.DecideAll admits %v, on the states %v at %d µs",
-			reply[1] == 1, allowed, stored, reply[0])
+			reply[1] == 1, allowed, slices.Clone(stored), reply[0])
 	}
 	res := takeResult{now: reply[0], allowed: allowed, decisions: decisions}
 	if extras && allowed {
