@@ -30,8 +30,9 @@ type TrackerOptions struct {
 	// first, then the least full, down to MaxBuckets/2. After forgetting
 	// buckets still in use, and until it next forgets, the tracker adds a
 	// new bucket only if it is at least as full as a bar that falls as the
-	// kept buckets refill; a bucket that denied its call always is (see
-	// Tracker).
+	// kept buckets refill (a bucket that denied its call always is), or if
+	// it has room and the bucket refills more slowly than the bar falls
+	// (see Tracker).
 	MaxBuckets int
 }
 
@@ -53,10 +54,13 @@ type TrackerOptions struct {
 // refill rate among them. Until the next eviction, a call on a bucket not
 // yet remembered adds it only if the bucket's share in use is at least the
 // bar at the call's Start, or at the latest call on a kept bucket if that
-// started later; a bucket left without tokens, as by a denied call, always
-// is. A call that leaves a kept bucket below the bar so taken, or gives it
-// a limit that refills faster, removes the bar. So each bucket kept stays,
-// by the estimate, at least as full as the bar.
+// started later (a bucket left without tokens, as by a denied call, always
+// is), or if fewer than MaxBuckets are remembered and the bucket refills
+// more slowly than the bar falls (below the kept buckets now, it may
+// outrank them later). A call that leaves a kept bucket below the bar so
+// taken, or gives it a limit that refills faster than the bar falls,
+// removes the bar. So each bucket kept stays, by the estimate, at least as
+// full as the bar.
 //
 // A bucket seen but not held therefore had refilled, or was, when it was
 // last evicted or turned away, ranked below MaxBuckets/2 buckets the
@@ -252,6 +256,15 @@ func (t *Tracker) ObserveCall(c server.Call) {
 	}
 }
 
+// admits reports whether a bucket not yet remembered, of limit l with used
+// tokens in use after a call at t, is to be added: if it reaches the bar,
+// or if there is room and it refills more slowly than the bar falls (it
+// may yet outrank the kept buckets, and is not offered again before its
+// next call). t.mu is held.
+func (t *Tracker) admits(l limiter.Limit, used int64, at time.Time) bool {
+	return t.bar.admits(l, used, at) || t.nb < t.maxBuckets && fall(l) < t.bar.fall
+}
+
 // noteBucket records a bucket's state after a call. t.mu is held.
 func (t *Tracker) noteBucket(d *server.DescriptorOutcome, at time.Time) {
 	used := d.Limit.Burst - d.Decision.Remaining
@@ -259,7 +272,7 @@ func (t *Tracker) noteBucket(d *server.DescriptorOutcome, at time.Time) {
 		used = d.Limit.Burst
 	}
 	byDesc := t.buckets[d.Rule.Path]
-	admit := t.bar.admits(d.Limit, used, at)
+	admit := t.admits(d.Limit, used, at)
 	if len(byDesc) == 0 && !admit {
 		return // not remembered, and not to be: spare building its name
 	}
@@ -282,7 +295,7 @@ func (t *Tracker) noteBucket(d *server.DescriptorOutcome, at time.Time) {
 	}
 	if t.nb >= t.maxBuckets {
 		t.evict(at)
-		if !t.bar.admits(d.Limit, used, at) {
+		if !t.admits(d.Limit, used, at) {
 			return
 		}
 		byDesc = t.buckets[d.Rule.Path] // evict may have dropped the rule's map

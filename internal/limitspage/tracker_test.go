@@ -199,6 +199,34 @@ func TestTrackerBarFollowsTheEstimate(t *testing.T) {
 	}
 }
 
+// TestTrackerKeepsASlowerBucketWhileItHasRoom: after an eviction leaves
+// room, a bucket below the bar that refills more slowly than the bar falls
+// is still remembered, since it outranks the kept buckets once they have
+// refilled: fast=k1..k4 at 9/10 fill a tracker of 4 at t0, fast=k5 at 9/10
+// evicts down to two and sets a bar of 0.9 falling 0.1 every 6 s; slow=s
+// at 3/10 arrives at 6 s (the bar is 0.8), and two minutes later it is the
+// one bucket still in use.
+func TestTrackerKeepsASlowerBucketWhileItHasRoom(t *testing.T) {
+	set, err := config.Parse([]config.File{{Name: "adm.yaml", Data: []byte(admissionConfig)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := clocktest.Start
+	tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 4})
+	for _, v := range []string{"k1", "k2", "k3", "k4", "k5"} {
+		tr.ObserveCall(use{0, "fast", v, 9, limiter.Limit{}}.call(t, set, t0))
+	}
+	slow := use{6 * time.Second, "slow", "s", 3, limiter.Limit{}}
+	tr.ObserveCall(slow.call(t, set, t0))
+	// Two minutes on, the fast buckets have refilled; s has refilled a
+	// third of a token and still shows 3 in use.
+	later := 2 * time.Minute
+	got := tr.Busiest(10, t0.Add(later))
+	if len(got) != 1 || got[0].Descriptor != "slow=s" {
+		t.Errorf("Busiest at +%v = %+v, want slow=s alone", later, got)
+	}
+}
+
 // TestTrackerBusiestWhileObserving is for the race detector: Busiest
 // ranks buckets after letting go of the lock that calls update them under.
 func TestTrackerBusiestWhileObserving(t *testing.T) {
