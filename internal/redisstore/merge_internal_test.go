@@ -283,6 +283,7 @@ func TestMalformedSpecFailsItsTakeAlone(t *testing.T) {
 	}{
 		{"empty", ""},
 		{"unknown kind", "q:1:0:0:0:0:0:0"},
+		{"count 0", "t:0:0:0:0:0:0:0"},
 		{"a field short", "t:1:0:0:0:0:0"},
 		{"not a number", "t:1:0:0:x:0:0:0"},
 		{"trailing text", "t:1:0:0:0:0:0:0:"},

@@ -16,7 +16,7 @@
 -- entry, one TIME, one reply for the call; a batch of more than 512 buckets
 -- is split into several calls); each is still decided alone, on the state
 -- the Takes before it left.
--- Go side: internal/redisstore/store.go (takeArgs, decodeTakeCmd) and
+-- Go side: internal/redisstore/store.go (takeArgs, takeSpec, decodeTakeCmd) and
 -- batch.go (merging). It starts with common.lua (store.go prepends it):
 -- divmod, less, sub, ceil_us, full, parse, put, and now, read from ARGV[1]
 -- or the server's TIME.
@@ -37,11 +37,12 @@
 --           Take of a call uses the same clock; common.lua reads ARGV[1]).
 --   a+1     n, the number of its requests (its next n KEYS).
 --   a+1+i   request i's spec, "kind:count:h µs:h frac:f µs:f frac:floor
---           µs:floor frac", one argument (requests under the same limit
---           share it, and each distinct spec is parsed once a call):
+--           µs:floor frac", one argument (identical specs, as of requests
+--           alike under one limit, are parsed once a call):
 --           kind: "t" a take, "k" a check (hits 0), "x" hits above burst,
 --             "c" a post-paid charge; upper case when the request is Shadow;
---           count (the limit's, the denominator of every fraction),
+--           count (the limit's, the denominator of every fraction; at
+--             least 1),
 --           h µs, h frac: the time of its hits (for a charge, of at most
 --             burst + max debt of them),
 --           f µs, f frac: the fill time (of burst tokens),
@@ -138,7 +139,7 @@ local function spec(v)
     return p
   end
   local k, c, hus, hfr, fus, ffr, lus, lfr = string.match(v or '',
-    '^([tkxcTKXC]):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    '^([tkxcTKXC]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
   if not k then
     return nil, 'ratelimitd: malformed request spec ' .. tostring(v)
   end
