@@ -83,3 +83,13 @@ local function put(key, us, fr, now)
   end
   return v
 end
+
+-- store writes the state (us, fr) of a bucket to key (see put), or deletes
+-- the key if the bucket is full at now: a missing key is a full bucket.
+local function store(key, us, fr, now)
+  if full(us, fr, now) then
+    redis.call('DEL', key)
+  else
+    put(key, us, fr, now)
+  end
+end

@@ -27,15 +27,6 @@
 
 local taken = tonumber(ARGV[2])
 
--- store writes state (us, fr) to key, or deletes the key if it is full.
-local function store(key, us, fr)
-  if full(us, fr, now) then
-    redis.call('DEL', key)
-  else
-    put(key, us, fr, now)
-  end
-end
-
 local given = 0
 for j, key in ipairs(KEYS) do
   local a = 2 + 5 * (j - 1)
@@ -49,7 +40,7 @@ for j, key in ipairs(KEYS) do
       return error(cfr)
     end
     if cus == wus and cfr == wfr then
-      store(key, tus, tfr)
+      store(key, tus, tfr, now)
     else
       -- What the admitted Take added: W − max(T, its now), as in Decide.
       local bus, bfr = tus, math.min(tfr, count - 1)
@@ -62,7 +53,8 @@ for j, key in ipairs(KEYS) do
         if less(cus, cfr, dus, dfr) then
           redis.call('DEL', key)
         else
-          store(key, sub(cus, cfr, dus, dfr, count))
+          local nus, nfr = sub(cus, cfr, dus, dfr, count)
+          store(key, nus, nfr, now)
         end
       end
     end

@@ -8,17 +8,18 @@
 --
 -- KEYS[i]   the bucket of request i; a key may repeat.
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
--- ARGV[2+5(i-1)..6+5(i-1)]  of request i: count, q and r (the period in µs
---           is q·count + r: limiter.Limit's), burst + max debt, hits.
+-- ARGV[2+3(i-1)..4+3(i-1)]  of request i: count (the limit's, the
+--           denominator of fractions), then back µs and back frac, the time
+--           its tokens take to arrive: limiter.Limit.Span of its hits, at
+--           most burst + max debt (the Go side computes it).
 --
 -- Returns the number of buckets written or deleted. (common.lua, prepended,
 -- has the helpers and reads the clock.)
 
 local changed = 0
 for i, key in ipairs(KEYS) do
-  local a = 1 + 5 * (i - 1)
-  local count, q, r = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local most, hits = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local a = 1 + 3 * (i - 1)
+  local count, bus, bfr = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local v = redis.call('GET', key)
   if v then
     local sus, sfr = parse(key, v)
@@ -29,10 +30,6 @@ for i, key in ipairs(KEYS) do
     -- mirrors Refund
     local nus, nfr = sus, sfr -- the next state
     if less(now, 0, tus, tfr) then
-      -- back = advance(0, min(hits, burst + max debt)), as Limit.advance
-      local n = math.min(hits, most)
-      local carry, bfr = divmod(n * r, count)
-      local bus = n * q + carry
       local dus, dfr = sub(tus, tfr, now, 0, count) -- time until full
       if less(bus, bfr, dus, dfr) then
         nus, nfr = sub(tus, tfr, bus, bfr, count)
@@ -40,11 +37,8 @@ for i, key in ipairs(KEYS) do
         nus, nfr = now, 0
       end
     end
-    if full(nus, nfr, now) then
-      redis.call('DEL', key)
-      changed = changed + 1
-    elseif nus ~= sus or nfr ~= sfr then
-      put(key, nus, nfr, now)
+    if full(nus, nfr, now) or nus ~= sus or nfr ~= sfr then
+      store(key, nus, nfr, now)
       changed = changed + 1
     end
   end

@@ -753,11 +753,12 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 
 // refundArgs are refund.lua's ARGV for reqs.
 func (s *Store) refundArgs(now time.Time, reqs []limiter.Request) []any {
-	args := make([]any, 1, 1+5*len(reqs))
+	args := make([]any, 1, 1+3*len(reqs))
 	args[0] = s.nowArg(now)
 	for _, r := range reqs {
-		p := r.Limit.Period.Microseconds()
-		args = append(args, r.Limit.Count, p/r.Limit.Count, p%r.Limit.Count, r.Limit.Burst+r.Limit.MaxDebt, r.Hits)
+		l := r.Limit
+		backUS, backFrac := l.Span(min(r.Hits, l.Burst+l.MaxDebt)) // as limiter.Refund
+		args = append(args, l.Count, backUS, backFrac)
 	}
 	return args
 }

@@ -16,10 +16,10 @@
 -- entry, one TIME, one reply for the call; a batch of more than 512 buckets
 -- is split into several calls); each is still decided alone, on the state
 -- the Takes before it left.
--- Go side: internal/redisstore/store.go (takeArgs, takeSpec, decodeTakeCmd) and
--- batch.go (merging). It starts with common.lua (store.go prepends it):
--- divmod, less, sub, ceil_us, full, parse, put, and now, read from ARGV[1]
--- or the server's TIME.
+-- Go side: internal/redisstore/store.go (takeArgs, takeSpec, decodeTakeCmd)
+-- and batch.go (merging). It starts with common.lua (store.go prepends it):
+-- divmod, less, sub, ceil_us, full, parse, put, store, and now, read from
+-- ARGV[1] or the server's TIME.
 --
 -- Lua numbers are doubles: every value below stays an integer under 2^53
 -- for a valid limiter.Limit and Request (limiter.MaxTokens, MaxFill), and so
