@@ -312,10 +312,15 @@ func TestChildrenAreStopped(t *testing.T) {
 // TestMixNames checks that every Mix parses back from its name, and that
 // nothing else parses.
 func TestMixNames(t *testing.T) {
-	for _, m := range []Mix{MixMixed, MixHot} {
-		got, err := parseMix(m.String())
-		if err != nil || got != m {
-			t.Errorf("parseMix(%q) = %v, %v; want %v", m.String(), got, err, m)
+	for _, tt := range []struct {
+		mix  Mix
+		name string // as --mix takes it and the results print it
+	}{{MixMixed, "mixed"}, {MixHot, "hot-key"}} {
+		if got := tt.mix.String(); got != tt.name {
+			t.Errorf("Mix(%d).String() = %q, want %q", tt.mix, got, tt.name)
+		}
+		if got, err := parseMix(tt.name); err != nil || got != tt.mix {
+			t.Errorf("parseMix(%q) = %v, %v; want %v", tt.name, got, err, tt.mix)
 		}
 	}
 	for _, name := range []string{"", "hot", "invalid", "Mixed"} {
