@@ -207,16 +207,20 @@ end
 -- arguments start at ARGV[a], at now, writes what it says, and returns its
 -- reply. Request i's spec is ARGV[a + 1 + i].
 local function take(k, a, n, now)
-  local ps = {}
+  if n == 1 then
+    local p, err = spec(ARGV[a + 2])
+    if not p then
+      return redis.error_reply(err)
+    end
+    return take_single(KEYS[k + 1], p, now)
+  end
+  local ps = {} -- request i's spec
   for i = 1, n do
     local p, err = spec(ARGV[a + 1 + i])
     if not p then
       return redis.error_reply(err)
     end
     ps[i] = p
-  end
-  if n == 1 then
-    return take_single(KEYS[k + 1], ps[1], now)
   end
   local out = {now, 1}
   local stored = {} -- key → {us, frac}
