@@ -41,12 +41,23 @@ import (
 
 var (
 	buildOnce sync.Once
+	binDir    string // removed by TestMain
 	binPath   string
 	buildErr  error
 )
 
+// TestMain removes the binary the process tests built (about 40 MB a run).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
 // binary builds ratelimitd (without the race detector: it is the system
-// under test, not the test) once per test binary.
+// under test, not the test) once per test binary, into a directory
+// TestMain removes.
 func binary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -55,7 +66,7 @@ func binary(t *testing.T) string {
 			buildErr = err
 			return
 		}
-		binPath = filepath.Join(dir, "ratelimitd")
+		binDir, binPath = dir, filepath.Join(dir, "ratelimitd")
 		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
