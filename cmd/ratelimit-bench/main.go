@@ -4,11 +4,14 @@
 // and latency relative to the floor), which stay meaningful on a shared or
 // noisy machine where absolute numbers do not. With Redis, a second floor
 // (floor --redis-addr) makes one PING round trip per call: what asking
-// Redis once per call costs here, at least.
+// Redis once per call costs here, at least; a third (floor --redis-addr
+// --script) runs a minimal token-bucket script per call instead: what
+// deciding each call alone in a Redis script costs here, at least.
 //
 //	ratelimit-bench load --addr 127.0.0.1:8081 [flags]   drive one server, print one row
 //	ratelimit-bench floor --addr 127.0.0.1:0             serve the floor until SIGINT/SIGTERM
 //	                      [--redis-addr HOST:PORT]       (the Redis floor: one PING per call)
+//	                      [--script]                     (the script floor: one script per call)
 //	ratelimit-bench run [flags]                          the matrix behind `make bench`
 //	ratelimit-bench --write-config DIR                   write the descriptors the load expects
 //
@@ -99,7 +102,8 @@ const usageText = `ratelimit-bench: load ratelimitd and compare it with a do-not
 Usage:
   ratelimit-bench load --addr HOST:PORT [flags]   drive ShouldRateLimit, print the result
   ratelimit-bench floor --addr 127.0.0.1:0        serve a RateLimitService that does no work
-        [--redis-addr HOST:PORT]                  but one Redis PING per call
+        [--redis-addr HOST:PORT [--script]]       but one Redis PING (or token-bucket
+                                                  script) per call
   ratelimit-bench run [flags]                     start floor, ratelimitd and redis-server,
                                                   run the matrix, print ratios to the floor
   ratelimit-bench --write-config DIR              write the descriptor file the load expects

@@ -6,12 +6,16 @@ import (
 	"encoding/json"
 	"net"
 	"os/exec"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -193,6 +197,97 @@ func TestLoadAgainstRedisFloor(t *testing.T) {
 	}
 }
 
+// TestLoadAgainstScriptFloor: the script floor answers OK after one run
+// of its script per call, which reads Redis's clock and one bucket and
+// writes it.
+func TestLoadAgainstScriptFloor(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	f := floorServer{redis: c, script: redis.NewScript(gcraScript)}
+	o := testLoadOptions(serveInProcess(t, f), MixMixed)
+	o.redisAddr = srv.Addr
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := load(context.Background(), o, make([]int64, o.maxRequests))
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if res.OK == 0 || res.OverLimit != 0 || res.Errors != 0 {
+		t.Errorf("load against the script floor = %+v; want only OK answers", res)
+	}
+	// EVALSHA, TIME, GET and SET per call, in one round trip (plus the
+	// counters' own commands, and the first call's EVAL).
+	if u := res.Redis; u == nil || u.ScriptsPerDecision < 1 || u.ScriptsPerDecision > 1.05 ||
+		u.RoundTripsPerDecision < 1 || u.RoundTripsPerDecision > 1.05 ||
+		u.CommandsPerDecision < 4 || u.CommandsPerDecision > 4.1 {
+		t.Errorf("Redis usage = %+v, want one script of 3 commands in one round trip per decision", res.Redis)
+	}
+	// Each admitted call wrote its bucket (and the bucket, full again a
+	// microsecond later, expires within a millisecond).
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`cmdstat_set:calls=(\d+)`).FindStringSubmatch(info)
+	if m == nil {
+		t.Fatalf("no SET in INFO commandstats:\n%s", info)
+	}
+	if sets, _ := strconv.ParseInt(m[1], 10, 64); sets < res.OK {
+		t.Errorf("%d SETs for %d calls answered, want one each", sets, res.OK)
+	}
+
+	srv.Stop()
+	if _, err := f.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{}); status.Code(err) != codes.Unavailable {
+		t.Errorf("script floor with Redis stopped: %v, want Unavailable", err)
+	}
+}
+
+// TestGCRAScript: the script floor's script is a token bucket, not a
+// PING in disguise: at 10 hits a second with a burst of 3, a fourth hit
+// at once is denied and writes nothing, and the bucket expires once full.
+func TestGCRAScript(t *testing.T) {
+	c := redistest.Start(t).Client()
+	ctx := context.Background()
+	s := redis.NewScript(gcraScript)
+	const interval, tolerance = "100000", "200000" // 10/s; burst 3 = 1 + 200 ms / 100 ms
+	var got []int64
+	for range 4 {
+		n, err := s.Run(ctx, c, []string{"b"}, interval, tolerance).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, n)
+	}
+	if want := []int64{1, 1, 1, 0}; !slices.Equal(got, want) {
+		t.Errorf("admitted %v, want %v", got, want)
+	}
+	ttl, err := c.PTTL(ctx, "b").Result()
+	if err != nil || ttl <= 200*time.Millisecond || ttl > 301*time.Millisecond {
+		t.Errorf("bucket expires in %v, %v; want the 300 ms three hits take to refill", ttl, err)
+	}
+}
+
+// TestFloorKey names the script floor's bucket after the domain and the
+// first descriptor.
+func TestFloorKey(t *testing.T) {
+	req := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "a", Value: "1"}, {Key: "b", Value: "2"}}},
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "c", Value: "3"}}},
+	}}
+	for _, tc := range []struct {
+		req  *rlsv3.RateLimitRequest
+		want string
+	}{
+		{req, "floor:d|a=1|b=2"},
+		{&rlsv3.RateLimitRequest{Domain: "d"}, "floor:d"},
+	} {
+		if got := floorKey(tc.req); got != tc.want {
+			t.Errorf("floorKey(%v) = %q, want %q", tc.req, got, tc.want)
+		}
+	}
+}
+
 // TestLoadAgainstServer drives the real handler with the written config:
 // once primed, exactly the calls aimed over the limit are OVER_LIMIT.
 func TestLoadAgainstServer(t *testing.T) {
@@ -339,7 +434,8 @@ func TestCommandFlags(t *testing.T) {
 		wantOut string // in stderr
 	}{
 		{[]string{"load", "--help"}, "", "-mix"},
-		{[]string{"floor", "--help"}, "", "-addr"},
+		{[]string{"floor", "--help"}, "", "-script"},
+		{[]string{"floor", "--script"}, "--script needs --redis-addr", ""},
 		{[]string{"run", "--help"}, "", "-hot-key"},
 		{[]string{"run", "--mix", "mixed"}, "flag provided but not defined: -mix", ""},
 		{[]string{"load", "--addr", "127.0.0.1:1", "--mix", "hot"}, `unknown mix "hot"`, ""},

@@ -35,7 +35,7 @@ type matrixOptions struct {
 
 // target is one server the matrix loads.
 type target struct {
-	name      string // floor, memory, redis-floor, redis
+	name      string // floor, memory, redis-floor, script-floor, redis
 	addr      string
 	redisAddr string
 }
@@ -114,6 +114,14 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 				return err
 			}
 			targets = append(targets, target{name: "redis-floor", addr: floorRedisAddr, redisAddr: redisAddr})
+			// The script floor: what deciding each call alone in a Redis
+			// script adds to the floor.
+			floorScriptAddr, _, err := procs.start(ctx, "floor (script)", self,
+				[]string{"floor", "--addr", "127.0.0.1:0", "--redis-addr", redisAddr, "--script"}, jsonReady(floorStartedMsg))
+			if err != nil {
+				return err
+			}
+			targets = append(targets, target{name: "script-floor", addr: floorScriptAddr, redisAddr: redisAddr})
 			addr, _, err := procs.start(ctx, "ratelimitd (redis)", rld, serverArgs("--redis-url", "redis://"+redisAddr), jsonReady("ratelimitd started"))
 			if err != nil {
 				return err
