@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -54,6 +56,9 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1, max_wait: 2s, name: agent}
   - key: small-queue
     rate_limit: {unit: second, requests_per_unit: 1, max_wait: 5s, max_waiters: 1, name: small-queue}
+  - key: shadow-agent
+    rate_limit: {unit: second, requests_per_unit: 1, max_wait: 2s, name: shadow-agent}
+    shadow_mode: true
 `
 
 func TestAliasesShareTheirQuotaGroup(t *testing.T) {
@@ -296,6 +301,162 @@ func TestWaitsStopShortOfTheCallersDeadline(t *testing.T) {
 		resp, err = srv.ShouldRateLimit(ctx2, req)
 		if err != nil || resp.GetOverallCode() != ok || time.Since(start) != time.Second {
 			t.Errorf("deadline 1.5s, token in 1s: %v %v after %v, want OK after 1s", resp.GetOverallCode(), err, time.Since(start))
+		}
+	})
+}
+
+// TestShadowRuleNeverHolds: a shadow rule with max_wait reports what it
+// would have done; it neither holds the request nor reserves tokens.
+func TestShadowRuleNeverHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv, _ := waitServer(t)
+		req := request("ai", desc("shadow-agent", "s"))
+		srv.ShouldRateLimit(context.Background(), req) // takes the one token
+		start := time.Now()
+		resp, err := srv.ShouldRateLimit(context.Background(), req)
+		if err != nil || resp.GetOverallCode() != ok || time.Since(start) != 0 {
+			t.Fatalf("2nd call: %v %v after %v, want OK at once", resp.GetOverallCode(), err, time.Since(start))
+		}
+		fields := resp.GetDynamicMetadata().GetFields()
+		if got := fields["ratelimitd.shadow_denied"].GetListValue().GetValues(); len(got) != 1 || got[0].GetStringValue() != "shadow-agent" {
+			t.Errorf("shadow_denied = %v, want [shadow-agent]", got)
+		}
+		if w := fields["ratelimitd.waited"]; w != nil {
+			t.Errorf("waited = %v, want none", w)
+		}
+		// Nothing was reserved: a second later the bucket is full again.
+		time.Sleep(time.Second)
+		resp, _ = srv.ShouldRateLimit(context.Background(), request("ai", withHits(desc("shadow-agent", "s"), 0)))
+		if got := resp.GetStatuses()[0].GetLimitRemaining(); got != 1 {
+			t.Errorf("check at 1s: %d left, want 1 (no debt)", got)
+		}
+	})
+}
+
+// delayedStore delays the return of its delay-th Take (1-based), as
+// goroutine scheduling, or the Redis batcher waking the callers of one
+// round trip in any order, can; its refunds fail when refundErr is set.
+type delayedStore struct {
+	*limiter.MemoryStore
+	delay     int
+	refundErr error
+
+	mu sync.Mutex
+	n  int
+}
+
+func (s *delayedStore) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	d, err := s.MemoryStore.Take(ctx, now, reqs)
+	s.mu.Lock()
+	s.n++
+	n := s.n
+	s.mu.Unlock()
+	if n == s.delay {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return d, err
+}
+
+func (s *delayedStore) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
+	if s.refundErr != nil {
+		return s.refundErr
+	}
+	return s.MemoryStore.Refund(ctx, now, reqs)
+}
+
+// TestWaiterGivingUpMovesUpOnlyThoseReservedAfterIt: A reserves the token
+// due at 1s, B the one due at 2s, and one of their Takes returns 100ms late
+// (so that caller reaches its wait after the other, and, counting its wait
+// from when the store answered, is released 100ms late: late, never
+// early). When B gives up, A is not moved up; when A gives up, B is, by one
+// token; when the refund of A's token fails, nobody is moved up.
+func TestWaiterGivingUpMovesUpOnlyThoseReservedAfterIt(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		delay     int // which Take returns 100ms late
+		refundErr error
+		giver     string        // who gives up at 200ms: "A" or "B"
+		want      time.Duration // when the other is answered
+	}{
+		{"later reservation gives up", 2, nil, "B", 1100 * time.Millisecond},
+		{"earlier reservation gives up", 3, nil, "A", 1100 * time.Millisecond},
+		{"earlier reservation gives up, refund fails", 3, errors.New("refund failed"), "A", 2100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := &delayedStore{MemoryStore: limiter.NewMemoryStore(limiter.MemoryOptions{}), delay: tc.delay, refundErr: tc.refundErr}
+				srv, err := server.New(server.Options{Store: store})
+				if err != nil {
+					t.Fatal(err)
+				}
+				srv.SetConfig(mustParse(t, modelsConfig))
+				start := time.Now()
+				srv.ShouldRateLimit(context.Background(), request("ai", desc("agent", "a"))) // the token at 0
+				ctxA, cancelA := context.WithCancel(context.Background())
+				ctxB, cancelB := context.WithCancel(context.Background())
+				defer cancelA()
+				defer cancelB()
+				a, b := make(chan answer, 1), make(chan answer, 1)
+				startCall2 := func(ctx context.Context, out chan answer) {
+					go func() {
+						resp, err := srv.ShouldRateLimit(ctx, request("ai", desc("agent", "a")))
+						out <- answer{after: time.Since(start), code: resp.GetOverallCode(), err: err}
+					}()
+					synctest.Wait()
+				}
+				startCall2(ctxA, a) // reserves the token due at 1s
+				startCall2(ctxB, b) // reserves the one due at 2s
+				time.Sleep(200 * time.Millisecond)
+				giver, other := a, b
+				cancel := cancelA
+				if tc.giver == "B" {
+					giver, other, cancel = b, a, cancelB
+				}
+				cancel()
+				if got := <-giver; status.Code(got.err) != codes.Canceled {
+					t.Errorf("%s: %v, want Canceled", tc.giver, got.err)
+				}
+				if got := <-other; got.err != nil || got.code != ok || got.after != tc.want {
+					t.Errorf("the other: %v %v after %v, want OK after %v", got.code, got.err, got.after, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// TestRefundGivesBackOnlyWhatWasTaken: a caller that gives up while it
+// waits is refunded what its request took; a shadow rule that would have
+// denied took nothing, so its bucket gets nothing back.
+func TestRefundGivesBackOnlyWhatWasTaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv, _ := waitServer(t)
+		req := request("ai", desc("agent", "r"), desc("shadow-agent", "r"))
+		srv.ShouldRateLimit(context.Background(), req) // both buckets' one token
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := srv.ShouldRateLimit(ctx, req) // waits for agent; shadow-agent would deny
+			done <- err
+		}()
+		synctest.Wait()
+		time.Sleep(500 * time.Millisecond)
+		cancel()
+		if err := <-done; status.Code(err) != codes.Canceled {
+			t.Fatalf("the waiter: %v, want Canceled", err)
+		}
+		for _, tc := range []struct {
+			key  string
+			want uint32
+		}{{"agent", 0}, {"shadow-agent", 0}} {
+			resp, err := srv.ShouldRateLimit(context.Background(), request("ai", withHits(desc(tc.key, "r"), 0)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := resp.GetStatuses()[0]
+			if st.GetCode() != ok || st.GetLimitRemaining() != tc.want {
+				t.Errorf("%s at 500ms: %v with %d left, want OK with %d (its token due at 1s, none given back twice)",
+					tc.key, st.GetCode(), st.GetLimitRemaining(), tc.want)
+			}
 		}
 	})
 }

@@ -118,7 +118,7 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 		st := resp.GetStatuses()[i]
 		if it.limited {
 			j := pickLimit(decisions[it.first : it.first+len(it.limits)])
-			o.Hits = p.takes[it.first].Hits
+			o.Hits = p.takes[it.first+j].Hits
 			o.Limit, o.Decision = it.limits[j].Limit, decisions[it.first+j]
 			o.Charged = admitted && o.Hits > 0 && (o.Decision.Allowed || p.takes[it.first+j].Charge())
 		}

@@ -31,11 +31,17 @@ func (c *protoCache) name(r *config.Rule) *structpb.Value {
 	return v.(*structpb.Value)
 }
 
-// list is a metadata list naming rules.
-func (c *protoCache) list(rules []*config.Rule) *structpb.Value {
+// list is a metadata list naming rules. Only rules of the loaded config
+// may have their names cached: a rule made for one call's limit override
+// is new on every call, and caching it would grow the cache without bound.
+func (c *protoCache) list(rules []*config.Rule, configured bool) *structpb.Value {
 	values := make([]*structpb.Value, len(rules))
 	for i, r := range rules {
-		values[i] = c.name(r)
+		if configured {
+			values[i] = c.name(r)
+		} else {
+			values[i] = structpb.NewStringValue(r.Label())
+		}
 	}
 	return structpb.NewListValue(&structpb.ListValue{Values: values})
 }
@@ -56,9 +62,9 @@ type aloneMetadata struct {
 func (c *protoCache) alone(r *config.Rule, denied bool) aloneMetadata {
 	build := func() aloneMetadata {
 		rules := []*config.Rule{r}
-		fields := map[string]*structpb.Value{metaMatched: c.list(rules)}
+		fields := map[string]*structpb.Value{metaMatched: c.list(rules, true)}
 		if denied {
-			fields[metaDeniedBy] = c.list(rules)
+			fields[metaDeniedBy] = c.list(rules, true)
 		}
 		a := aloneMetadata{meta: &structpb.Struct{Fields: fields}}
 		// A message with only this field set encodes as exactly that

@@ -145,7 +145,8 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 			if checkOnly && !r.Charge() {
 				r.Hits = 0
 			}
-			if r.Hits > 0 && l.MaxWait > 0 && maxWait > 0 {
+			// A shadow rule never holds a request: it only reports.
+			if r.Hits > 0 && l.MaxWait > 0 && maxWait > 0 && !r.Shadow {
 				r.MaxWait = min(l.MaxWait, maxWait)
 			}
 			p.takes = append(p.takes, r)
@@ -199,6 +200,9 @@ func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.R
 	}
 	if mult > int64(limiter.MaxFill/unit.Duration()) {
 		return fmt.Errorf("unit_multiplier %d: %d %ss is longer than %v", mult, mult, unit, limiter.MaxFill)
+	}
+	if o.GetRequestsPerUnit() == 0 {
+		return fmt.Errorf("requests_per_unit must be at least 1")
 	}
 	l := limiter.Limit{
 		Count:  int64(o.GetRequestsPerUnit()),

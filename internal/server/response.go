@@ -2,6 +2,7 @@ package server
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -104,7 +105,9 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 			st.CurrentLimit = currentLimit(it.rule, limit)
 		}
 		st.DurationUntilReset.Seconds = ceilSeconds(wait)
-		if least < 0 || st.LimitRemaining < resp.Statuses[least].LimitRemaining {
+		// The headers speak for enforced rules only: a shadow rule must not
+		// change what clients see.
+		if !it.rule.ShadowMode && (least < 0 || st.LimitRemaining < resp.Statuses[least].LimitRemaining) {
 			least = i
 		}
 		switch {
@@ -173,13 +176,15 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 				deniedBy = append(deniedBy, it.rule)
 			}
 		}
+		// An override's rule is made per call: no cached names then.
+		configured := !slices.ContainsFunc(p.items, func(it item) bool { return it.rule != nil && !it.configured })
 		fields := make(map[string]*structpb.Value, 2)
 		for _, f := range []struct {
 			key   string
 			rules []*config.Rule
 		}{{metaMatched, rules}, {metaDeniedBy, deniedBy}, {metaShadowDenied, shadow}, {metaExceedsBurst, exceeds}, {metaWaited, waited}, {metaQueueFull, full}} {
 			if len(f.rules) > 0 {
-				fields[f.key] = cache.list(f.rules)
+				fields[f.key] = cache.list(f.rules, configured)
 			}
 		}
 		resp.DynamicMetadata = &structpb.Struct{Fields: fields}

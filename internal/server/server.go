@@ -101,7 +101,9 @@ func (l RequestLimits) withDefaults() RequestLimits {
 type Options struct {
 	// Store keeps the buckets.
 	Store limiter.Store
-	// Now is the clock; default time.Now. It is read once per request.
+	// Now is the clock; default time.Now. A request is decided at the time
+	// read when it arrives; later reads time its wait, its refund and its
+	// duration.
 	Now func() time.Time
 	// Logger receives debug lines per request and warnings; default discards.
 	Logger *slog.Logger
@@ -259,8 +261,10 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	}
 	resp := buildResponse(p, decisions, full, s.answer, cur.cache)
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && waits(decisions) {
-		if err := s.hold(ctx, p, decisions, now); err != nil {
-			s.refund(p, s.now())
+		if left, err := s.hold(ctx, p, decisions, s.now()); err != nil {
+			if s.refund(p, decisions, s.now()) {
+				s.waits.moveUp(left)
+			}
 			return p, nil, nil, status.FromContextError(err).Err()
 		}
 	}
@@ -292,24 +296,31 @@ func waits(decisions []limiter.Decision) bool {
 }
 
 // refund gives back what an admitted request took, when its caller gave
-// up while it waited for reserved tokens. Post-paid charges stay.
-func (s *Server) refund(p plan, now time.Time) {
+// up while it waited for reserved tokens, and reports whether the store
+// took it back. Post-paid charges stay, and a shadow take that was denied
+// took nothing.
+func (s *Server) refund(p plan, decisions []limiter.Decision, now time.Time) bool {
 	refunder, ok := s.store.(limiter.Refunder)
 	if !ok {
-		return
+		return false
 	}
 	var back []limiter.Request
-	for _, r := range p.takes {
-		if r.Hits > 0 && !r.Charge() {
+	for k, r := range p.takes {
+		if r.Hits > 0 && !r.Charge() && decisions[k].Allowed {
 			back = append(back, r)
 		}
+	}
+	if len(back) == 0 {
+		return true
 	}
 	// The caller's context is done; the refund gets its own short one.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := refunder.Refund(ctx, now, back); err != nil {
 		s.logFailure(ctx, now, "", err)
+		return false
 	}
+	return true
 }
 
 // logFailure logs a backend failure, at most once a second, with the number

@@ -367,6 +367,32 @@ func TestHitsAboveBurstAreDeniedForGood(t *testing.T) {
 	}
 }
 
+// TestRateLimitHeadersIgnoreShadowRules: a shadow rule, even one past its
+// limit, does not change the headers clients see; with only shadow rules
+// matched, there are none.
+func TestRateLimitHeadersIgnoreShadowRules(t *testing.T) {
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, RateLimitHeaders: server.RateLimitHeadersDraft03},
+		mustParse(t, testConfig))
+	req := request("api", desc("model", "gpt-4o"), desc("shadow", "s"))
+	call(t, c, req)
+	resp := call(t, c, req) // the shadow rule (1/min) would deny now
+	if resp.GetOverallCode() != ok {
+		t.Fatalf("second call: %v, want OK", resp.GetOverallCode())
+	}
+	want := map[string]string{
+		"x-ratelimit-limit":     `5, 5;w=60;name="gpt-4o"`,
+		"x-ratelimit-remaining": "3",
+	}
+	for k, v := range want {
+		if got := header(resp, k); got != v {
+			t.Errorf("%s = %q, want %q (from the enforced rule)", k, got, v)
+		}
+	}
+	if resp := call(t, c, request("api", desc("shadow", "s"))); len(resp.GetResponseHeadersToAdd()) != 0 {
+		t.Errorf("only a shadow rule matched: headers %v, want none", resp.GetResponseHeadersToAdd())
+	}
+}
+
 func TestRateLimitHeadersNameTheDenyingLimit(t *testing.T) {
 	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, RateLimitHeaders: server.RateLimitHeadersDraft03, RetryAfter: server.RetryAfterOmit},
 		mustParse(t, testConfig))
@@ -418,7 +444,7 @@ func TestInvalidArgument(t *testing.T) {
 			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(585)}}),
 			"unit_multiplier 585"},
 		{"override of zero", request("api", &ratelimitv3.RateLimitDescriptor{Entries: desc("a", "b").Entries,
-			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{Unit: typev3.RateLimitUnit_SECOND}}), "count 0"},
+			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{Unit: typev3.RateLimitUnit_SECOND}}), "descriptors[0].limit: requests_per_unit must be at least 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,10 +10,11 @@ import (
 )
 
 // waitQueues holds the requests of this process that wait for reserved
-// tokens (limits with max_wait), per bucket, in arrival order. The store
-// orders reservations (each one extends the bucket's debt); the queues
-// bound how many may wait on one bucket and, when a waiter gives up and
-// its tokens are refunded, move the ones behind it up.
+// tokens (limits with max_wait), per bucket. The store orders reservations
+// (each one extends the bucket's debt, so a later one is ready later); the
+// queues bound how many may wait on one bucket and, when a waiter gives up
+// and its tokens are refunded, move up the ones reserved after it: those
+// ready later than it.
 type waitQueues struct {
 	mu     sync.Mutex
 	queues map[string]*waitQueue
@@ -30,6 +31,9 @@ type waiter struct {
 	ready time.Time     // when its tokens have arrived
 	cost  time.Duration // how long its tokens take: what those behind gain when it leaves
 	wake  chan struct{} // the request's, signalled when ready moves earlier
+	// behind, set when it gives up (see leave), are the waiters reserved
+	// after it on its bucket.
+	behind []*waiter
 }
 
 // claim takes a waiting slot for every take of p that may wait, or turns
@@ -92,10 +96,13 @@ func (w *waitQueues) release(p *plan, claimed []bool) {
 	}
 }
 
-// hold waits until every reservation in decisions has arrived. It returns
-// ctx's error if the caller gives up first; the caller then refunds the
-// request, and hold has already moved the waiters behind it up.
-func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision, now time.Time) error {
+// hold waits until every reservation in decisions has arrived: each
+// Decision.Wait counted from now, read after the store answered (so never
+// before the store's own clock, which errs late). If the caller gives up
+// first, hold returns ctx's error and the request's waiters, out of their
+// queues; the caller refunds the request and, if the refund succeeded,
+// calls moveUp with them.
+func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision, now time.Time) ([]*waiter, error) {
 	wake := make(chan struct{}, 1)
 	var mine []*waiter
 	s.waits.mu.Lock()
@@ -114,7 +121,6 @@ func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision,
 		q.waiters = append(q.waiters, wt)
 	}
 	s.waits.mu.Unlock()
-	defer s.waits.leave(mine, false)
 
 	for {
 		s.waits.mu.Lock()
@@ -127,7 +133,8 @@ func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision,
 		s.waits.mu.Unlock()
 		d := ready.Sub(s.now())
 		if d <= 0 {
-			return nil
+			s.waits.leave(mine)
+			return nil, nil
 		}
 		t := time.NewTimer(d)
 		select {
@@ -136,18 +143,19 @@ func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision,
 			t.Stop()
 		case <-ctx.Done():
 			t.Stop()
-			s.waits.leave(mine, true)
-			mine = nil
-			return ctx.Err()
+			return s.waits.leave(mine), ctx.Err()
 		}
 	}
 }
 
-// leave removes waiters from their queues. When they gave up early, every
-// waiter behind them on the same bucket becomes ready sooner by their cost.
-func (w *waitQueues) leave(mine []*waiter, early bool) {
+// leave removes waiters from their queues. It returns them, each with
+// behind set to the waiters then queued on its bucket that are ready later
+// (reserved after it): those whose tokens come sooner if its own are
+// refunded. Waiters that join later were reserved after the refund, or
+// at least after the leaver, and are left as they are (which errs late).
+func (w *waitQueues) leave(mine []*waiter) []*waiter {
 	if len(mine) == 0 {
-		return
+		return nil
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -156,24 +164,36 @@ func (w *waitQueues) leave(mine []*waiter, early bool) {
 		if q == nil {
 			continue
 		}
-		for i, x := range q.waiters {
-			if x != wt {
-				continue
+		q.waiters = slices.DeleteFunc(q.waiters, func(x *waiter) bool { return x == wt })
+		wt.behind = wt.behind[:0]
+		for _, x := range q.waiters {
+			if x.ready.After(wt.ready) {
+				wt.behind = append(wt.behind, x)
 			}
-			if early {
-				for _, behind := range q.waiters[i+1:] {
-					behind.ready = behind.ready.Add(-wt.cost)
-					select {
-					case behind.wake <- struct{}{}:
-					default:
-					}
-				}
-			}
-			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
-			break
 		}
 		if q.slots <= 0 && len(q.waiters) == 0 {
 			delete(w.queues, wt.key)
+		}
+	}
+	return mine
+}
+
+// moveUp makes the waiters behind those that left (see leave) ready sooner
+// by the cost of the tokens refunded for them, and wakes them. Call it only
+// once the refund succeeded: until then their tokens are still spent.
+func (w *waitQueues) moveUp(left []*waiter) {
+	if len(left) == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, wt := range left {
+		for _, behind := range wt.behind {
+			behind.ready = behind.ready.Add(-wt.cost)
+			select {
+			case behind.wake <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
