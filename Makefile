@@ -27,7 +27,7 @@ test: vet check
 ## 60s; a count such as 100000x also works). A failing input is saved under the package's testdata/fuzz/.
 FUZZTIME ?= 60s
 FUZZ_BRIEF ?= 5000x
-FUZZ_TARGETS := FuzzLoadConfig:./config FuzzShouldRateLimit:./internal/server
+FUZZ_TARGETS := FuzzLoadConfig:./config FuzzShouldRateLimit:./internal/server FuzzRequestCodec:./internal/server
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		echo "$(GO) test -run='^$$' -fuzz='^$${t%%:*}$$' -fuzztime=$(FUZZTIME) $${t#*:}"; \

@@ -142,7 +142,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		return fmt.Errorf("listen for HTTP: %w", err)
 	}
 
-	sopts := append(append(grpcOpts, obs.grpcOptions...), grpc.MaxRecvMsgSize(c.maxMessageBytes))
+	sopts := append(append(grpcOpts, obs.grpcOptions...), grpc.MaxRecvMsgSize(c.maxMessageBytes), server.Codec())
 	if c.streamWorkers > 0 {
 		// Every call used to start a goroutine whose stack then grew,
 		// copy by copy, to what a call through the backend needs

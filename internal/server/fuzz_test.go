@@ -173,7 +173,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(server.Codec())
 	rlsv3.RegisterRateLimitServiceServer(gs, sw)
 	go gs.Serve(lis)
 	f.Cleanup(gs.Stop)

@@ -81,7 +81,7 @@ func startServer(t testing.TB, opts server.Options, set *config.Set) (rlsv3.Rate
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(server.Codec())
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
