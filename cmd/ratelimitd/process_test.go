@@ -568,9 +568,9 @@ descriptors:
 }
 
 // TestHealthFollowsTheFailureMode: with Redis down, a replica in error
-// mode tells Envoy's health checks NOT_SERVING and /readyz 503, and SERVING
-// again once Redis answers; one in deny mode keeps serving, /readyz saying
-// "degraded".
+// mode tells Envoy's health checks NOT_SERVING and /readyz 503 once its
+// breaker opens, and SERVING again once Redis answers; one in deny mode
+// keeps serving, /readyz saying "degraded".
 func TestHealthFollowsTheFailureMode(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
@@ -602,8 +602,22 @@ func TestHealthFollowsTheFailureMode(t *testing.T) {
 		t.Fatalf("Redis up: health %v, /readyz %d; want SERVING, 200", h, code)
 	}
 	srv.Stop()
-	if h, code, _ := state(strict); h != healthpb.HealthCheckResponse_NOT_SERVING || code != http.StatusServiceUnavailable {
-		t.Errorf("Redis down, error mode: health %v, /readyz %d; want NOT_SERVING, 503", h, code)
+	// Health turns when the breaker opens: once calls have failed for
+	// --breaker-failing-for (twice the backend timeout, 100 ms), not at the
+	// first failure.
+	down := time.Now()
+	for {
+		h, code, _ := state(strict)
+		if h == healthpb.HealthCheckResponse_NOT_SERVING && code == http.StatusServiceUnavailable {
+			if took := time.Since(down); took < 100*time.Millisecond {
+				t.Errorf("NOT_SERVING %v after Redis stopped, before the breaker could open (100 ms)", took)
+			}
+			break
+		}
+		if time.Since(down) > 10*time.Second {
+			t.Fatalf("10 s after Redis stopped, error mode: health %v, /readyz %d; want NOT_SERVING, 503", h, code)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if h, code, body := state(lenient); h != serving || code != http.StatusOK || !strings.Contains(body, "degraded") {
 		t.Errorf("Redis down, deny mode: health %v, /readyz %d %q; want SERVING, 200 degraded", h, code, body)

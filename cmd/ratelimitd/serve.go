@@ -46,8 +46,9 @@ type backend struct {
 	close func() error
 	// sweep, when set, is called now and then to drop idle buckets.
 	sweep func(time.Time)
-	// healthy, when set, reports whether the backend answered its last call;
-	// failureMode is then what is answered while it does not.
+	// healthy, when set, reports whether the backend is taken to be working
+	// (false while its circuit breaker is open, until a call succeeds);
+	// failureMode is then what is answered while it is not.
 	healthy     func() bool
 	failureMode failover.Mode
 	// collectors are the backend's own metrics, for /metrics.
@@ -266,7 +267,7 @@ func httpHandler(srv *server.Server, be backend) http.Handler {
 		}
 		var failing error
 		if be.healthy != nil && !be.healthy() {
-			failing = errors.New("its last call failed")
+			failing = errors.New("its circuit breaker is open: calls to it failed")
 		} else if be.ready != nil {
 			ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 			failing = be.ready(ctx)

@@ -54,7 +54,9 @@ type Options struct {
 	// Mode is the answer while the backend fails. Default Error.
 	Mode Mode
 	// Timeout bounds every backend call. Default 10ms: half of Envoy's
-	// default 20ms for the whole rate-limit call.
+	// default 20ms for the whole rate-limit call. A caller's own deadline
+	// may cut a call shorter; see Store.Take for when that counts as a
+	// failure.
 	Timeout time.Duration
 	// FailureThreshold consecutive failures open the breaker, once they
 	// have gone on for FailingFor. Default 3.
@@ -69,8 +71,8 @@ type Options struct {
 	// OpenFor is how long the open breaker answers without the backend
 	// before one call probes it again. Default 500ms.
 	OpenFor time.Duration
-	// ReplicasHint divides every rate and burst in Local mode, so that N
-	// replicas together stay near the configured limit. Default 1.
+	// ReplicasHint divides every rate, burst and max debt in Local mode, so
+	// that N replicas together stay near the configured limit. Default 1.
 	ReplicasHint int64
 	// Grace is how long, from the first failure, Local mode answers per
 	// GraceMode before it starts limiting locally. Default 0.
@@ -79,8 +81,14 @@ type Options struct {
 	GraceMode Mode
 	// Now is the clock for the breaker and grace; default time.Now.
 	Now func() time.Time
-	// OnChange, when set, is called (on a request's goroutine, without
-	// locks held) each time the backend is found failing or working again.
+	// OnChange, when set, is called with false (and the last error) when
+	// the breaker opens, the backend being found failing, and with true when
+	// a call succeeds again after that. Failures that do not open the
+	// breaker (one slow batch) are not reported. It is called on a request's
+	// goroutine, without the Store's locks held, one call at a time and in
+	// order: a change made while a call is in progress is reported when it
+	// returns, unless undone by then, so the calls alternate and the last
+	// one reports the current state. It may call the Store.
 	OnChange func(healthy bool, err error)
 }
 
@@ -95,10 +103,27 @@ type Store struct {
 	failures    int       // consecutive
 	openUntil   time.Time // zero when closed
 	probing     bool      // a half-open probe is in flight
-	outageStart time.Time // when the first of the failures failed; zero while healthy
+	outageStart time.Time // when the first of the failures failed; zero after a success
+	open        bool      // the breaker has opened since the last success (Healthy false)
 	lastErr     error
+	notified    bool // the health OnChange last reported (initially true)
+	notifying   bool // a goroutine is calling OnChange
+
+	// When (on Options.Now) the last call was answered by the backend, and
+	// from the local buckets: for Refund.
+	lastBackend, lastLocal time.Time
 
 	fallbacks atomic.Int64
+}
+
+// outage is what a call that is answered per the failure mode knows of the
+// outage, read under Store.mu together with the decision not to use (or the
+// failure of) the backend, so that a success racing in between cannot
+// change it.
+type outage struct {
+	start     time.Time // the first of the consecutive failures
+	openUntil time.Time
+	err       error
 }
 
 var _ limiter.Store = (*Store)(nil)
@@ -138,7 +163,7 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 	if opts.GraceMode < Error || opts.GraceMode > Deny {
 		return nil, fmt.Errorf("failover: grace mode %v: want error, allow or deny", opts.GraceMode)
 	}
-	s := &Store{backend: backend, opts: opts}
+	s := &Store{backend: backend, opts: opts, notified: true}
 	if opts.Mode == Local {
 		s.local = limiter.NewMemoryStore(limiter.MemoryOptions{})
 	}
@@ -147,47 +172,77 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 
 // Take implements limiter.Store: it asks the backend unless the breaker is
 // open, and answers per the failure mode when the backend fails.
+//
+// A backend call that ends with the caller's context done is judged by why
+// it is done:
+//   - cancelled (context.Canceled): the caller gave up, which says nothing
+//     of the backend; not counted, and ctx's error is returned;
+//   - past the caller's deadline, when the call had at least a quarter of
+//     Options.Timeout before that deadline: the backend did not answer in
+//     the time it had, so this counts as a failure (an Envoy timeout at or
+//     below Timeout must not hide a hung backend from the breaker); the
+//     caller is gone, so no failure-mode answer is made (nothing is charged
+//     to the local buckets) and the error, which wraps
+//     context.DeadlineExceeded, is returned;
+//   - past the caller's deadline, when the caller arrived with less than a
+//     quarter of Timeout left: too little time to tell anything of the
+//     backend; not counted, and the error is returned.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	for i, r := range reqs {
 		if err := r.Validate(); err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
 	}
-	probe, ok := s.admit()
-	if ok {
-		callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-		d, err := s.backend.Take(callCtx, now, reqs)
-		cancel()
-		switch {
-		case err == nil:
-			s.succeeded(probe)
-			return d, nil
-		case errors.Is(err, limiter.ErrInvalidRequest):
-			s.release(probe)
-			return nil, err
-		case ctx.Err() != nil:
-			// The caller gave up (Envoy's own timeout): not the backend's fault.
-			s.release(probe)
-			return nil, ctx.Err()
-		}
-		s.failed(probe, err)
+	probe, ok, o := s.admit()
+	if !ok {
+		return s.fallback(ctx, now, reqs, o)
 	}
-	return s.fallback(ctx, now, reqs)
+	// The deadline is on the context's clock (time.Now), not Options.Now.
+	budget := s.opts.Timeout
+	if dl, has := ctx.Deadline(); has {
+		budget = min(budget, time.Until(dl))
+	}
+	callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	d, err := s.backend.Take(callCtx, now, reqs)
+	cancel()
+	switch {
+	case err == nil:
+		s.succeeded(probe)
+		return d, nil
+	case errors.Is(err, limiter.ErrInvalidRequest):
+		s.release(probe)
+		return nil, err
+	case errors.Is(ctx.Err(), context.Canceled):
+		// The caller gave up (Envoy went away): not the backend's fault.
+		s.release(probe)
+		return nil, ctx.Err()
+	case ctx.Err() != nil && budget < s.opts.Timeout/minBudgetDivisor:
+		s.release(probe)
+		return nil, fmt.Errorf("the caller's deadline left the backend %v: %w", budget, err)
+	case ctx.Err() != nil:
+		s.failed(probe, err)
+		return nil, fmt.Errorf("backend did not answer before the caller's deadline: %w: %w", err, ctx.Err())
+	}
+	return s.fallback(ctx, now, reqs, s.failed(probe, err))
 }
 
+// minBudgetDivisor: a backend call cut short by its caller's deadline counts
+// as a failure when it had at least Timeout/minBudgetDivisor.
+const minBudgetDivisor = 4
+
 // admit reports whether to call the backend now, and whether that call is
-// the one probe of a half-open breaker.
-func (s *Store) admit() (probe, ok bool) {
+// the one probe of a half-open breaker; when not, the outage as it is.
+func (s *Store) admit() (probe, ok bool, o outage) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.openUntil.IsZero() {
-		return false, true
+		return false, true, outage{}
 	}
 	if s.probing || s.opts.Now().Before(s.openUntil) {
-		return false, false
+		return false, false, outage{start: s.outageStart, openUntil: s.openUntil, err: s.lastErr}
 	}
 	s.probing = true
-	return true, true
+	return true, true, outage{}
 }
 
 func (s *Store) release(probe bool) {
@@ -199,51 +254,89 @@ func (s *Store) release(probe bool) {
 }
 
 func (s *Store) succeeded(probe bool) {
+	now := s.opts.Now()
 	s.mu.Lock()
-	recovered := !s.outageStart.IsZero()
-	s.failures, s.openUntil, s.outageStart, s.lastErr = 0, time.Time{}, time.Time{}, nil
+	recovered := s.open
+	s.failures, s.openUntil, s.outageStart, s.open, s.lastErr = 0, time.Time{}, time.Time{}, false, nil
 	if probe {
 		s.probing = false
 	}
+	s.lastBackend = latest(s.lastBackend, now)
 	s.mu.Unlock()
-	if recovered && s.opts.OnChange != nil {
-		s.opts.OnChange(true, nil)
+	if recovered {
+		s.notify()
 	}
 }
 
 // failed records a backend failure: the outage starts at the first, and
 // the breaker opens on a failed probe, or once FailureThreshold
-// consecutive failures have gone on for FailingFor since it started.
-func (s *Store) failed(probe bool, err error) {
+// consecutive failures have gone on for FailingFor since it started. The
+// first opening after a success is reported to OnChange. It returns the
+// outage as this failure left it.
+func (s *Store) failed(probe bool, err error) outage {
 	now := s.opts.Now()
 	s.mu.Lock()
-	first := s.outageStart.IsZero()
-	if first {
+	if s.outageStart.IsZero() {
 		s.outageStart = now
 	}
 	s.failures++
 	s.lastErr = err
+	opened := false
 	if probe || (s.failures >= s.opts.FailureThreshold && now.Sub(s.outageStart) >= s.opts.FailingFor) {
 		s.openUntil = now.Add(s.opts.OpenFor)
+		opened = !s.open
+		s.open = true
 	}
 	if probe {
 		s.probing = false
 	}
+	o := outage{start: s.outageStart, openUntil: s.openUntil, err: err}
 	s.mu.Unlock()
-	if first && s.opts.OnChange != nil {
-		s.opts.OnChange(false, err)
+	if opened {
+		s.notify()
 	}
+	return o
 }
 
-// fallback answers reqs per the failure mode.
-func (s *Store) fallback(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
-	s.fallbacks.Add(1)
+// notify calls OnChange until it has reported the current health. One
+// goroutine at a time does: a change made while it calls is left to it,
+// and reported after, so calls are never out of order.
+func (s *Store) notify() {
+	if s.opts.OnChange == nil {
+		return
+	}
 	s.mu.Lock()
-	lastErr, outageStart, openUntil := s.lastErr, s.outageStart, s.openUntil
+	if s.notifying {
+		s.mu.Unlock()
+		return
+	}
+	s.notifying = true
+	for s.notified != !s.open {
+		healthy, err := !s.open, s.lastErr
+		s.notified = healthy
+		s.mu.Unlock()
+		s.opts.OnChange(healthy, err)
+		s.mu.Lock()
+	}
+	s.notifying = false
 	s.mu.Unlock()
+}
+
+// fallback answers reqs per the failure mode, given the outage as the
+// call found it.
+func (s *Store) fallback(ctx context.Context, now time.Time, reqs []limiter.Request, o outage) ([]limiter.Decision, error) {
+	s.fallbacks.Add(1)
+	t := s.opts.Now()
 	mode := s.opts.Mode
-	if mode == Local && s.opts.Now().Sub(outageStart) < s.opts.Grace {
+	// o.start is the first failure as this call saw it, under the lock that
+	// decided the call: a success since then does not restart the grace.
+	if mode == Local && t.Sub(o.start) < s.opts.Grace {
 		mode = s.opts.GraceMode
+	}
+	if mode == Local {
+		s.mu.Lock()
+		s.lastLocal = latest(s.lastLocal, t)
+		s.mu.Unlock()
 	}
 	switch mode {
 	case Allow:
@@ -253,38 +346,94 @@ func (s *Store) fallback(ctx context.Context, now time.Time, reqs []limiter.Requ
 		}
 		return d, nil
 	case Deny:
-		retry := max(time.Second, openUntil.Sub(s.opts.Now()))
+		retry := max(time.Second, o.openUntil.Sub(t))
 		d := make([]limiter.Decision, len(reqs))
 		for i := range reqs {
 			d[i] = limiter.Decision{RetryAfter: retry}
 		}
 		return d, nil
 	case Local:
-		local := make([]limiter.Request, len(reqs))
-		for i, r := range reqs {
-			r.Limit = s.share(r.Limit)
-			local[i] = r
+		d, err := s.local.Take(ctx, now, s.shares(reqs))
+		if err != nil {
+			return nil, fmt.Errorf("local buckets: %w", err)
 		}
-		return s.local.Take(ctx, now, local)
+		return d, nil
 	}
-	if lastErr == nil {
-		lastErr = errors.New("circuit open")
+	err := o.err
+	if err == nil {
+		err = errors.New("circuit open")
 	}
-	return nil, fmt.Errorf("%w (failure mode error): %w", limiter.ErrUnavailable, lastErr)
+	return nil, fmt.Errorf("%w (failure mode error): %w", limiter.ErrUnavailable, err)
 }
 
-// share is this replica's part of l in Local mode: rate and burst divided
-// by ReplicasHint, at least one token.
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// shares returns reqs with each Limit replaced by this replica's share.
+func (s *Store) shares(reqs []limiter.Request) []limiter.Request {
+	local := make([]limiter.Request, len(reqs))
+	for i, r := range reqs {
+		r.Limit = s.share(r.Limit)
+		local[i] = r
+	}
+	return local
+}
+
+// share is this replica's part of l in Local mode: count, burst and max
+// debt divided by ReplicasHint, rounded down but at least one token (a
+// post-paid limit stays post-paid). The rounding can make the share fill
+// slower than l (a count of 2n−1 rounds down to 1 while the burst halves
+// less), so far that it would fill in more than limiter.MaxFill; the share
+// is then cut to the largest burst (then max debt) that fits, and if even
+// one token does not fit, given the smallest count that does (never more
+// than l's). A valid l always gives a valid share.
 func (s *Store) share(l limiter.Limit) limiter.Limit {
 	n := s.opts.ReplicasHint
-	return limiter.Limit{Count: max(1, l.Count/n), Period: l.Period, Burst: max(1, l.Burst/n)}
+	sh := limiter.Limit{Count: max(1, l.Count/n), Period: l.Period, Burst: max(1, l.Burst/n)}
+	if l.MaxDebt > 0 {
+		sh.MaxDebt = max(1, l.MaxDebt/n)
+	}
+	if sh.Validate() == nil {
+		return sh
+	}
+	minDebt := min(sh.MaxDebt, 1)
+	valid := func(count, burst, debt int64) bool {
+		return limiter.Limit{Count: count, Period: l.Period, Burst: burst, MaxDebt: debt}.Validate() == nil
+	}
+	// l.Count fits, since l fills in MaxFill with at least as many tokens.
+	sh.Count = search(sh.Count, l.Count, func(c int64) bool { return valid(c, 1, minDebt) })
+	sh.Burst = search(1, sh.Burst+1, func(b int64) bool { return !valid(sh.Count, b, minDebt) }) - 1
+	sh.MaxDebt = search(minDebt, sh.MaxDebt+1, func(d int64) bool { return !valid(sh.Count, sh.Burst, d) }) - 1
+	return sh
 }
 
-// Healthy reports whether the backend answered the last call made to it.
+// search returns the smallest v in [lo, hi) for which f is true, or hi if
+// there is none, given that f is monotonic (false, then true).
+func search(lo, hi int64, f func(int64) bool) int64 {
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if f(mid) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}
+
+// Healthy reports whether the backend is taken to be working: false from
+// when the breaker opens until a call succeeds again (failures that do not
+// open the breaker leave it true). It is what OnChange last reported, or
+// is about to.
 func (s *Store) Healthy() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.outageStart.IsZero()
+	return !s.open
 }
 
 // Mode returns the failure mode.
@@ -300,30 +449,75 @@ func (s *Store) Sweep(now time.Time) {
 	}
 }
 
-// Refund implements limiter.Refunder when the backend does: it gives the
-// tokens back there (within the deadline), or to the local buckets while
-// the backend fails in Local mode. Otherwise a refund during an outage is
-// lost, which can only make later answers stricter.
+// refundSlack is added to a held reservation's MaxWait in Refund's rule:
+// it covers the time between the answer that took the tokens and the start
+// of the hold, and a hold that ends a little after its wait.
+const refundSlack = time.Second
+
+// Refund implements limiter.Refunder when the backend does. It gives the
+// tokens back only to a store that certainly took them, and otherwise drops
+// the refund, which can only make later answers stricter:
+//
+//   - A held reservation's refund (some request with MaxWait > 0) took its
+//     tokens at most the largest MaxWait (plus refundSlack) before now; a
+//     refund without MaxWait (Envoy's negative hits) carries no such bound,
+//     and is taken to concern tokens taken within the longest time its
+//     buckets take to fill and pay off their debt (Limit.TimeFor(Burst +
+//     MaxDebt), plus refundSlack). That span is the refund's window W.
+//   - It goes to the backend (within Options.Timeout) if the breaker is
+//     closed and no call was answered from the local buckets within W
+//     before now: else the backend may not have taken those tokens, and
+//     would gain tokens it never lost. (The other failure modes take no
+//     tokens anywhere: a reservation they answer does not exist, and
+//     negative hits that correct a charge the backend failed to take are
+//     Envoy's own to send or not.)
+//   - It goes to the local buckets (Local mode, divided as they are) if a
+//     call was answered from them within W and none by the backend.
+//   - Otherwise it is dropped.
+//
+// Times are on Options.Now; a clock that stepped back counts as within W.
 func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
 	refunder, ok := s.backend.(limiter.Refunder)
 	if !ok {
 		return fmt.Errorf("%w: the backend cannot give tokens back", limiter.ErrInvalidRequest)
 	}
-	s.mu.Lock()
-	open := !s.openUntil.IsZero()
-	s.mu.Unlock()
-	if open {
-		if s.local != nil {
-			local := make([]limiter.Request, len(reqs))
-			for i, r := range reqs {
-				r.Limit = s.share(r.Limit)
-				local[i] = r
-			}
-			return s.local.Refund(ctx, now, local)
+	for i, r := range reqs {
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("refund %d: %w", i, err)
 		}
-		return nil
 	}
-	callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	defer cancel()
-	return refunder.Refund(callCtx, now, reqs)
+	w := refundWindow(reqs)
+	t := s.opts.Now()
+	s.mu.Lock()
+	within := func(at time.Time) bool { return !at.IsZero() && t.Sub(at) < w }
+	toBackend := s.openUntil.IsZero() && !within(s.lastLocal)
+	toLocal := s.local != nil && within(s.lastLocal) && !within(s.lastBackend)
+	s.mu.Unlock()
+	switch {
+	case toBackend:
+		callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+		defer cancel()
+		if err := refunder.Refund(callCtx, now, reqs); err != nil {
+			return fmt.Errorf("refund: %w", err)
+		}
+	case toLocal:
+		if err := s.local.Refund(ctx, now, s.shares(reqs)); err != nil {
+			return fmt.Errorf("refund to the local buckets: %w", err)
+		}
+	}
+	return nil
+}
+
+// refundWindow is how long before a refund of reqs the tokens were taken,
+// at most (see Refund).
+func refundWindow(reqs []limiter.Request) time.Duration {
+	var wait, fill time.Duration
+	for _, r := range reqs {
+		wait = max(wait, r.MaxWait)
+		fill = max(fill, r.Limit.TimeFor(r.Limit.Burst+r.Limit.MaxDebt))
+	}
+	if wait > 0 {
+		return wait + refundSlack
+	}
+	return fill + refundSlack
 }

@@ -14,12 +14,14 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
-// backend is a hand-written limiter.Store whose health the test sets.
+// backend is a hand-written limiter.Store and limiter.Refunder whose
+// health the test sets.
 type backend struct {
-	mu    sync.Mutex
-	state string // "up", "down" or "hung"
-	calls int
-	mem   *limiter.MemoryStore
+	mu      sync.Mutex
+	state   string // "up", "down" or "hung"
+	calls   int
+	refunds int // Refund calls
+	mem     *limiter.MemoryStore
 }
 
 func newBackend() *backend {
@@ -51,6 +53,19 @@ func (b *backend) Take(ctx context.Context, now time.Time, reqs []limiter.Reques
 		return nil, fmt.Errorf("fake: %w: %w", limiter.ErrUnavailable, ctx.Err())
 	}
 	return b.mem.Take(ctx, now, reqs)
+}
+
+func (b *backend) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
+	b.mu.Lock()
+	b.refunds++
+	b.mu.Unlock()
+	return b.mem.Refund(ctx, now, reqs)
+}
+
+func (b *backend) Refunds() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.refunds
 }
 
 var (
@@ -325,5 +340,321 @@ func TestNeitherBadRequestsNorCancelledCallersTripTheBreaker(t *testing.T) {
 	}
 	if !s.Healthy() {
 		t.Error("the breaker counted a caller's cancellation as a backend failure")
+	}
+}
+
+// TestCallerDeadline: a backend call cut short by the caller's context
+// counts as a backend failure when the caller's deadline passed after the
+// backend had at least a quarter of Timeout (an Envoy timeout at or below
+// Timeout must not hide a hung backend), and not when the caller cancelled
+// or arrived with less than that left.
+func TestCallerDeadline(t *testing.T) {
+	tests := []struct {
+		name        string
+		deadline    time.Duration // the caller's, from the call; 0: cancelled before
+		wantErr     error
+		wantCounted bool
+	}{
+		{"cancelled", 0, context.Canceled, false},
+		{"deadline passed already", -time.Millisecond, context.DeadlineExceeded, false},
+		{"2ms left, under a quarter of 10ms", 2 * time.Millisecond, context.DeadlineExceeded, false},
+		{"2.5ms left, a quarter", 2500 * time.Microsecond, context.DeadlineExceeded, true},
+		{"5ms left, under Timeout", 5 * time.Millisecond, context.DeadlineExceeded, true},
+		{"9ms left, just under Timeout", 9 * time.Millisecond, context.DeadlineExceeded, true},
+		{"20ms left, more than Timeout", 20 * time.Millisecond, nil, true}, // answered per the mode
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := newBackend()
+				b.set("hung")
+				s, err := failover.New(b, failover.Options{Mode: failover.Allow, Timeout: 10 * time.Millisecond, FailureThreshold: 1, FailingFor: -1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				if tt.deadline == 0 {
+					cancel()
+				} else {
+					ctx, cancel = context.WithTimeout(context.Background(), tt.deadline)
+				}
+				defer cancel()
+				if _, err := s.Take(ctx, time.Now(), oneReq); !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
+					t.Errorf("Take with a hung backend = %v, want %v", err, tt.wantErr)
+				}
+				if s.Healthy() == tt.wantCounted {
+					t.Errorf("Healthy() = %v after the call, want %v (counted as a failure: %v)", s.Healthy(), !tt.wantCounted, tt.wantCounted)
+				}
+				// Counted, the failure opened the breaker: the next call is
+				// answered per the mode without the backend.
+				d, err := s.Take(context.Background(), time.Now(), oneReq)
+				if err != nil || !d[0].Allowed {
+					t.Fatalf("next call: %v %v, want allowed", d, err)
+				}
+				wantCalls := 2
+				if tt.wantCounted {
+					wantCalls = 1
+				}
+				if got := b.Calls(); got != wantCalls {
+					t.Errorf("backend called %d times, want %d", got, wantCalls)
+				}
+			})
+		})
+	}
+}
+
+// TestHealthChangesWithTheBreaker: OnChange and Healthy report the backend
+// failing when the breaker opens, not at each failure, and working again at
+// the first success after that; isolated failures (one slow batch) report
+// nothing, so health does not flap under load.
+func TestHealthChangesWithTheBreaker(t *testing.T) {
+	type step struct {
+		advance     time.Duration // on the clock before the call
+		state       string        // the backend's
+		wantChanges string        // OnChange calls so far
+		wantHealthy bool
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"isolated failures", []step{
+			{0, "down", "[]", true},
+			{0, "up", "[]", true},
+			{10 * time.Millisecond, "down", "[]", true},
+			{0, "up", "[]", true},
+			{10 * time.Millisecond, "down", "[]", true},
+			{10 * time.Millisecond, "down", "[]", true},
+			{0, "up", "[]", true},
+		}},
+		{"a burst at one instant", []step{
+			{0, "down", "[]", true},
+			{0, "down", "[]", true},
+			{0, "down", "[]", true},
+			{0, "down", "[]", true},
+			{10 * time.Millisecond, "up", "[]", true},
+		}},
+		{"an outage", []step{
+			{0, "down", "[]", true},
+			{10 * time.Millisecond, "down", "[]", true},
+			{10 * time.Millisecond, "down", "[false]", false}, // 3 failures over 20ms: opens
+			{time.Second, "down", "[false]", false},           // the probe fails: open again
+			{time.Second, "up", "[false true]", true},         // the probe succeeds
+			{0, "down", "[false true]", true},
+			{0, "up", "[false true]", true},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBackend()
+			var changes []bool
+			s, clk := newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 3, FailingFor: 20 * time.Millisecond, OpenFor: time.Second,
+				OnChange: func(healthy bool, err error) { changes = append(changes, healthy) }})
+			for i, st := range tt.steps {
+				clk.Advance(st.advance)
+				b.set(st.state)
+				s.Take(context.Background(), t0, oneReq)
+				if got := fmt.Sprint(changes); got != st.wantChanges {
+					t.Errorf("call %d (%s): OnChange calls %s, want %s", i+1, st.state, got, st.wantChanges)
+				}
+				if s.Healthy() != st.wantHealthy {
+					t.Errorf("call %d (%s): Healthy() = %v, want %v", i+1, st.state, s.Healthy(), st.wantHealthy)
+				}
+			}
+		})
+	}
+}
+
+// TestLocalModeKeepsPostPaidCharges: in Local mode a post-paid limit stays
+// post-paid at its share: charges larger than what is left, or than the
+// share's burst, are recorded (down to MaxDebt ÷ ReplicasHint below empty)
+// rather than denied or ExceedsBurst, and checks are denied while in debt.
+func TestLocalModeKeepsPostPaidCharges(t *testing.T) {
+	tokens := limiter.Limit{Count: 1000, Period: time.Minute, Burst: 1000, MaxDebt: 5000}
+	// ReplicasHint 10: 100/min, burst 100, max debt 500 locally.
+	tests := []struct {
+		hits        int64
+		wantAllowed bool
+		wantRetry   time.Duration
+	}{
+		{0, true, 0},
+		{300, true, 0}, // above the share's burst: recorded, 200 in debt
+		{0, false, 2 * time.Minute},
+		{100, false, 2 * time.Minute}, // recorded: 300 in debt
+		{0, false, 3 * time.Minute},
+		{1000, false, 3 * time.Minute}, // recorded down to 500 in debt
+		{0, false, 5 * time.Minute},
+	}
+	b := newBackend()
+	b.set("down")
+	s, _ := newStore(t, b, failover.Options{Mode: failover.Local, ReplicasHint: 10, FailureThreshold: 1, FailingFor: -1})
+	for i, tt := range tests {
+		req := []limiter.Request{{Key: "tok", Limit: tokens, Hits: tt.hits}}
+		d, err := s.Take(context.Background(), t0, req)
+		if err != nil {
+			t.Fatalf("call %d, Take(hits %d): %v", i+1, tt.hits, err)
+		}
+		if d[0].Allowed != tt.wantAllowed || d[0].RetryAfter != tt.wantRetry || d[0].ExceedsBurst {
+			t.Errorf("call %d, Take(hits %d) = %+v, want Allowed %v, RetryAfter %v", i+1, tt.hits, d[0], tt.wantAllowed, tt.wantRetry)
+		}
+	}
+}
+
+// TestLocalModeAcceptsEveryValidLimit: a share whose rounding would make it
+// fill in more than limiter.MaxFill is cut to fit, so a valid limit is
+// never InvalidArgument locally.
+func TestLocalModeAcceptsEveryValidLimit(t *testing.T) {
+	tests := []struct {
+		name     string
+		limit    limiter.Limit
+		replicas int64
+	}{
+		// Count 2n−1 rounds down to 1 while the burst halves: the share
+		// fills in 3/2 of MaxFill.
+		{"count 3 over 2", limiter.Limit{Count: 3, Period: limiter.MaxFill / 2, Burst: 6}, 2},
+		{"count 3 over 2, post-paid", limiter.Limit{Count: 3, Period: limiter.MaxFill / 4, Burst: 6, MaxDebt: 6}, 2},
+		// One token alone takes more than MaxFill at count 1.
+		{"count 4 over 8", limiter.Limit{Count: 4, Period: 2 * limiter.MaxFill, Burst: 1}, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.limit.Validate(); err != nil {
+				t.Fatalf("the test's limit is invalid: %v", err)
+			}
+			b := newBackend()
+			b.set("down")
+			s, _ := newStore(t, b, failover.Options{Mode: failover.Local, ReplicasHint: tt.replicas})
+			req := []limiter.Request{{Key: "k", Limit: tt.limit, Hits: 1}}
+			if d, err := s.Take(context.Background(), t0, req); err != nil || !d[0].Allowed {
+				t.Errorf("Take(%v) locally = %v, %v; want allowed", tt.limit, d, err)
+			}
+		})
+	}
+}
+
+// TestRefundGoesWhereTheTokensWereTaken: a refund goes to the backend only
+// if no call was answered without it within the refund's window (a held
+// reservation's MaxWait plus 1s; for negative hits, the limit's fill time
+// plus 1s), to the local buckets only if they answered within it and the
+// backend did not, and is dropped otherwise.
+func TestRefundGoesWhereTheTokensWereTaken(t *testing.T) {
+	type take struct {
+		advance time.Duration // on the clock before the call
+		state   string        // the backend's: "up" answers, "down" fails
+	}
+	type test struct {
+		name    string
+		mode    failover.Mode
+		takes   []take
+		advance time.Duration // between the last take and the refund
+		maxWait time.Duration // the refunded request's
+		want    string        // "backend", "local" or "dropped"
+	}
+	tests := []test{
+		{"backend answered", failover.Local, []take{{0, "up"}}, 100 * time.Millisecond, time.Second, "backend"},
+		{"answered locally, breaker closed", failover.Local, []take{{0, "up"}, {3 * time.Second, "down"}}, 500 * time.Millisecond, time.Second, "local"},
+		{"answered locally, backend answered since", failover.Local, []take{{0, "down"}, {0, "up"}}, 100 * time.Millisecond, time.Second, "dropped"},
+		{"answered locally before the window", failover.Local, []take{{0, "down"}, {0, "up"}}, 1500 * time.Millisecond, 400 * time.Millisecond, "backend"},
+		{"answered locally at the window's edge", failover.Local, []take{{0, "down"}, {0, "up"}}, 1399 * time.Millisecond, 400 * time.Millisecond, "dropped"},
+		{"answered locally, breaker open", failover.Local, []take{{0, "down"}, {10 * time.Millisecond, "down"}, {10 * time.Millisecond, "down"}}, 0, time.Second, "local"},
+		// Deny answers took nothing anywhere: the refund goes to the backend, which answered since.
+		{"denied per the mode", failover.Deny, []take{{0, "down"}, {time.Second, "up"}}, 100 * time.Millisecond, time.Second, "backend"},
+		{"negative hits, answered locally a minute before", failover.Local, []take{{0, "down"}, {0, "up"}}, time.Minute, 0, "dropped"},
+		{"negative hits, answered locally 61s before", failover.Local, []take{{0, "down"}, {0, "up"}}, 61 * time.Second, 0, "backend"},
+		{"clock stepped back", failover.Local, []take{{0, "down"}, {0, "up"}}, -time.Hour, time.Second, "dropped"},
+	}
+	// run plays tt's takes, then the refund if refund is set, and returns
+	// how many refunds reached the backend and the tokens then left in the
+	// local bucket (Local mode).
+	run := func(t *testing.T, tt test, refund bool) (refunds int, tokens int64) {
+		b := newBackend()
+		s, clk := newStore(t, b, failover.Options{Mode: tt.mode, FailureThreshold: 3, FailingFor: 20 * time.Millisecond})
+		for i, tk := range tt.takes {
+			clk.Advance(tk.advance)
+			b.set(tk.state)
+			if _, err := s.Take(context.Background(), clk.Now(), oneReq); err != nil {
+				t.Fatalf("take %d (%s): %v", i+1, tk.state, err)
+			}
+		}
+		clk.Advance(tt.advance)
+		if refund {
+			req := []limiter.Request{{Key: "k", Limit: tenMin, Hits: 1, MaxWait: tt.maxWait}}
+			if err := s.Refund(context.Background(), clk.Now(), req); err != nil {
+				t.Fatalf("Refund: %v", err)
+			}
+		}
+		if tt.mode != failover.Local {
+			return b.Refunds(), 0
+		}
+		b.set("down")
+		d, err := s.Take(context.Background(), clk.Now(), []limiter.Request{{Key: "k", Limit: tenMin}})
+		if err != nil {
+			t.Fatalf("local check: %v", err)
+		}
+		return b.Refunds(), d[0].Remaining
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			refunds, with := run(t, tt, true)
+			_, without := run(t, tt, false)
+			got := "dropped"
+			switch {
+			case refunds > 0:
+				got = "backend"
+			case with > without:
+				got = "local"
+			}
+			if got != tt.want {
+				t.Errorf("the refund went to: %s, want %s (local tokens %d with it, %d without)", got, tt.want, with, without)
+			}
+		})
+	}
+}
+
+// TestGraceSurvivesARacingSuccess: a call answered per the failure mode
+// measures the grace from the first failure it saw, even when a success
+// (here a probe made from OnChange, between the failure and the answer)
+// ends the outage in between; it used to find no outage and limit locally
+// at once. OnChange still reports the failure and then the recovery, one
+// after the other.
+func TestGraceSurvivesARacingSuccess(t *testing.T) {
+	tests := []struct {
+		grace       time.Duration
+		wantAllowed bool // grace mode Deny denies; local buckets admit
+	}{
+		{2 * time.Second, false},
+		{0, true},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint("grace ", tt.grace), func(t *testing.T) {
+			b := newBackend()
+			b.set("down")
+			var s *failover.Store
+			var clk interface{ Advance(time.Duration) }
+			var changes []bool
+			opts := failover.Options{Mode: failover.Local, Grace: tt.grace, GraceMode: failover.Deny,
+				FailureThreshold: 1, FailingFor: -1, OpenFor: 10 * time.Millisecond,
+				OnChange: func(healthy bool, err error) {
+					if !healthy {
+						clk.Advance(10 * time.Millisecond)
+						b.set("up")
+						if _, err := s.Take(context.Background(), t0, oneReq); err != nil {
+							t.Errorf("probe from OnChange: %v", err)
+						}
+					}
+					// Recorded last, as health is set last: the recovery
+					// must not be reported inside (before the end of) the
+					// report of the failure.
+					changes = append(changes, healthy)
+				}}
+			s, clk = newStore(t, b, opts)
+			d, err := s.Take(context.Background(), t0, oneReq)
+			if err != nil || d[0].Allowed != tt.wantAllowed {
+				t.Errorf("Take as the outage ends = %v, %v; want Allowed %v", d, err, tt.wantAllowed)
+			}
+			if got := fmt.Sprint(changes); got != "[false true]" {
+				t.Errorf("OnChange calls %s, want [false true]", got)
+			}
+		})
 	}
 }
