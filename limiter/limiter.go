@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -47,11 +48,16 @@ const (
 	MaxTokens = 1 << 40
 	// maxProduct bounds (Burst+MaxDebt)·Count, the largest remainder sum.
 	maxProduct = 1 << 50
-	// MaxFill bounds the time a bucket takes to fill from empty.
+	// MaxFill bounds the time a bucket takes to fill from empty and, with
+	// MaxDebt, to pay its deepest debt and fill: every span the arithmetic
+	// forms (Burst+MaxDebt tokens at most) is then below 2^53 µs.
 	MaxFill = 100 * 365 * 24 * time.Hour
 )
 
-// Validate reports whether l can be used, and why not.
+// Validate reports whether l can be used, and why not. Besides the bounds
+// on each field, it rejects every limit whose fill time (and, with MaxDebt,
+// the time of Burst+MaxDebt tokens) exceeds MaxFill, checking before it
+// multiplies, so that no limit it accepts overflows int64.
 func (l Limit) Validate() error {
 	switch {
 	case l.Count < 1:
@@ -71,17 +77,43 @@ func (l Limit) Validate() error {
 	case l.MaxDebt > MaxTokens || l.Burst+l.MaxDebt > maxProduct/l.Count:
 		return fmt.Errorf("max debt %d with burst %d and count %d: (burst+max debt)×count must be at most 2^50", l.MaxDebt, l.Burst, l.Count)
 	}
-	if l.MaxDebt > 0 {
-		if span := l.advance(instant{}, l.Burst+l.MaxDebt); span.us > MaxFill.Microseconds() {
-			return fmt.Errorf("burst %d and max debt %d at %d per %v: paying the debt and filling would take more than %v",
-				l.Burst, l.MaxDebt, l.Count, l.Period, MaxFill)
-		}
+	if !l.spanFits(l.Burst) {
+		return fmt.Errorf("burst %d at %d per %v: the bucket would take %s to fill, more than %v",
+			l.Burst, l.Count, l.Period, l.spanText(l.Burst), MaxFill)
 	}
-	if fill := l.fillTime(); fill.us > MaxFill.Microseconds() {
-		return fmt.Errorf("burst %d at %d per %v: the bucket would take %v to fill, more than %v",
-			l.Burst, l.Count, l.Period, time.Duration(fill.us)*time.Microsecond, MaxFill)
+	if l.MaxDebt > 0 && !l.spanFits(l.Burst+l.MaxDebt) {
+		return fmt.Errorf("burst %d and max debt %d at %d per %v: paying the debt and filling would take %s, more than %v",
+			l.Burst, l.MaxDebt, l.Count, l.Period, l.spanText(l.Burst+l.MaxDebt), MaxFill)
 	}
 	return nil
+}
+
+// spanFits reports whether n tokens arrive within MaxFill, n·Period/Count ≤
+// MaxFill, for 0 ≤ n ≤ Burst+MaxDebt and the bounds Validate checks first.
+// advance computes n·q with q = Period/Count, which may overflow int64, so
+// that product is bounded first by division; the rest of the span, less
+// than n+1 µs, cannot overflow then.
+func (l Limit) spanFits(n int64) bool {
+	maxUS := MaxFill.Microseconds()
+	if q := l.Period.Microseconds() / l.Count; q > 0 && n > maxUS/q {
+		return false
+	}
+	return l.advance(instant{}, n).us <= maxUS
+}
+
+// spanText gives n tokens' time, n·Period/Count, for an error message:
+// exactly (rounded up to the microsecond) when it fits a time.Duration,
+// else approximately, in years.
+func (l Limit) spanText(n int64) string {
+	const maxUS = math.MaxInt64 / int64(time.Microsecond)
+	p := l.Period.Microseconds()
+	// The span is under n·q + n + 1 µs (advance), so this bound keeps it,
+	// rounded up, within a Duration.
+	if q := p / l.Count; q == 0 || n <= (maxUS-n-1)/q {
+		return l.advance(instant{}, n).ceilDuration().String()
+	}
+	const yearUS = 365 * 24 * 3600 * 1e6
+	return fmt.Sprintf("about %.3g years", float64(n)*float64(p)/float64(l.Count)/yearUS)
 }
 
 // FillTime is how long an empty bucket takes to fill: Burst·Period/Count,

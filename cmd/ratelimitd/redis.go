@@ -130,6 +130,12 @@ func redisCollectors(store func() redisstore.Stats, cache func() denialcache.Sta
 		counter("ratelimitd_redis_direct_calls_total",
 			"Script calls sent at once from their caller's goroutine because no round trip was in flight.",
 			func() int64 { return store().Direct }),
+		counter("ratelimitd_redis_give_back_failures_total",
+			"Cluster give-backs (a request across hash slots that one slot denied) that failed or missed the request's deadline: their tokens stay spent until they refill.",
+			func() int64 { return store().GiveBackFailures }),
+		counter("ratelimitd_redis_denied_with_failures_total",
+			"Requests across hash slots that one slot denied while another failed: answered OVER_LIMIT, the failure counted here.",
+			func() int64 { return store().DeniedWithFailures }),
 	}
 	if cache != nil {
 		cs = append(cs,

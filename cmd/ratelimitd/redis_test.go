@@ -14,7 +14,7 @@ import (
 // swapped unseen), and without a cache there are no cache counters.
 func TestRedisCollectors(t *testing.T) {
 	store := func() redisstore.Stats {
-		return redisstore.Stats{Takes: 1, Calls: 2, Scripts: 3, RoundTrips: 4, Direct: 5}
+		return redisstore.Stats{Takes: 1, Calls: 2, Scripts: 3, RoundTrips: 4, Direct: 5, GiveBackFailures: 8, DeniedWithFailures: 9}
 	}
 	cache := func() denialcache.Stats { return denialcache.Stats{LocalDenials: 6, Learned: 7} }
 	want := map[string]float64{
@@ -25,6 +25,9 @@ func TestRedisCollectors(t *testing.T) {
 		"ratelimitd_redis_direct_calls_total":   5,
 		"ratelimitd_denial_cache_denials_total": 6,
 		"ratelimitd_denial_cache_learned_total": 7,
+
+		"ratelimitd_redis_give_back_failures_total":   8,
+		"ratelimitd_redis_denied_with_failures_total": 9,
 	}
 	got := gatherCounters(t, redisCollectors(store, cache))
 	if len(got) != len(want) {
@@ -35,8 +38,8 @@ func TestRedisCollectors(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, got[name], v)
 		}
 	}
-	if got := gatherCounters(t, redisCollectors(store, nil)); len(got) != 5 {
-		t.Errorf("without a denial cache: counters %v, want the 5 of the store", got)
+	if got := gatherCounters(t, redisCollectors(store, nil)); len(got) != 7 {
+		t.Errorf("without a denial cache: counters %v, want the 7 of the store", got)
 	}
 }
 

@@ -78,6 +78,7 @@ type batcher struct {
 // counters are the Store's Stats.
 type counters struct {
 	takes, calls, scripts, roundTrips, direct atomic.Int64
+	giveBackFailures, deniedWithFailures      atomic.Int64
 }
 
 func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batcher {

@@ -165,6 +165,15 @@ type Stats struct {
 	// Direct is the number of calls sent from their caller's goroutine
 	// because, coalescing, they found Redis idle (a subset of Calls).
 	Direct int64
+	// GiveBackFailures is the number of give-back calls (a Take across
+	// hash slots that one slot denied) that failed or were not answered
+	// by the Take's deadline: their buckets may keep the take's tokens
+	// spent until they refill.
+	GiveBackFailures int64
+	// DeniedWithFailures is the number of Takes across hash slots that one
+	// slot denied while another failed: they answer the denial (see
+	// Store.Take), and the failure is counted here, not returned.
+	DeniedWithFailures int64
 }
 
 // Stats returns the counts so far. It is safe to call concurrently with
@@ -176,6 +185,9 @@ func (s *Store) Stats() Stats {
 		Scripts:    s.stats.scripts.Load(),
 		RoundTrips: s.stats.roundTrips.Load(),
 		Direct:     s.stats.direct.Load(),
+
+		GiveBackFailures:   s.stats.giveBackFailures.Load(),
+		DeniedWithFailures: s.stats.deniedWithFailures.Load(),
 	}
 }
 
@@ -308,20 +320,35 @@ func groupOf(keys []string, reqs []limiter.Request, idx []int) ([]string, []limi
 // When the keys span several Redis Cluster hash slots (or Ring shards), the
 // slots are taken in parallel, and if one denies, a second script gives back
 // what the others took (their takes and reservations; post-paid charges
-// stay, as DecideAll keeps them): it puts a bucket in the state a denied Take
-// leaves exactly if nothing wrote to it meanwhile, and otherwise moves its
-// TAT back by exactly what the admitted Take added beyond that. This is not
-// one atomic step, and it leaves a window of one round
-// trip (the take, then the give-back):
+// stay, as DecideAll keeps them), under ctx: it puts a bucket in the state a
+// denied Take leaves exactly if nothing wrote to it meanwhile, and otherwise
+// moves its TAT back by exactly what the admitted Take added beyond that.
+// This is not one atomic step, and it leaves a window of one round trip (the
+// take, then the give-back):
 //   - during it, other requests see those buckets emptier than they are, and
 //     may be denied when they should not be;
 //   - a request that takes from such a bucket during the window while it
 //     also refills builds on the raised TAT; moving the TAT back afterwards
 //     can leave the bucket fuller than it would be had the denied Take never
 //     run, by at most what refills during the window;
-//   - if the give-back fails (the node is lost, the process dies), the
-//     tokens stay spent until they refill: such a Take can only deny more,
-//     never admit more. Take then returns the error.
+//   - a bucket reset to full during the window (its key deleted by a refund
+//     that filled it, evicted, or lost in a failover) and then taken again
+//     no longer holds the take, yet is moved back all the same: it can end
+//     up to the take's own tokens fuller. Telling this apart would need a
+//     mark in every stored state, or a read-only check of every slot before
+//     taking (a second round trip for every Take across slots); for a
+//     window of one round trip, it is left so;
+//   - if the give-back fails or ctx is done before it is answered, the
+//     tokens stay spent until they refill (Stats.GiveBackFailures counts
+//     such calls): stricter, never more lenient.
+//
+// The answer of a Take one slot denied is that denial, whatever happened to
+// the give-back and to the other slots: requests in a slot that failed
+// (Stats.DeniedWithFailures counts such Takes) answer Allowed with
+// Remaining 0 and no ResetAfter, since their buckets' state is unknown and
+// they did not deny the Take; their post-paid charges may or may not have
+// been recorded. A Take that no slot denied but one failed returns the
+// error, after giving back the slots that admitted.
 //
 // A standalone or Sentinel-managed Redis has no slots: one script call
 // covers every key and none of this applies.
@@ -329,9 +356,8 @@ func groupOf(keys []string, reqs []limiter.Request, idx []int) ([]string, []limi
 // When ctx is done, Take returns at once. A script call still waiting for
 // its batch is then dropped, unsent; one already sent may still run on
 // Redis and charge its buckets, as when a reply is lost (this errs toward
-// denying). On a cluster, the slots of a Take that had answered are given
-// back as above if one had denied; a slot still unanswered is left as it
-// lands.
+// denying). On a cluster, a slot still unanswered is left as it lands, and
+// the give-back, sent under ctx too, is not sent or not waited for.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	for i, r := range reqs {
 		if err := r.Validate(); err != nil {
@@ -615,7 +641,7 @@ func giveBackRecords(now time.Time, reqs []limiter.Request, stored []limiter.Sta
 }
 
 // takeGroups takes each group (one hash slot) in parallel, and if one
-// denies or fails, gives back what the others took. See Take.
+// denies or fails, gives back what the others took, under ctx. See Take.
 func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, groups [][]int) ([]limiter.Decision, error) {
 	results := make([]takeResult, len(groups))
 	errs := make([]error, len(groups))
@@ -630,14 +656,15 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 		results[g], errs[g] = decodeTakeCmd(cmd, greqs[g], true)
 	}
 
-	allowed := true
+	allowed, denied := true, false
 	var failed []error
 	for g := range groups {
-		if errs[g] != nil {
+		switch {
+		case errs[g] != nil:
 			failed = append(failed, errs[g])
 			allowed = false
-		} else if !results[g].allowed {
-			allowed = false
+		case !results[g].allowed:
+			allowed, denied = false, true
 		}
 	}
 	decisions := make([]limiter.Decision, len(reqs))
@@ -646,6 +673,8 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 		for j, i := range idx {
 			switch {
 			case errs[g] != nil:
+				// Unknown: not what denied the Take, nothing known left.
+				decisions[i] = limiter.Decision{Allowed: true}
 			case allowed || !res.allowed:
 				// Admitted everywhere, or this slot denied: it already
 				// answered as DecideAll does.
@@ -660,20 +689,26 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 	if allowed {
 		return decisions, nil
 	}
-	if err := s.giveBackGroups(context.WithoutCancel(ctx), now, keys, reqs, groups, results, errs); err != nil {
-		failed = append(failed, err)
+	// Under ctx: the caller gets its answer by its deadline; a give-back
+	// not done by then leaves tokens spent, which errs toward denying.
+	gerr := s.giveBackGroups(ctx, now, keys, reqs, groups, results, errs)
+	if denied {
+		// The admission is known: denied. Failures only cost accuracy
+		// (tokens left spent, a failed slot's state unknown).
+		if len(failed) > 0 {
+			s.stats.deniedWithFailures.Add(1)
+		}
+		return decisions, nil
 	}
-	if len(failed) > 0 {
-		return nil, unavailable(errors.Join(failed...))
+	if gerr != nil {
+		failed = append(failed, gerr)
 	}
-	return decisions, nil
+	return nil, unavailable(errors.Join(failed...))
 }
 
 // giveBackGroups runs giveback.lua on every group that admitted, for the
-// buckets whose state differs from what a denied Take leaves.
-// It does not stop at ctx's deadline (the caller passes a context without
-// one): leaving tokens spent is the worse outcome; the client's read and
-// write timeouts bound it.
+// buckets whose state differs from what a denied Take leaves, under ctx,
+// and counts the calls that fail in Stats.GiveBackFailures.
 func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, groups [][]int, results []takeResult, errs []error) error {
 	var calls []scriptCall
 	for g, idx := range groups {
@@ -702,6 +737,7 @@ func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string
 	var gerrs []error
 	for i, cmd := range s.scripts(ctx, calls) {
 		if err := cmd.Err(); err != nil {
+			s.stats.giveBackFailures.Add(1)
 			gerrs = append(gerrs, fmt.Errorf("give back %d buckets: %w", len(calls[i].keys), err))
 		}
 	}

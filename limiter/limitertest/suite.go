@@ -154,6 +154,11 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 			{Key: t.Name(), Limit: limiter.Limit{Count: 1, Period: time.Second, Burst: 1, MaxDebt: -1}, Hits: 1},
 			// A debt of 2^20 tokens at one an hour takes longer than MaxFill to repay.
 			{Key: t.Name(), Limit: limiter.Limit{Count: 1, Period: time.Hour, Burst: 1, MaxDebt: 1 << 20}, Hits: 1},
+			// Burst·Period (and (Burst+MaxDebt)·Period) wrap int64 to a
+			// span under MaxFill: a store must refuse them, not admit
+			// from a wrapped fill time.
+			{Key: t.Name(), Limit: limiter.Limit{Count: 1, Period: 24 * time.Hour, Burst: 1_000_000_000_000}, Hits: 110_000_000},
+			{Key: t.Name(), Limit: limiter.Limit{Count: 1, Period: 24 * time.Hour, Burst: 1, MaxDebt: 1_000_000_000_000}, Hits: 1},
 			{Key: t.Name(), Limit: fivePerMinute, Hits: 1, MaxWait: -1},
 			{Key: t.Name(), Limit: fivePerMinute, Hits: 1, MaxWait: limiter.MaxFill + time.Microsecond},
 		}
