@@ -1,23 +1,44 @@
 // Package denialcache keeps, on one replica, the denials a shared
 // limiter.Store (Redis) has answered, and denies further requests for those
 // buckets locally, without asking the store, for as long as the store's own
-// answer proves they must be denied.
+// answer proves they must be denied, with the answer the store would give.
 //
-// The proof: when the store denies n tokens of a bucket with RetryAfter r,
-// it decided at some instant at or after the call was sent, and the bucket
-// then needed r more to hold n tokens. Tokens only arrive with time, and
-// other replicas can only take them, never add any; so until sendTime + r,
-// measured on the local monotonic clock, the bucket cannot admit n or more
-// tokens. A request for at least n tokens of the same bucket, under the same
-// Limit, is denied locally until then. The cache only ever denies, never
-// admits, and it never denies past that instant: at and after it the store
-// is asked again.
+// The proof: when the store denies n tokens of a bucket, it decided at some
+// instant at or after the call was sent, and its answer places the
+// bucket's theoretical arrival time (TAT) then: ResetAfter is the time to
+// the TAT rounded up to the microsecond, and RetryAfter, set against the
+// limiter arithmetic for n tokens (Limit.Span), tells which side of some
+// fraction of a microsecond the rounding hid. Tokens only arrive with
+// time, and other replicas only take them, so measured on the local
+// monotonic clock from the instant the call was sent, the TAT is at least
+// that late. A request for m ≥ n tokens of the same bucket, under the same
+// Limit, is then denied locally while n tokens cannot have arrived, with
+// the Decision limiter.Decide gives for m on that TAT: m's own RetryAfter,
+// the ResetAfter, or ExceedsBurst above the burst. When that Decision
+// depends on a fraction the answer did not tell (only with a Period that
+// is not a whole number of microseconds per token, and m ≠ n), the store
+// is asked. The cache only ever denies, never admits.
+//
+// A denial is trusted for at most MaxAge after the call that learned it
+// was sent (and never past the instant n tokens may have arrived); then the
+// store is asked again. This bounds what it costs when tokens come back
+// though nothing on this replica gave them: on Redis Cluster, a Take
+// spanning hash slots that one slot denies gives back what the others took
+// about a round trip later, and a single-request denial learned in between
+// would otherwise stand for its whole RetryAfter (an hour on a limit of 1
+// an hour); a refund through another replica; a Redis that lost its data.
+// In each case this replica denies a bucket that has room for at most
+// MaxAge.
 //
 // It assumes the store's clock runs at the rate of the local one (Redis
-// TIME, on a host kept by NTP: errors of parts per million), and that the
-// bucket's state survives (a Redis that loses its data refills every bucket
-// at once; this replica then keeps denying the buckets it knew until their
-// deadlines, at most one RetryAfter).
+// TIME, on a host kept by NTP: errors of parts per million). Other
+// replicas' takes make the bucket emptier than the cache knows, so its
+// RetryAfter and ResetAfter are shorter than the store's would be by what
+// they took since. This replica's own takes do not: every Take through the
+// Learn layer that spends from a bucket (an admission with Hits, a
+// post-paid charge) forgets it when it returns (short by what a Take
+// spent only if that Take overlapped the call the denial was learned
+// from).
 //
 // Only single-request Takes are cached: an all-or-nothing Take of several
 // buckets says which one denied only through its decisions, and the others
@@ -27,10 +48,14 @@
 // others: their denial is the bucket's, and charges nothing.
 //
 // A refund (limiter.Refunder) makes a bucket fuller, against the proof.
-// Refunds through this replica's layers forget the buckets they name; a
-// refund on another replica can leave this one denying a bucket until its
-// deadline though the refund made room (at most one RetryAfter, and only
-// after a refund).
+// Refunds through this replica's layers forget the buckets they name once
+// the store has them, and a denial answered to a Take sent before such a
+// refund returned is not learned (the store may have decided it before the
+// refund): each refund starts a new epoch of its bucket's shard.
+//
+// Memory is bounded by MaxEntries and by MaxBytes, which counts each
+// entry's key: descriptors with long values make the cache hold fewer
+// buckets, not more memory.
 package denialcache
 
 import (
@@ -45,15 +70,21 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
-// DefaultMaxEntries is the default of Options.MaxEntries: with keys of
-// about a hundred bytes, some 15 MB when full.
+// DefaultMaxEntries is the default of Options.MaxEntries.
 const DefaultMaxEntries = 1 << 16
 
-// exceedsFor is how long an ExceedsBurst denial is remembered. It would be
-// true for as long as the Limit stays (the entry is keyed by it), but the
-// answer also carries ResetAfter, which only the store knows: asking again
-// once a second keeps that fresh enough.
-const exceedsFor = time.Second
+// BytesPerEntry is what Options.MaxBytes defaults to per entry of
+// Options.MaxEntries: 16 MiB at DefaultMaxEntries, which holds some 49,000
+// buckets with keys of 100 bytes, or 3,800 with keys of 4 KiB.
+const BytesPerEntry = 256
+
+// EntryOverhead is what one entry counts against Options.MaxBytes beyond
+// its key's bytes: about what it takes besides them (its map slot at the
+// map's lowest load, and the key's allocation).
+const EntryOverhead = 240
+
+// DefaultMaxAge is the default of Options.MaxAge.
+const DefaultMaxAge = time.Second
 
 // numShards splits the cache so that replicas' goroutines rarely contend.
 const numShards = 64
@@ -61,10 +92,19 @@ const numShards = 64
 // Options configures a Cache. The zero value means the defaults.
 type Options struct {
 	// MaxEntries bounds the buckets remembered (rounded up to a multiple
-	// of 64). When a shard is full, entries whose deadline has passed are
-	// dropped first, then arbitrary ones (forgetting only denies less).
-	// Default DefaultMaxEntries.
+	// of 64). When a shard is full, entries past their expiry are dropped
+	// first, then arbitrary ones (forgetting only denies less). Default
+	// DefaultMaxEntries.
 	MaxEntries int
+	// MaxBytes bounds the memory of the entries, in bytes, each counted as
+	// its key's length plus EntryOverhead (rounded up to a multiple of
+	// 64, split evenly over 64 shards: an entry that costs more than a
+	// 64th is never remembered). Entries are dropped as for MaxEntries.
+	// Default MaxEntries × BytesPerEntry.
+	MaxBytes int64
+	// MaxAge bounds how long after the call that learned it was sent a
+	// denial is answered from the cache. Default DefaultMaxAge.
+	MaxAge time.Duration
 	// Now is the local clock, read when a call is sent to the store and
 	// when a request is looked up. It must be monotonic (time.Now's
 	// readings are). Default time.Now.
@@ -75,10 +115,13 @@ type Options struct {
 // the store's answers) and a Front layer (which answers from it). The zero
 // Cache is not usable; call New. It is safe for concurrent use.
 type Cache struct {
-	now      func() time.Time
-	seed     maphash.Seed
-	perShard int
-	shards   [numShards]shard
+	now       func() time.Time
+	base      time.Time // instants are kept as durations since base
+	maxAge    time.Duration
+	seed      maphash.Seed
+	perShard  int
+	shardCost int64 // bytes per shard
+	shards    [numShards]shard
 
 	localDenials atomic.Int64
 	learned      atomic.Int64
@@ -89,21 +132,35 @@ type Cache struct {
 type shard struct {
 	mu sync.Mutex
 	m  map[string]entry
-	// nextSweep is the earliest deadline among the entries when last
-	// swept: sweeping before it finds nothing to drop.
-	nextSweep time.Time
-	_         [64]byte
+	// cost is the sum of the entries' costs (see cost).
+	cost int64
+	// peak is the most entries m has held: a Go map keeps the room it
+	// grew, so makeRoom makes a smaller one when it holds far fewer.
+	peak int
+	// nextSweep is the earliest expiry among the entries when last swept:
+	// sweeping before it finds nothing to drop.
+	nextSweep time.Duration
+	// epoch counts the refunds of the shard's buckets: a denial answered
+	// to a call sent in an earlier epoch is not learned.
+	epoch atomic.Uint64
+	_     [64]byte
 }
 
-// entry says: under limit, the bucket cannot admit hits or more tokens
-// before until. For an ExceedsBurst denial, hits is Burst+1: no request for
-// more than Burst ever passes.
+// entry is what the store's denial of hits tokens, under limit, proved
+// about a bucket. Instants are durations since Cache.base on the local
+// clock.
+//
+// The bucket's TAT is at least reset − phase/Count µs for some phase in
+// [phaseLo, phaseHi) ⊆ [0, Count); no request for hits tokens passes
+// before until; the entry is not used at or after expires (≤ until). An
+// entry learned from an ExceedsBurst denial has hits Burst+1 and tells only
+// reset.
 type entry struct {
-	limit   limiter.Limit
-	hits    int64
-	until   time.Time
-	resetAt time.Time // the bucket is not full before it
-	exceeds bool
+	limit            limiter.Limit
+	hits             int64
+	expires, until   time.Duration
+	reset            time.Duration
+	phaseLo, phaseHi int64
 }
 
 // Stats counts what a Cache did since New.
@@ -116,20 +173,34 @@ type Stats struct {
 
 // New returns an empty Cache.
 func New(opts Options) (*Cache, error) {
-	if opts.MaxEntries < 0 {
+	switch {
+	case opts.MaxEntries < 0:
 		return nil, fmt.Errorf("denialcache: Options.MaxEntries %d: must not be negative", opts.MaxEntries)
+	case opts.MaxBytes < 0:
+		return nil, fmt.Errorf("denialcache: Options.MaxBytes %d: must not be negative", opts.MaxBytes)
+	case opts.MaxAge < 0:
+		return nil, fmt.Errorf("denialcache: Options.MaxAge %v: must not be negative", opts.MaxAge)
 	}
 	if opts.MaxEntries == 0 {
 		opts.MaxEntries = DefaultMaxEntries
+	}
+	if opts.MaxBytes == 0 {
+		opts.MaxBytes = int64(opts.MaxEntries) * BytesPerEntry
+	}
+	if opts.MaxAge == 0 {
+		opts.MaxAge = DefaultMaxAge
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
 	c := &Cache{
-		now:      opts.Now,
-		seed:     maphash.MakeSeed(),
-		perShard: (opts.MaxEntries + numShards - 1) / numShards,
+		now:       opts.Now,
+		maxAge:    opts.MaxAge,
+		seed:      maphash.MakeSeed(),
+		perShard:  (opts.MaxEntries + numShards - 1) / numShards,
+		shardCost: (opts.MaxBytes + numShards - 1) / numShards,
 	}
+	c.base = c.now()
 	for i := range c.shards {
 		c.shards[i].m = make(map[string]entry)
 	}
@@ -153,11 +224,12 @@ func (c *Cache) Len() int {
 	return n
 }
 
-// Learn returns a limiter.Store that passes every Take to store and
-// remembers the denials it answers to single requests. store must be the
-// shared store itself, whose every answer is the bucket's: not a layer that
-// answers from elsewhere when the store fails (failover's deny or local
-// modes), or the cache would take those answers for the bucket's.
+// Learn returns a limiter.Store that passes every Take to store,
+// remembers the denials it answers to single requests, and forgets the
+// buckets its Takes spend from. store must be the shared store itself,
+// whose every answer is the bucket's: not a layer that answers from
+// elsewhere when the store fails (failover's deny or local modes), or the
+// cache would take those answers for the bucket's.
 func (c *Cache) Learn(store limiter.Store) limiter.Store {
 	return learner{c: c, store: store}
 }
@@ -183,18 +255,24 @@ type learner struct {
 // Take implements limiter.Store.
 func (l learner) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	if len(reqs) != 1 || !cacheable(reqs[0]) {
-		return l.store.Take(ctx, now, reqs)
+		d, err := l.store.Take(ctx, now, reqs)
+		if err == nil {
+			l.c.forgetSpent(reqs, d)
+		}
+		return d, err
 	}
-	sent := l.c.now()
+	sh := l.c.shard(reqs[0].Key)
+	epoch := sh.epoch.Load()
+	sent := l.c.since()
 	d, err := l.store.Take(ctx, now, reqs)
 	if err == nil && len(d) == 1 {
-		l.c.learn(reqs[0], d[0], sent)
+		l.c.learn(sh, reqs[0], d[0], sent, epoch)
 	}
 	return d, err
 }
 
-// Refund implements limiter.Refunder: it forgets the buckets named and
-// passes the refund to the store, if that can take it.
+// Refund implements limiter.Refunder: it passes the refund to the store,
+// if that can take it, and forgets the buckets named.
 func (l learner) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
 	return l.c.refund(ctx, now, reqs, l.store)
 }
@@ -220,39 +298,62 @@ func (f front) Take(ctx context.Context, now time.Time, reqs []limiter.Request) 
 	return f.next.Take(ctx, now, reqs)
 }
 
-// Refund implements limiter.Refunder: it forgets the buckets named and
-// passes the refund to next, if that can take it.
+// Refund implements limiter.Refunder: it passes the refund to next, if
+// that can take it, and forgets the buckets named.
 func (f front) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
 	return f.c.refund(ctx, now, reqs, f.next)
 }
 
-// refund forgets the buckets reqs name, before the refund and again after
-// it: a denial learned from a Take answered while the refund was on its way
-// may predate it.
+// refund passes the refund to next, then forgets the buckets reqs name and
+// moves their shards to a new epoch, so that a denial answered to a Take
+// sent before the refund returned (which the store may have decided before
+// the refund) is not learned afterwards. Until the refund returns, the
+// cache may still deny from what it knew: the refund has not happened yet.
 func (c *Cache) refund(ctx context.Context, now time.Time, reqs []limiter.Request, next limiter.Store) error {
 	refunder, ok := next.(limiter.Refunder)
 	if !ok {
-		c.drop(reqs)
+		c.invalidate(reqs)
 		return fmt.Errorf("%w: the backend cannot give tokens back", limiter.ErrInvalidRequest)
 	}
-	c.drop(reqs)
 	err := refunder.Refund(ctx, now, reqs)
-	c.drop(reqs)
+	// Even on an error: the refund may have reached the store.
+	c.invalidate(reqs)
 	return err
 }
 
-// drop forgets the buckets reqs name.
-func (c *Cache) drop(reqs []limiter.Request) {
+// invalidate forgets the buckets reqs name and starts a new epoch in their
+// shards.
+func (c *Cache) invalidate(reqs []limiter.Request) {
 	for _, r := range reqs {
 		sh := c.shard(r.Key)
 		sh.mu.Lock()
-		delete(sh.m, r.Key)
+		sh.epoch.Add(1)
+		sh.remove(r.Key)
 		sh.mu.Unlock()
+	}
+}
+
+// forgetSpent forgets the buckets of the requests that changed their
+// bucket (admitted with Hits, or a post-paid charge): the cache's answers
+// for them would be short by what was spent.
+func (c *Cache) forgetSpent(reqs []limiter.Request, d []limiter.Decision) {
+	for i, r := range reqs {
+		if i < len(d) && (r.Charge() || d[i].Allowed && r.Hits > 0) {
+			sh := c.shard(r.Key)
+			sh.mu.Lock()
+			sh.remove(r.Key)
+			sh.mu.Unlock()
+		}
 	}
 }
 
 func (c *Cache) shard(key string) *shard {
 	return &c.shards[maphash.String(c.seed, key)%numShards]
+}
+
+// since reads the clock, as a duration since c.base.
+func (c *Cache) since() time.Duration {
+	return c.now().Sub(c.base)
 }
 
 // lookup answers r from the cache if it can.
@@ -267,24 +368,53 @@ func (c *Cache) lookup(r limiter.Request) (limiter.Decision, bool) {
 	if !ok {
 		return limiter.Decision{}, false
 	}
-	now := c.now()
-	if !now.Before(e.until) {
+	now := c.since()
+	if now >= e.expires {
 		sh.mu.Lock()
-		if e, ok := sh.m[r.Key]; ok && !now.Before(e.until) {
-			delete(sh.m, r.Key)
+		if e, ok := sh.m[r.Key]; ok && now >= e.expires {
+			sh.remove(r.Key)
 		}
 		sh.mu.Unlock()
 		return limiter.Decision{}, false
 	}
-	if e.limit != r.Limit || r.Hits < e.hits || !e.exceeds && r.Hits > r.Limit.Burst {
+	if e.limit != r.Limit || r.Hits < e.hits {
+		return limiter.Decision{}, false
+	}
+	if r.Hits > r.Limit.Burst {
+		c.localDenials.Add(1)
+		return limiter.Decision{ResetAfter: ceilPositive(e.reset - now), ExceedsBurst: true}, true
+	}
+	at, ok := e.deadline(r.Hits)
+	if !ok {
 		return limiter.Decision{}, false
 	}
 	c.localDenials.Add(1)
-	if e.exceeds {
-		return limiter.Decision{ResetAfter: ceilPositive(e.resetAt.Sub(now)), ExceedsBurst: true}, true
+	return limiter.Decision{RetryAfter: ceilPositive(at - now), ResetAfter: ceilPositive(e.reset - now)}, true
+}
+
+// deadline returns the instant before which m tokens (e.hits ≤ m ≤ Burst)
+// cannot have arrived, as limiter.Decide computes it for the TAT e knows,
+// and false if that depends on the part of the phase e does not know.
+//
+// In Decide's terms, the request is denied until TAT + Span(m) − FillTime,
+// which is TAT − Span(Burst−m) (us µs plus frac/Count). With TAT = reset −
+// phase/Count µs, that is reset − us − (1 if phase+frac ≥ Count), in whole
+// microseconds: the store reads its clock to the microsecond.
+func (e *entry) deadline(m int64) (time.Duration, bool) {
+	if m == e.hits {
+		return e.until, true
 	}
-	retry := ceilPositive(e.until.Sub(now))
-	return limiter.Decision{RetryAfter: retry, ResetAfter: max(retry, ceilPositive(e.resetAt.Sub(now)))}, true
+	us, frac := e.limit.Span(e.limit.Burst - m)
+	carry := int64(0)
+	if frac > 0 {
+		switch k := e.limit.Count - frac; {
+		case e.phaseLo >= k:
+			carry = 1
+		case e.phaseHi > k:
+			return 0, false
+		}
+	}
+	return e.reset - time.Duration(us+carry)*time.Microsecond, true
 }
 
 // ceilPositive rounds d up to the microsecond; 0 if it is not positive.
@@ -295,70 +425,138 @@ func ceilPositive(d time.Duration) time.Duration {
 	return (d + time.Microsecond - 1).Truncate(time.Microsecond)
 }
 
-// learn records the store's decision d on r, a call sent at sent.
-func (c *Cache) learn(r limiter.Request, d limiter.Decision, sent time.Time) {
+// learn records the store's decision d on r, a call sent at sent (since
+// c.base) in the shard's epoch epoch. sh is r.Key's shard.
+func (c *Cache) learn(sh *shard, r limiter.Request, d limiter.Decision, sent time.Duration, epoch uint64) {
 	var e entry
 	switch {
 	case d.Allowed:
-		// An admitted request for at least what an entry denies means the
-		// entry is wrong (the bucket lost its state): forget it.
-		c.forget(r)
+		// The admission spent tokens: an entry would answer short.
+		sh.mu.Lock()
+		sh.remove(r.Key)
+		sh.mu.Unlock()
 		return
 	case d.ExceedsBurst:
-		e = entry{limit: r.Limit, hits: r.Limit.Burst + 1, until: sent.Add(exceedsFor), resetAt: sent.Add(d.ResetAfter), exceeds: true}
+		e = entry{limit: r.Limit, hits: r.Limit.Burst + 1, expires: sent + c.maxAge, reset: sent + d.ResetAfter}
+		e.until = e.expires
 	case d.RetryAfter > 0:
-		e = entry{limit: r.Limit, hits: r.Hits, until: sent.Add(d.RetryAfter), resetAt: sent.Add(d.ResetAfter)}
+		lo, hi, ok := phase(r.Limit, r.Hits, d)
+		if !ok {
+			return
+		}
+		until := sent + d.RetryAfter
+		e = entry{
+			limit: r.Limit, hits: r.Hits,
+			expires: min(until, sent+c.maxAge), until: until,
+			reset: sent + d.ResetAfter, phaseLo: lo, phaseHi: hi,
+		}
 	default:
 		return
 	}
-	c.learned.Add(1)
-	sh := c.shard(r.Key)
+	cost := cost(r.Key)
+	if cost > c.shardCost {
+		return
+	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if _, ok := sh.m[r.Key]; !ok && len(sh.m) >= c.perShard {
-		sh.makeRoom(c.now(), c.perShard)
+	if sh.epoch.Load() != epoch {
+		// A refund returned since the call was sent: the store may have
+		// decided before it.
+		return
 	}
-	key := r.Key
-	if _, ok := sh.m[key]; !ok {
+	c.learned.Add(1)
+	if _, ok := sh.m[r.Key]; ok {
+		sh.m[r.Key] = e
+	} else {
+		if len(sh.m) >= c.perShard || sh.cost+cost > c.shardCost {
+			sh.makeRoom(c.since(), c.perShard, c.shardCost-cost)
+		}
 		// The request's key may live in a buffer its caller reuses.
-		key = strings.Clone(key)
+		sh.m[strings.Clone(r.Key)] = e
+		sh.cost += cost
+		sh.peak = max(sh.peak, len(sh.m))
 	}
-	sh.m[key] = e
-	if e.until.Before(sh.nextSweep) {
-		sh.nextSweep = e.until
+	if e.expires < sh.nextSweep {
+		sh.nextSweep = e.expires
 	}
 }
 
-// forget drops r's entry if it denies r.
-func (c *Cache) forget(r limiter.Request) {
-	sh := c.shard(r.Key)
-	sh.mu.Lock()
-	if e, ok := sh.m[r.Key]; ok && e.limit == r.Limit && r.Hits >= e.hits {
-		delete(sh.m, r.Key)
+// phase returns what the store's denial d of hits tokens under l tells of
+// the bucket's phase (see entry): [lo, hi) ⊆ [0, Count). It reports false
+// if d does not fit limiter.Decide's arithmetic for l and hits, so that
+// the cache cannot tell what the store would answer.
+//
+// Decide answers ResetAfter = ⌈TAT − now⌉ and RetryAfter = ⌈TAT − now −
+// Span(Burst−hits)⌉; with TAT − now = ResetAfter − phase/Count µs and
+// Span(Burst−hits) = us + frac/Count µs, RetryAfter = ResetAfter − us −
+// carry, where carry is 1 exactly when phase + frac ≥ Count.
+func phase(l limiter.Limit, hits int64, d limiter.Decision) (lo, hi int64, ok bool) {
+	if hits > l.Burst || d.RetryAfter%time.Microsecond != 0 || d.ResetAfter%time.Microsecond != 0 {
+		return 0, 0, false
 	}
-	sh.mu.Unlock()
+	us, frac := l.Span(l.Burst - hits)
+	switch carry := (d.ResetAfter - d.RetryAfter).Microseconds() - us; {
+	case carry == 0 && frac == 0:
+		return 0, l.Count, true
+	case carry == 0:
+		return 0, l.Count - frac, true
+	case carry == 1 && frac > 0:
+		return l.Count - frac, l.Count, true
+	}
+	return 0, 0, false
 }
 
-// makeRoom frees at least one place in a full shard: the entries past their
-// deadline if any (at most one sweep per earliest deadline), else one
-// arbitrary entry. sh.mu is held.
-func (sh *shard) makeRoom(now time.Time, capacity int) {
-	if !now.Before(sh.nextSweep) {
-		var next time.Time
+// cost is what an entry for key counts against Options.MaxBytes.
+func cost(key string) int64 {
+	return int64(len(key)) + EntryOverhead
+}
+
+// remove drops key's entry, if any. sh.mu is held.
+func (sh *shard) remove(key string) {
+	if _, ok := sh.m[key]; ok {
+		delete(sh.m, key)
+		sh.cost -= cost(key)
+	}
+}
+
+// makeRoom drops entries from a shard until it holds fewer than maxLen
+// and they cost at most maxCost: the entries past their expiry first (at
+// most one sweep per earliest expiry), then arbitrary ones. It then moves
+// them to a new map if they are a quarter of the peak or fewer (after
+// short keys gave way to long ones), so that the map's room stays in
+// proportion to the entries, which MaxBytes bounds. sh.mu is held.
+func (sh *shard) makeRoom(now time.Duration, maxLen int, maxCost int64) {
+	defer sh.compact()
+	if now >= sh.nextSweep {
+		next := time.Duration(1<<63 - 1)
 		for k, e := range sh.m {
-			if !now.Before(e.until) {
+			if now >= e.expires {
 				delete(sh.m, k)
-			} else if next.IsZero() || e.until.Before(next) {
-				next = e.until
+				sh.cost -= cost(k)
+			} else if e.expires < next {
+				next = e.expires
 			}
 		}
 		sh.nextSweep = next
 	}
-	if len(sh.m) < capacity {
+	for k := range sh.m {
+		if len(sh.m) < maxLen && sh.cost <= maxCost {
+			return
+		}
+		delete(sh.m, k)
+		sh.cost -= cost(k)
+	}
+}
+
+// compact moves the entries to a map of their size when they are a
+// quarter of the peak or fewer. sh.mu is held.
+func (sh *shard) compact() {
+	if len(sh.m) > sh.peak/4 {
 		return
 	}
-	for k := range sh.m {
-		delete(sh.m, k)
-		break
+	m := make(map[string]entry, len(sh.m))
+	for k, e := range sh.m {
+		m[k] = e
 	}
+	sh.m, sh.peak = m, len(m)
 }

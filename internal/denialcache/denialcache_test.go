@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -134,7 +135,8 @@ func TestSmallerAsksAndChecksPassThrough(t *testing.T) {
 		{0, []limiter.Request{req("k", tenPerSec, 8)}, []limiter.Decision{ok(2, 800*ms)}, true},
 		// 5 are missing 3 tokens, 300ms away.
 		{0, []limiter.Request{req("k", tenPerSec, 5)}, []limiter.Decision{deny(300*ms, 800*ms)}, true},
-		{0, []limiter.Request{req("k", tenPerSec, 6)}, []limiter.Decision{deny(300*ms, 800*ms)}, false},
+		// 6 are missing 4: the store's answer for 6, from the cache.
+		{0, []limiter.Request{req("k", tenPerSec, 6)}, []limiter.Decision{deny(400*ms, 800*ms)}, false},
 		// Fewer than 5 may pass: the store decides.
 		{0, []limiter.Request{req("k", tenPerSec, 2)}, []limiter.Decision{ok(0, time.Second)}, true},
 		// A check always goes to the store.
@@ -267,62 +269,84 @@ func TestAdmissionForgets(t *testing.T) {
 }
 
 // TestSameAsStore: over a random timeline, the store behind the cache and
-// the same store without it admit exactly the same requests: the cache
-// denies nothing the store would admit, and admits nothing itself.
+// the same store without it give exactly the same Decisions: the cache
+// denies nothing the store would admit, admits nothing itself, and
+// answers what the store would (requests it answers are denials, which
+// leave the bucket as it was, so both stores hold the same buckets).
 func TestSameAsStore(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	clk := clockAt(t0)
-	cached := newBackend(clk)
-	plain := newBackend(clk)
-	c := newCache(t, denialcache.Options{Now: clk.Now, MaxEntries: 64})
-	s := c.Wrap(cached)
-	limits := []limiter.Limit{onePerSec, tenPerSec, {Count: 3, Period: time.Second, Burst: 5}, {Count: 7, Period: 1001 * time.Microsecond, Burst: 3}}
-	ctx := context.Background()
-	for i := range 20000 {
-		// Whole microseconds: the store reads its clock to the
-		// microsecond, and decides at the instant the call is sent.
-		if rng.IntN(10) == 0 {
-			clk.Advance(time.Duration(rng.Int64N(10)) * time.Microsecond)
-		} else {
-			clk.Advance(time.Duration(rng.Int64N(50_000)) * time.Microsecond)
-		}
-		n := 1
-		if rng.IntN(10) == 0 {
-			n = 2
-		}
-		reqs := make([]limiter.Request, n)
-		for j := range reqs {
-			l := limits[rng.IntN(len(limits))]
-			reqs[j] = req(fmt.Sprintf("k%d", rng.IntN(8)), l, rng.Int64N(l.Burst+2))
-		}
-		got, err := s.Take(ctx, clk.Now(), reqs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, _ := plain.Take(ctx, clk.Now(), reqs)
-		for j := range reqs {
-			if got[j].Allowed != want[j].Allowed || got[j].ExceedsBurst != want[j].ExceedsBurst {
-				t.Fatalf("step %d: Take(%v)[%d] = %+v through the cache, %+v without", i, reqs, j, got[j], want[j])
-			}
-			if !got[j].Allowed && !got[j].ExceedsBurst && (got[j].RetryAfter <= 0 || got[j].RetryAfter > want[j].RetryAfter) {
-				t.Fatalf("step %d: Take(%v)[%d] = %+v through the cache, want RetryAfter in (0, %v]", i, reqs, j, got[j], want[j].RetryAfter)
-			}
-		}
+	limits := []limiter.Limit{
+		onePerSec, tenPerSec,
+		{Count: 3, Period: time.Second, Burst: 5},             // 333333⅓ µs a token
+		{Count: 7, Period: 1001 * time.Microsecond, Burst: 3}, // 143 µs
+		{Count: 7, Period: time.Millisecond, Burst: 6},        // 142 6/7 µs
+		{Count: 1000, Period: 999 * time.Microsecond, Burst: 40},
 	}
-	st := c.Stats()
-	if st.LocalDenials == 0 {
-		t.Errorf("Stats = %+v: the cache never answered", st)
+	for _, tc := range []struct {
+		name   string
+		maxAge time.Duration
+		steps  time.Duration // largest step of the clock
+	}{
+		{"default", 0, 50 * ms},
+		{"short steps", 0, 2 * ms},
+		{"max age 3ms", 3 * ms, 10 * ms},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			clk := clockAt(t0)
+			cached := newBackend(clk)
+			plain := newBackend(clk)
+			c := newCache(t, denialcache.Options{Now: clk.Now, MaxEntries: 64, MaxAge: tc.maxAge})
+			s := c.Wrap(cached)
+			ctx := context.Background()
+			for i := range 20000 {
+				// Whole microseconds: the store reads its clock to the
+				// microsecond, and decides at the instant the call is sent.
+				if rng.IntN(10) == 0 {
+					clk.Advance(time.Duration(rng.Int64N(10)) * time.Microsecond)
+				} else {
+					clk.Advance(time.Duration(rng.Int64N(tc.steps.Microseconds())) * time.Microsecond)
+				}
+				n := 1
+				if rng.IntN(10) == 0 {
+					n = 2
+				}
+				reqs := make([]limiter.Request, n)
+				for j := range reqs {
+					l := limits[rng.IntN(len(limits))]
+					reqs[j] = req(fmt.Sprintf("k%d", rng.IntN(8)), l, 1+rng.Int64N(l.Burst+1))
+				}
+				got, err := s.Take(ctx, clk.Now(), reqs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, _ := plain.Take(ctx, clk.Now(), reqs)
+				for j := range reqs {
+					if got[j] != want[j] {
+						t.Fatalf("step %d: Take(%v)[%d] = %+v through the cache, %+v without", i, reqs, j, got[j], want[j])
+					}
+				}
+			}
+			st := c.Stats()
+			if st.LocalDenials == 0 {
+				t.Errorf("Stats = %+v: the cache never answered", st)
+			}
+			t.Logf("%+v; store calls %d with the cache, %d without", st, cached.Calls(), plain.Calls())
+		})
 	}
-	t.Logf("%+v; store calls %d with the cache, %d without", st, cached.Calls(), plain.Calls())
 }
 
-// denyAll denies every request for an hour.
+// denyAll is a store whose every bucket is an hour short of empty at any
+// time: it denies every request, with limiter.Decide's answer.
 type denyAll struct{}
 
-func (denyAll) Take(_ context.Context, _ time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+func (denyAll) Take(_ context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	d := make([]limiter.Decision, len(reqs))
-	for i := range d {
-		d[i] = limiter.Decision{RetryAfter: time.Hour, ResetAfter: time.Hour}
+	for i, r := range reqs {
+		if err := r.Validate(); err != nil {
+			return nil, err
+		}
+		tat := now.Add(time.Hour + r.Limit.FillTime()).UnixMicro()
+		_, d[i] = limiter.Decide(r, limiter.State{TAT: tat}, now)
 	}
 	return d, nil
 }
@@ -391,29 +415,73 @@ func TestConcurrentHotKey(t *testing.T) {
 	}
 }
 
-func TestNewRejectsNegativeMaxEntries(t *testing.T) {
-	if _, err := denialcache.New(denialcache.Options{MaxEntries: -1}); err == nil {
-		t.Error("New(MaxEntries -1) succeeded, want an error")
+// BenchmarkHotDeniedKey measures a Take on a bucket the cache denies: for
+// as many tokens as the denial it learned, and for more (its answer then
+// computed from the limit's arithmetic).
+func BenchmarkHotDeniedKey(b *testing.B) {
+	thirds := limiter.Limit{Count: 3, Period: time.Second, Burst: 5}
+	for _, bc := range []struct {
+		name        string
+		l           limiter.Limit
+		learn, take int64
+	}{
+		{"same hits", tenPerSec, 1, 1},
+		{"more hits", tenPerSec, 1, 5},
+		// The denial of 1 tells that 4 arrive 1333333 µs, not
+		// 1333334, before the TAT.
+		{"more hits, fractional", thirds, 1, 4},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := newCache(b, denialcache.Options{})
+			s := c.Wrap(denyAll{})
+			key := "v1\x0aai-gateway\x05model\x06gpt-4o"
+			ctx := context.Background()
+			s.Take(ctx, time.Time{}, []limiter.Request{req(key, bc.l, bc.learn)})
+			reqs := []limiter.Request{req(key, bc.l, bc.take)}
+			start := time.Now()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if d, err := s.Take(ctx, time.Time{}, reqs); err != nil || d[0].Allowed {
+						b.Fatal(d, err)
+					}
+				}
+			})
+			// The store is asked again once every DefaultMaxAge.
+			most := 2 + int64(time.Since(start)/denialcache.DefaultMaxAge)
+			if st := c.Stats(); st.Learned > most || st.LocalDenials < int64(b.N)-most {
+				b.Errorf("Stats = %+v after %d Takes, want the store asked at most %d times", st, b.N, most)
+			}
+		})
 	}
 }
 
-// BenchmarkHotDeniedKey measures a Take on a bucket the cache denies.
-func BenchmarkHotDeniedKey(b *testing.B) {
-	c := newCache(b, denialcache.Options{})
-	s := c.Wrap(denyAll{})
-	reqs := []limiter.Request{req("v1\x0aai-gateway\x05model\x06gpt-4o", tenPerSec, 1)}
-	ctx := context.Background()
-	s.Take(ctx, time.Time{}, reqs)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if d, err := s.Take(ctx, time.Time{}, reqs); err != nil || d[0].Allowed {
-				b.Fatal(d, err)
+// BenchmarkLearnChurn measures what the cache adds to a Take the store
+// denies when every key is new and the cache is full: a lookup that
+// misses, and a denial learned in place of an older one. (The benchmark
+// makes each key: one allocation of keyLen bytes.)
+func BenchmarkLearnChurn(b *testing.B) {
+	for _, keyLen := range []int{100, 4096} {
+		b.Run(fmt.Sprintf("%d-byte keys", keyLen), func(b *testing.B) {
+			c := newCache(b, denialcache.Options{})
+			s := c.Wrap(denyAll{})
+			ctx := context.Background()
+			buf := []byte(strings.Repeat("v", keyLen))
+			reqs := []limiter.Request{req("", tenPerSec, 1)}
+			take := func(i int) {
+				copy(buf, fmt.Appendf(buf[:0:0], "%016d", i))
+				reqs[0].Key = string(buf)
+				s.Take(ctx, time.Time{}, reqs)
 			}
-		}
-	})
-	if st := c.Stats(); st.Learned != 1 {
-		b.Errorf("Stats = %+v, want the store asked once", st)
+			for i := range 1 << 17 {
+				take(-i)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				take(i)
+			}
+		})
 	}
 }
 
