@@ -610,3 +610,47 @@ func TestBackendFailuresAreLoggedOnceASecond(t *testing.T) {
 		t.Errorf("second line %q does not count the 9 failures it did not log", lines[1])
 	}
 }
+
+// hitsObserver keeps, per call, each descriptor's observed Hits.
+type hitsObserver struct {
+	mu   sync.Mutex
+	hits [][]int64
+}
+
+func (o *hitsObserver) ObserveCall(c server.Call) {
+	var h []int64
+	for _, d := range c.Descriptors {
+		h = append(h, d.Hits)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.hits = append(o.hits, h)
+}
+
+// TestObservedHitsAreThoseOfTheReportedLimit: when a descriptor denied
+// outright makes the others checks, a post-paid limit still charges its
+// hits; the observer reports the hits of the limit it reports (the one
+// with the least left), not those of the rule's first limit.
+func TestObservedHitsAreThoseOfTheReportedLimit(t *testing.T) {
+	obs := &hitsObserver{}
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Observer: obs}, mustParse(t, `
+domain: obs
+descriptors:
+  - key: ip
+    value: bad
+    rate_limit: {unit: minute, requests_per_unit: 0, name: blocked}
+  - key: user
+    rate_limits:
+      - {unit: minute, requests_per_unit: 1000, name: rpm}
+      - {unit: minute, requests_per_unit: 100, counts: tokens, overdraft: {max_debt: 1000}, name: tpm}
+`))
+	resp := call(t, c, request("obs", desc("ip", "bad"), withHits(desc("user", "u"), 50)))
+	if resp.GetOverallCode() != over || resp.GetStatuses()[1].GetCurrentLimit().GetName() != "tpm" {
+		t.Fatalf("answer %v, status %v; want OVER_LIMIT reporting tpm for the user", resp.GetOverallCode(), resp.GetStatuses()[1])
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.hits) != 1 || len(obs.hits[0]) != 2 || obs.hits[0][1] != 50 {
+		t.Errorf("observed hits %v, want the user's 50 (tpm's charge)", obs.hits)
+	}
+}
