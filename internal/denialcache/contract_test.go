@@ -214,17 +214,38 @@ func (p *pausing) Take(ctx context.Context, now time.Time, reqs []limiter.Reques
 	return d, err
 }
 
-// TestRefundDuringTake: a Take the store denied before a refund, whose
-// answer comes back after the refund returned, is not learned: the refund
-// made it wrong.
-func TestRefundDuringTake(t *testing.T) {
-	perMinute := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
+// TestSpendingDuringTake: a Take the store denied before a refund, an
+// admission or a post-paid charge through this replica, whose answer comes
+// back after that returned, is not learned: the refund made it wrong, and
+// the spending makes its retry-after short.
+func TestSpendingDuringTake(t *testing.T) {
+	perMinute := limiter.Limit{Count: 1, Period: time.Minute, Burst: 10}
+	postPaid := limiter.Limit{Count: 1, Period: time.Minute, Burst: 10, MaxDebt: 10}
 	for _, tc := range []struct {
-		name   string
-		refund func(c *denialcache.Cache, front, learn limiter.Store) limiter.Refunder
+		name string
+		// during runs while the denial is on its way back.
+		during func(c *denialcache.Cache, front, learn limiter.Store) error
+		// wantAfter is whether a Take of 5 is admitted at the end.
+		wantAfter bool
 	}{
-		{"through the front", func(_ *denialcache.Cache, front, _ limiter.Store) limiter.Refunder { return front.(limiter.Refunder) }},
-		{"through the learner", func(_ *denialcache.Cache, _, learn limiter.Store) limiter.Refunder { return learn.(limiter.Refunder) }},
+		{"refund through the front", func(_ *denialcache.Cache, front, _ limiter.Store) error {
+			return front.(limiter.Refunder).Refund(context.Background(), t0, []limiter.Request{req("k", perMinute, 8)})
+		}, true},
+		{"refund through the learner", func(_ *denialcache.Cache, _, learn limiter.Store) error {
+			return learn.(limiter.Refunder).Refund(context.Background(), t0, []limiter.Request{req("k", perMinute, 8)})
+		}, true},
+		{"admission of 2, alone", func(_ *denialcache.Cache, front, _ limiter.Store) error {
+			_, err := front.Take(context.Background(), t0, []limiter.Request{req("k", perMinute, 2)})
+			return err
+		}, false},
+		{"admission of 2 beside another bucket", func(_ *denialcache.Cache, front, _ limiter.Store) error {
+			_, err := front.Take(context.Background(), t0, []limiter.Request{req("k", perMinute, 2), req("j", perMinute, 1)})
+			return err
+		}, false},
+		{"post-paid charge of 2", func(_ *denialcache.Cache, front, _ limiter.Store) error {
+			_, err := front.Take(context.Background(), t0, []limiter.Request{req("k", postPaid, 2)})
+			return err
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clockAt(t0)
@@ -233,9 +254,9 @@ func TestRefundDuringTake(t *testing.T) {
 			learn := c.Learn(be)
 			front := c.Front(learn)
 			ctx := context.Background()
-			r := []limiter.Request{req("k", perMinute, 1)}
-			if d, _ := front.Take(ctx, t0, r); !d[0].Allowed {
-				t.Fatalf("first Take = %+v, want admitted", d[0])
+			r := []limiter.Request{req("k", perMinute, 5)}
+			if d, _ := front.Take(ctx, t0, []limiter.Request{req("k", perMinute, 8)}); !d[0].Allowed {
+				t.Fatalf("first Take = %+v, want admitted (2 left)", d[0])
 			}
 			be.pause.Store(true)
 			answered := make(chan limiter.Decision)
@@ -244,18 +265,18 @@ func TestRefundDuringTake(t *testing.T) {
 				answered <- d[0]
 			}()
 			<-be.decided // denied, on its way back
-			if err := tc.refund(c, front, learn).Refund(ctx, t0, r); err != nil {
-				t.Fatalf("Refund: %v", err)
+			if err := tc.during(c, front, learn); err != nil {
+				t.Fatalf("during: %v", err)
 			}
 			close(be.release)
 			if d := <-answered; d.Allowed {
-				t.Fatalf("Take decided before the refund = %+v, want denied", d)
+				t.Fatalf("Take decided before = %+v, want denied", d)
 			}
 			if c.Len() != 0 {
-				t.Errorf("Len = %d: the denial the refund made wrong was learned", c.Len())
+				t.Errorf("Len = %d: the denial decided before was learned", c.Len())
 			}
-			if d, _ := front.Take(ctx, t0, r); !d[0].Allowed {
-				t.Errorf("Take after the refund = %+v, want the refunded token", d[0])
+			if d, _ := front.Take(ctx, t0, r); d[0].Allowed != tc.wantAfter {
+				t.Errorf("Take of 5 at the end = %+v, want admitted %v", d[0], tc.wantAfter)
 			}
 		})
 	}
@@ -301,7 +322,11 @@ func TestAnswersThatDoNotFitTheModelAreNotLearned(t *testing.T) {
 }
 
 func TestNewRejectsNegativeOptions(t *testing.T) {
-	for _, opts := range []denialcache.Options{{MaxEntries: -1}, {MaxBytes: -1}, {MaxAge: -time.Nanosecond}} {
+	for _, opts := range []denialcache.Options{
+		{MaxEntries: -1}, {MaxBytes: -1}, {MaxAge: -time.Nanosecond},
+		// Too large: the byte budget or an expiry would overflow.
+		{MaxEntries: 1 << 56}, {MaxEntries: denialcache.MaxEntriesLimit + 1}, {MaxBytes: 1 << 62}, {MaxAge: 1 << 62},
+	} {
 		if _, err := denialcache.New(opts); err == nil {
 			t.Errorf("New(%+v) succeeded, want an error", opts)
 		}

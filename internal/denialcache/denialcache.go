@@ -31,7 +31,10 @@
 // MaxAge.
 //
 // It assumes the store's clock runs at the rate of the local one (Redis
-// TIME, on a host kept by NTP: errors of parts per million). Other
+// TIME, on a host kept by NTP: errors of parts per million), and reads it
+// to the microsecond: Redis truncates TIME to the µs, so the instant it
+// decided at can read up to a µs before the call was sent, and a denial
+// can stand up to a µs longer than the store's would. Other
 // replicas' takes make the bucket emptier than the cache knows, so its
 // RetryAfter and ResetAfter are shorter than the store's would be by what
 // they took since. This replica's own takes do not: every Take through the
@@ -73,6 +76,10 @@ import (
 // DefaultMaxEntries is the default of Options.MaxEntries.
 const DefaultMaxEntries = 1 << 16
 
+// MaxEntriesLimit is the largest Options.MaxEntries New accepts (a larger
+// one would overflow the byte budget derived from it).
+const MaxEntriesLimit = 1 << 26
+
 // BytesPerEntry is what Options.MaxBytes defaults to per entry of
 // Options.MaxEntries: 16 MiB at DefaultMaxEntries, which holds some 49,000
 // buckets with keys of 100 bytes, or 3,800 with keys of 4 KiB.
@@ -88,6 +95,10 @@ const DefaultMaxAge = time.Second
 
 // numShards splits the cache so that replicas' goroutines rarely contend.
 const numShards = 64
+
+// numEpochs is the number of slots of keys with an epoch each (see
+// Cache.epochs).
+const numEpochs = 4096
 
 // Options configures a Cache. The zero value means the defaults.
 type Options struct {
@@ -122,6 +133,12 @@ type Cache struct {
 	perShard  int
 	shardCost int64 // bytes per shard
 	shards    [numShards]shard
+	// epochs count, per slot of keys (by hash), the refunds, admissions and
+	// charges through this cache: a denial answered to a call sent in an
+	// earlier epoch of its key's slot is not learned (the store may have
+	// decided it before them). More slots than shards, so that spending on
+	// other keys seldom keeps a denial from being learned.
+	epochs [numEpochs]atomic.Uint64
 
 	localDenials atomic.Int64
 	learned      atomic.Int64
@@ -140,10 +157,7 @@ type shard struct {
 	// nextSweep is the earliest expiry among the entries when last swept:
 	// sweeping before it finds nothing to drop.
 	nextSweep time.Duration
-	// epoch counts the refunds of the shard's buckets: a denial answered
-	// to a call sent in an earlier epoch is not learned.
-	epoch atomic.Uint64
-	_     [64]byte
+	_         [64]byte
 }
 
 // entry is what the store's denial of hits tokens, under limit, proved
@@ -180,6 +194,12 @@ func New(opts Options) (*Cache, error) {
 		return nil, fmt.Errorf("denialcache: Options.MaxBytes %d: must not be negative", opts.MaxBytes)
 	case opts.MaxAge < 0:
 		return nil, fmt.Errorf("denialcache: Options.MaxAge %v: must not be negative", opts.MaxAge)
+	case opts.MaxEntries > MaxEntriesLimit:
+		return nil, fmt.Errorf("denialcache: Options.MaxEntries %d: more than %d", opts.MaxEntries, MaxEntriesLimit)
+	case opts.MaxBytes > MaxEntriesLimit*BytesPerEntry*16:
+		return nil, fmt.Errorf("denialcache: Options.MaxBytes %d: more than %d", opts.MaxBytes, MaxEntriesLimit*BytesPerEntry*16)
+	case opts.MaxAge > 24*time.Hour:
+		return nil, fmt.Errorf("denialcache: Options.MaxAge %v: more than a day", opts.MaxAge)
 	}
 	if opts.MaxEntries == 0 {
 		opts.MaxEntries = DefaultMaxEntries
@@ -261,12 +281,12 @@ func (l learner) Take(ctx context.Context, now time.Time, reqs []limiter.Request
 		}
 		return d, err
 	}
-	sh := l.c.shard(reqs[0].Key)
-	epoch := sh.epoch.Load()
+	sh, ep := l.c.ref(reqs[0].Key)
+	epoch := ep.Load()
 	sent := l.c.since()
 	d, err := l.store.Take(ctx, now, reqs)
 	if err == nil && len(d) == 1 {
-		l.c.learn(sh, reqs[0], d[0], sent, epoch)
+		l.c.learn(sh, ep, reqs[0], d[0], sent, epoch)
 	}
 	return d, err
 }
@@ -322,15 +342,21 @@ func (c *Cache) refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 }
 
 // invalidate forgets the buckets reqs name and starts a new epoch in their
-// shards.
+// slots.
 func (c *Cache) invalidate(reqs []limiter.Request) {
 	for _, r := range reqs {
-		sh := c.shard(r.Key)
-		sh.mu.Lock()
-		sh.epoch.Add(1)
-		sh.remove(r.Key)
-		sh.mu.Unlock()
+		c.forget(r.Key)
 	}
+}
+
+// forget forgets key's bucket and starts a new epoch in its slot, so that a
+// denial already on its way is not learned either.
+func (c *Cache) forget(key string) {
+	sh, ep := c.ref(key)
+	sh.mu.Lock()
+	ep.Add(1)
+	sh.remove(key)
+	sh.mu.Unlock()
 }
 
 // forgetSpent forgets the buckets of the requests that changed their
@@ -339,16 +365,19 @@ func (c *Cache) invalidate(reqs []limiter.Request) {
 func (c *Cache) forgetSpent(reqs []limiter.Request, d []limiter.Decision) {
 	for i, r := range reqs {
 		if i < len(d) && (r.Charge() || d[i].Allowed && r.Hits > 0) {
-			sh := c.shard(r.Key)
-			sh.mu.Lock()
-			sh.remove(r.Key)
-			sh.mu.Unlock()
+			c.forget(r.Key)
 		}
 	}
 }
 
 func (c *Cache) shard(key string) *shard {
 	return &c.shards[maphash.String(c.seed, key)%numShards]
+}
+
+// ref returns key's shard and its slot's epoch.
+func (c *Cache) ref(key string) (*shard, *atomic.Uint64) {
+	h := maphash.String(c.seed, key)
+	return &c.shards[h%numShards], &c.epochs[h/numShards%numEpochs]
 }
 
 // since reads the clock, as a duration since c.base.
@@ -426,13 +455,16 @@ func ceilPositive(d time.Duration) time.Duration {
 }
 
 // learn records the store's decision d on r, a call sent at sent (since
-// c.base) in the shard's epoch epoch. sh is r.Key's shard.
-func (c *Cache) learn(sh *shard, r limiter.Request, d limiter.Decision, sent time.Duration, epoch uint64) {
+// c.base) in epoch epoch of r.Key's slot. sh and ep are r.Key's shard and
+// slot epoch.
+func (c *Cache) learn(sh *shard, ep *atomic.Uint64, r limiter.Request, d limiter.Decision, sent time.Duration, epoch uint64) {
 	var e entry
 	switch {
 	case d.Allowed:
-		// The admission spent tokens: an entry would answer short.
+		// The admission spent tokens: an entry, or a denial decided before
+		// it and still on its way, would answer short.
 		sh.mu.Lock()
+		ep.Add(1)
 		sh.remove(r.Key)
 		sh.mu.Unlock()
 		return
@@ -459,9 +491,9 @@ func (c *Cache) learn(sh *shard, r limiter.Request, d limiter.Decision, sent tim
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.epoch.Load() != epoch {
-		// A refund returned since the call was sent: the store may have
-		// decided before it.
+	if ep.Load() != epoch {
+		// A refund, admission or charge returned since the call was sent:
+		// the store may have decided before it.
 		return
 	}
 	c.learned.Add(1)

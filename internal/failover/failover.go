@@ -173,20 +173,18 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 // Take implements limiter.Store: it asks the backend unless the breaker is
 // open, and answers per the failure mode when the backend fails.
 //
-// A backend call that ends with the caller's context done is judged by why
-// it is done:
-//   - cancelled (context.Canceled): the caller gave up, which says nothing
-//     of the backend; not counted, and ctx's error is returned;
-//   - past the caller's deadline, when the call had at least a quarter of
-//     Options.Timeout before that deadline: the backend did not answer in
-//     the time it had, so this counts as a failure (an Envoy timeout at or
-//     below Timeout must not hide a hung backend from the breaker); the
-//     caller is gone, so no failure-mode answer is made (nothing is charged
-//     to the local buckets) and the error, which wraps
-//     context.DeadlineExceeded, is returned;
-//   - past the caller's deadline, when the caller arrived with less than a
-//     quarter of Timeout left: too little time to tell anything of the
-//     backend; not counted, and the error is returned.
+// A backend call that ends with the caller's context done (its deadline
+// passed, or it was cancelled) is judged by how long the backend had:
+//   - at least a quarter of Options.Timeout: the backend did not answer in
+//     the time it had, so this counts as a failure. Envoy's own timeout
+//     reaches the server as a cancellation (it resets the stream) as often
+//     as a deadline, and one at or below Timeout must not hide a hung
+//     backend from the breaker. The caller is gone, so no failure-mode
+//     answer is made (nothing is charged to the local buckets), and the
+//     error, which wraps the context's, is returned;
+//   - less: too little time to tell anything of the backend (a client that
+//     went away at once, a caller that arrived with no time left); not
+//     counted, and the error, wrapping the context's, is returned.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	for i, r := range reqs {
 		if err := r.Validate(); err != nil {
@@ -197,11 +195,8 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 	if !ok {
 		return s.fallback(ctx, now, reqs, o)
 	}
-	// The deadline is on the context's clock (time.Now), not Options.Now.
-	budget := s.opts.Timeout
-	if dl, has := ctx.Deadline(); has {
-		budget = min(budget, time.Until(dl))
-	}
+	// Waiting is timed on the context's clock (time.Now), not Options.Now.
+	start := time.Now()
 	callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	d, err := s.backend.Take(callCtx, now, reqs)
 	cancel()
@@ -212,22 +207,19 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 	case errors.Is(err, limiter.ErrInvalidRequest):
 		s.release(probe)
 		return nil, err
-	case errors.Is(ctx.Err(), context.Canceled):
-		// The caller gave up (Envoy went away): not the backend's fault.
+	case ctx.Err() != nil && time.Since(start) < s.opts.Timeout/minBudgetDivisor:
+		// The caller gave up too soon to tell anything of the backend.
 		s.release(probe)
-		return nil, ctx.Err()
-	case ctx.Err() != nil && budget < s.opts.Timeout/minBudgetDivisor:
-		s.release(probe)
-		return nil, fmt.Errorf("the caller's deadline left the backend %v: %w", budget, err)
+		return nil, fmt.Errorf("the caller gave up after %v: %w", time.Since(start).Round(time.Microsecond), ctx.Err())
 	case ctx.Err() != nil:
 		s.failed(probe, err)
-		return nil, fmt.Errorf("backend did not answer before the caller's deadline: %w: %w", err, ctx.Err())
+		return nil, fmt.Errorf("backend did not answer before the caller gave up: %w: %w", err, ctx.Err())
 	}
 	return s.fallback(ctx, now, reqs, s.failed(probe, err))
 }
 
-// minBudgetDivisor: a backend call cut short by its caller's deadline counts
-// as a failure when it had at least Timeout/minBudgetDivisor.
+// minBudgetDivisor: a backend call its caller gave up on counts as a
+// failure when it had waited at least Timeout/minBudgetDivisor.
 const minBudgetDivisor = 4
 
 // admit reports whether to call the backend now, and whether that call is

@@ -351,12 +351,13 @@ func TestNeitherBadRequestsNorCancelledCallersTripTheBreaker(t *testing.T) {
 func TestCallerDeadline(t *testing.T) {
 	tests := []struct {
 		name        string
-		deadline    time.Duration // the caller's, from the call; 0: cancelled before
+		deadline    time.Duration // the caller's, from the call; 0: cancelled before; below -1ns: cancelled after -deadline
 		wantErr     error
 		wantCounted bool
 	}{
 		{"cancelled", 0, context.Canceled, false},
-		{"deadline passed already", -time.Millisecond, context.DeadlineExceeded, false},
+		{"cancelled after 5ms (Envoy's timeout resets the stream)", -5 * time.Millisecond, context.Canceled, true},
+		{"deadline passed already", -time.Nanosecond, context.DeadlineExceeded, false},
 		{"2ms left, under a quarter of 10ms", 2 * time.Millisecond, context.DeadlineExceeded, false},
 		{"2.5ms left, a quarter", 2500 * time.Microsecond, context.DeadlineExceeded, true},
 		{"5ms left, under Timeout", 5 * time.Millisecond, context.DeadlineExceeded, true},
@@ -373,9 +374,12 @@ func TestCallerDeadline(t *testing.T) {
 					t.Fatal(err)
 				}
 				ctx, cancel := context.WithCancel(context.Background())
-				if tt.deadline == 0 {
+				switch {
+				case tt.deadline == 0:
 					cancel()
-				} else {
+				case tt.deadline < -time.Nanosecond: // cancelled that long after the call
+					time.AfterFunc(-tt.deadline, cancel)
+				default:
 					ctx, cancel = context.WithTimeout(context.Background(), tt.deadline)
 				}
 				defer cancel()
