@@ -460,3 +460,38 @@ func TestRefundGivesBackOnlyWhatWasTaken(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitNeverRunsPastTheDeadline: the wait is capped by the caller's
+// deadline when the request arrives, but the store takes time to answer;
+// a wait that would then end past the deadline is not started. The request
+// is denied at once (Retry-After until its tokens would come) and what it
+// reserved is given back, rather than held until the caller gives up and
+// falls back to its failure mode, unmetered.
+func TestWaitNeverRunsPastTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &delayedStore{MemoryStore: limiter.NewMemoryStore(limiter.MemoryOptions{}), delay: 2}
+		srv, err := server.New(server.Options{Store: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.SetConfig(mustParse(t, modelsConfig))
+		req := request("ai", desc("agent", "d"))
+		start := time.Now()
+		srv.ShouldRateLimit(context.Background(), req) // the token, at 0
+		// Deadline 1.05s: a 1s wait fits when the request arrives, but the
+		// store answers 100ms late.
+		ctx, cancel := context.WithTimeout(context.Background(), 1050*time.Millisecond)
+		defer cancel()
+		resp, err := srv.ShouldRateLimit(ctx, req)
+		if err != nil || resp.GetOverallCode() != over || time.Since(start) != 100*time.Millisecond || header(resp, "retry-after") != "1" {
+			t.Fatalf("second call: %v %v after %v, Retry-After %q; want OVER_LIMIT after 100ms with Retry-After 1",
+				resp.GetOverallCode(), err, time.Since(start), header(resp, "retry-after"))
+		}
+		// Its reservation was given back: at 1s the bucket has its token.
+		time.Sleep(900 * time.Millisecond)
+		resp, _ = srv.ShouldRateLimit(context.Background(), request("ai", withHits(desc("agent", "d"), 0)))
+		if got := resp.GetStatuses()[0].GetLimitRemaining(); got != 1 {
+			t.Errorf("check at 1s: %d left, want 1 (the reservation given back)", got)
+		}
+	})
+}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -265,6 +266,11 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 			if s.refund(p, decisions, s.now()) {
 				s.waits.moveUp(left)
 			}
+			if errors.Is(err, errWaitPastDeadline) {
+				// Denied instead: its tokens come too late for this caller.
+				decisions = deniedForWaits(decisions)
+				return p, decisions, buildResponse(p, decisions, full, s.answer, cur.cache), nil
+			}
 			return p, nil, nil, status.FromContextError(err).Err()
 		}
 	}
@@ -284,6 +290,18 @@ func (s *Server) waitCap(ctx context.Context, now time.Time) time.Duration {
 		limit = min(limit, dl.Sub(now)-deadlineMargin)
 	}
 	return max(limit, 0)
+}
+
+// deniedForWaits is decisions with every admission that waits for reserved
+// tokens turned into a denial until they arrive.
+func deniedForWaits(decisions []limiter.Decision) []limiter.Decision {
+	out := slices.Clone(decisions)
+	for k, d := range out {
+		if d.Wait > 0 {
+			out[k] = limiter.Decision{RetryAfter: d.Wait, ResetAfter: d.ResetAfter}
+		}
+	}
+	return out
 }
 
 func waits(decisions []limiter.Decision) bool {

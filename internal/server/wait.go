@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -96,12 +97,17 @@ func (w *waitQueues) release(p *plan, claimed []bool) {
 	}
 }
 
+// errWaitPastDeadline is hold's error for a wait that would end past the
+// caller's deadline.
+var errWaitPastDeadline = errors.New("the reserved tokens arrive after the caller's deadline")
+
 // hold waits until every reservation in decisions has arrived: each
 // Decision.Wait counted from now, read after the store answered (so never
 // before the store's own clock, which errs late). If the caller gives up
 // first, hold returns ctx's error and the request's waiters, out of their
 // queues; the caller refunds the request and, if the refund succeeded,
-// calls moveUp with them.
+// calls moveUp with them. It does the same, with errWaitPastDeadline, at
+// once, when the wait would end past ctx's deadline (less deadlineMargin).
 func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision, now time.Time) ([]*waiter, error) {
 	wake := make(chan struct{}, 1)
 	var mine []*waiter
@@ -122,7 +128,7 @@ func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision,
 	}
 	s.waits.mu.Unlock()
 
-	for {
+	for first := true; ; first = false {
 		s.waits.mu.Lock()
 		var ready time.Time
 		for _, wt := range mine {
@@ -131,6 +137,13 @@ func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision,
 			}
 		}
 		s.waits.mu.Unlock()
+		// The wait was capped by the caller's deadline when the request
+		// arrived (waitCap); the store's answer took time since. A wait
+		// that would now end past the deadline is not started: the caller
+		// would give up and fall back to its failure mode, unmetered.
+		if dl, ok := ctx.Deadline(); ok && first && ready.After(s.now().Add(time.Until(dl)-deadlineMargin)) {
+			return s.waits.leave(mine), errWaitPastDeadline
+		}
 		d := ready.Sub(s.now())
 		if d <= 0 {
 			s.waits.leave(mine)
