@@ -348,8 +348,8 @@ func groupOf(keys []string, reqs []limiter.Request, idx []int) ([]string, []limi
 // Remaining 0 and no ResetAfter, since their buckets' state is unknown and
 // they did not deny the Take; their post-paid charges may or may not have
 // been recorded. The answer waits for every slot and for the give-back, so
-// one that stalls rather than fails holds it until ctx is done, and the
-// Take then returns ctx's error. A Take that no slot denied but one failed
+// one that stalls rather than fails holds it until ctx is done (the denial
+// then comes when the caller has given up). A Take that no slot denied but one failed
 // returns the error, after giving back the slots that admitted.
 //
 // A standalone or Sentinel-managed Redis has no slots: one script call
