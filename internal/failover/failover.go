@@ -246,14 +246,21 @@ func (s *Store) release(probe bool) {
 }
 
 func (s *Store) succeeded(probe bool) {
-	now := s.opts.Now()
+	// lastBackend matters only beside local buckets (see Refund): other
+	// modes skip the clock read on every call.
+	var now time.Time
+	if s.local != nil {
+		now = s.opts.Now()
+	}
 	s.mu.Lock()
 	recovered := s.open
 	s.failures, s.openUntil, s.outageStart, s.open, s.lastErr = 0, time.Time{}, time.Time{}, false, nil
 	if probe {
 		s.probing = false
 	}
-	s.lastBackend = latest(s.lastBackend, now)
+	if s.local != nil {
+		s.lastBackend = latest(s.lastBackend, now)
+	}
 	s.mu.Unlock()
 	if recovered {
 		s.notify()
