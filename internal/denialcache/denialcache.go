@@ -353,6 +353,11 @@ func (c *Cache) invalidate(reqs []limiter.Request) {
 // denial already on its way is not learned either.
 func (c *Cache) forget(key string) {
 	sh, ep := c.ref(key)
+	sh.forget(ep, key)
+}
+
+// forget forgets key's bucket, in sh, and starts a new epoch ep in its slot.
+func (sh *shard) forget(ep *atomic.Uint64, key string) {
 	sh.mu.Lock()
 	ep.Add(1)
 	sh.remove(key)
@@ -463,10 +468,7 @@ func (c *Cache) learn(sh *shard, ep *atomic.Uint64, r limiter.Request, d limiter
 	case d.Allowed:
 		// The admission spent tokens: an entry, or a denial decided before
 		// it and still on its way, would answer short.
-		sh.mu.Lock()
-		ep.Add(1)
-		sh.remove(r.Key)
-		sh.mu.Unlock()
+		sh.forget(ep, r.Key)
 		return
 	case d.ExceedsBurst:
 		e = entry{limit: r.Limit, hits: r.Limit.Burst + 1, expires: sent + c.maxAge, reset: sent + d.ResetAfter}

@@ -128,22 +128,15 @@ func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision,
 	}
 	s.waits.mu.Unlock()
 
-	for first := true; ; first = false {
-		s.waits.mu.Lock()
-		var ready time.Time
-		for _, wt := range mine {
-			if wt.ready.After(ready) {
-				ready = wt.ready
-			}
-		}
-		s.waits.mu.Unlock()
-		// The wait was capped by the caller's deadline when the request
-		// arrived (waitCap); the store's answer took time since. A wait
-		// that would now end past the deadline is not started: the caller
-		// would give up and fall back to its failure mode, unmetered.
-		if dl, ok := ctx.Deadline(); ok && first && ready.After(s.now().Add(time.Until(dl)-deadlineMargin)) {
-			return s.waits.leave(mine), errWaitPastDeadline
-		}
+	// The wait was capped by the caller's deadline when the request
+	// arrived (waitCap); the store's answer took time since. A wait that
+	// would now end past the deadline is not started: the caller would
+	// give up and fall back to its failure mode, unmetered.
+	if dl, ok := ctx.Deadline(); ok && s.waits.latest(mine).After(s.now().Add(time.Until(dl)-deadlineMargin)) {
+		return s.waits.leave(mine), errWaitPastDeadline
+	}
+	for {
+		ready := s.waits.latest(mine)
 		d := ready.Sub(s.now())
 		if d <= 0 {
 			s.waits.leave(mine)
@@ -159,6 +152,19 @@ func (s *Server) hold(ctx context.Context, p plan, decisions []limiter.Decision,
 			return s.waits.leave(mine), ctx.Err()
 		}
 	}
+}
+
+// latest is when the last of mine is ready (moveUp may change it).
+func (w *waitQueues) latest(mine []*waiter) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var ready time.Time
+	for _, wt := range mine {
+		if wt.ready.After(ready) {
+			ready = wt.ready
+		}
+	}
+	return ready
 }
 
 // leave removes waiters from their queues. It returns them, each with
