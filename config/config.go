@@ -105,9 +105,13 @@ type Rule struct {
 	Limit          limiter.Limit
 	Unit           Unit
 	UnitMultiplier int64
-	// ShadowMode rules are evaluated and counted but never deny.
+	// ShadowMode rules are evaluated and counted but never deny. It is the
+	// shadow_mode of the rule's own descriptor: as in envoyproxy/ratelimit,
+	// shadow_mode on a descriptor without a rate limit is accepted and
+	// means nothing, and nested descriptors do not inherit it.
 	ShadowMode bool
-	// DetailedMetric asks for per-value metrics.
+	// DetailedMetric asks for per-value metrics: detailed_metric of the
+	// rule's own descriptor, likewise not inherited.
 	DetailedMetric bool
 	// Replaces lists the names of rules this one replaces when both match
 	// descriptors of one request.

@@ -1,10 +1,12 @@
 package config
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/limiter"
 	"gopkg.in/yaml.v3"
 )
 
@@ -76,13 +78,13 @@ func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string,
 	}
 	if g, has := fields["burst"]; has {
 		var good bool
-		if burst, good = p.positive(g.val, path, dot(pre, "burst")); !good {
+		if burst, good = p.positive(g.val, path, dot(pre, "burst"), limiter.MaxTokens); !good {
 			ok = false
 		}
 	}
 	if g, has := fields["unit_multiplier"]; has {
 		var good bool
-		if rl.UnitMultiplier, good = p.positive(g.val, path, dot(pre, "unit_multiplier")); !good {
+		if rl.UnitMultiplier, good = p.positive(g.val, path, dot(pre, "unit_multiplier"), math.MaxUint32); !good {
 			ok = false
 		}
 	}
@@ -106,7 +108,7 @@ func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string,
 			ok = false
 		} else if d, has := of["max_debt"]; has {
 			var good bool
-			if rl.Limit.MaxDebt, good = p.positive(d.val, path, dot(pre, "overdraft.max_debt")); !good {
+			if rl.Limit.MaxDebt, good = p.positive(d.val, path, dot(pre, "overdraft.max_debt"), limiter.MaxTokens); !good {
 				ok = false
 			}
 		} else {
@@ -122,12 +124,9 @@ func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string,
 	}
 	if g, has := fields["max_waiters"]; has {
 		_, hasWait := fields["max_wait"] // an invalid max_wait is reported on its own
-		n, good := p.positive(g.val, path, dot(pre, "max_waiters"))
+		n, good := p.positive(g.val, path, dot(pre, "max_waiters"), math.MaxInt32)
 		switch {
 		case !good:
-			ok = false
-		case n > math.MaxInt32:
-			p.errorf(g.val, path, "%s: %d is too many", dot(pre, "max_waiters"), n)
 			ok = false
 		case !hasWait:
 			p.errorf(g.key, path, "%s: only means something with max_wait", dot(pre, "max_waiters"))
@@ -142,8 +141,16 @@ func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string,
 	if !ok {
 		return rl, false, false
 	}
+	// The period must fit a time.Duration even when nothing refills (a
+	// requests_per_unit: 0 rule), since Envoy is told to retry after it.
+	unit := rl.Unit.Duration()
+	if most := int64(math.MaxInt64 / unit); rl.UnitMultiplier > most {
+		p.errorf(fields["unit_multiplier"].val, path, "%s: %d %ss is too long a period (at most %d %ss)",
+			dot(pre, "unit_multiplier"), rl.UnitMultiplier, rl.Unit, most, rl.Unit)
+		return rl, false, false
+	}
 	if count == 0 {
-		for _, name := range []string{"burst", "overdraft", "max_wait"} {
+		for _, name := range []string{"burst", "counts", "overdraft", "max_wait"} {
 			if g, has := fields[name]; has {
 				p.errorf(g.key, path, "%s: not allowed with requests_per_unit: 0 (a rule that denies every request has no bucket)", dot(pre, name))
 				ok = false
@@ -154,17 +161,91 @@ func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string,
 	if burst == 0 {
 		burst = count
 	}
-	unit := rl.Unit.Duration()
-	if rl.UnitMultiplier > math.MaxInt64/int64(unit) {
-		p.errorf(at, path, "%s: %d %ss is too long a period", pre, rl.UnitMultiplier, rl.Unit)
-		return rl, false, false
-	}
 	rl.Limit.Count, rl.Limit.Period, rl.Limit.Burst = count, time.Duration(rl.UnitMultiplier)*unit, burst
-	if err := rl.Limit.Validate(); err != nil {
-		p.errorf(at, path, "%s: %v", pre, err)
+	if !p.bucketFits(rl, fields, at, path, pre) {
 		return rl, false, false
 	}
 	return rl, false, true
+}
+
+// bucketFits reports whether the bucket of rl passes limiter.Limit.Validate.
+// Each field is already within its bounds; this reports, in the file's
+// terms and at the field to change, the bounds that tie fields together.
+func (p *parser) bucketFits(rl RateLimit, fields map[string]field, at *yaml.Node, path, pre string) bool {
+	l := rl.Limit
+	// node is the field's value, or, for a field left out, at.
+	node := func(name string) *yaml.Node {
+		if f, has := fields[name]; has {
+			return f.val
+		}
+		if name == "overdraft.max_debt" {
+			if f, has := fields["overdraft"]; has {
+				return f.val
+			}
+		}
+		return at
+	}
+	_, burstGiven := fields["burst"]
+	burst := fmt.Sprintf("burst %d", l.Burst)
+	if !burstGiven {
+		burst += " (the default, requests_per_unit)"
+	}
+	per := rl.Unit.String()
+	if rl.UnitMultiplier > 1 {
+		per = fmt.Sprintf("%d %ss", rl.UnitMultiplier, rl.Unit)
+	}
+	most := fmt.Sprintf("%g years", maxFillYears)
+	switch {
+	case l.Burst > limiter.MaxProduct/l.Count:
+		if burstGiven {
+			p.errorf(node("burst"), path, "%s: %d × requests_per_unit %d is more than 2^50: lower burst or requests_per_unit",
+				dot(pre, "burst"), l.Burst, l.Count)
+		} else {
+			p.errorf(node("requests_per_unit"), path, "%s: %d × %s is more than 2^50: set a smaller burst",
+				dot(pre, "requests_per_unit"), l.Count, burst)
+		}
+		return false
+	case l.MaxDebt > 0 && l.Burst+l.MaxDebt > limiter.MaxProduct/l.Count:
+		p.errorf(node("overdraft.max_debt"), path, "%s: (%s + max_debt %d) × requests_per_unit %d is more than 2^50",
+			dot(pre, "overdraft.max_debt"), burst, l.MaxDebt, l.Count)
+		return false
+	}
+	err := l.Validate()
+	if err == nil {
+		return true
+	}
+	fill := limiter.Limit{Count: l.Count, Period: l.Period, Burst: l.Burst}
+	switch {
+	case fill.Validate() != nil:
+		if burstGiven {
+			p.errorf(node("burst"), path, "%s: %d at %d per %s takes %s to fill, more than %s",
+				dot(pre, "burst"), l.Burst, l.Count, per, years(l.Burst, l), most)
+			break
+		}
+		// Without a burst of its own, a bucket fills in one period.
+		p.errorf(node("unit_multiplier"), path, "%s: %s is too long a period: the bucket (burst defaults to requests_per_unit) takes that long to fill, more than %s",
+			dot(pre, "unit_multiplier"), per, most)
+	case l.MaxDebt > 0:
+		p.errorf(node("overdraft.max_debt"), path, "%s: paying a debt of %d and filling %s at %d per %s takes %s, more than %s",
+			dot(pre, "overdraft.max_debt"), l.MaxDebt, burst, l.Count, per, years(l.Burst+l.MaxDebt, l), most)
+	default:
+		p.errorf(at, path, "%s: %v", pre, err)
+	}
+	return false
+}
+
+// maxFillYears is limiter.MaxFill in years of 365 days.
+const maxFillYears = float64(limiter.MaxFill) / float64(365*24*time.Hour)
+
+// years says how long n tokens take to arrive at l's rate, in years of 365
+// days, for an error message about a span longer than limiter.MaxFill.
+func years(n int64, l limiter.Limit) string {
+	y := float64(n) * float64(l.Period) / float64(l.Count) / float64(365*24*time.Hour)
+	s := strconv.FormatFloat(y, 'g', 4, 64)
+	if y < maxFillYears*1.0005 {
+		s = "just over " + strconv.FormatFloat(maxFillYears, 'g', -1, 64)
+	}
+	return s + " years"
 }
 
 // duration reads a Go duration ("2s", "500ms").
@@ -240,6 +321,10 @@ type group struct {
 	limit     RateLimit
 	file      string
 	line, col int
+	// broken groups had problems, already reported: their name is
+	// defined (rules may name it, another group may not take it), their
+	// limit is not.
+	broken bool
 }
 
 // quotaGroups reads the top-level quota_groups mapping.
@@ -255,7 +340,10 @@ func (p *parser) quotaGroups(n *yaml.Node, path string) map[string]*group {
 			continue
 		}
 		name, good := p.str(k, path, "quota_groups")
-		if !good || name == "" {
+		if !good {
+			continue
+		}
+		if name == "" {
 			p.errorf(k, path, "quota_groups: a group needs a non-empty name")
 			continue
 		}
@@ -264,6 +352,8 @@ func (p *parser) quotaGroups(n *yaml.Node, path string) map[string]*group {
 			p.errorf(k, path, "%s: repeated (first at line %d)", pre, prev.line)
 			continue
 		}
+		g := &group{file: p.file, line: k.Line, col: k.Column, broken: true}
+		out[name] = g
 		fields := p.fields(v, path, pre, groupFields)
 		if fields == nil {
 			continue
@@ -279,7 +369,7 @@ func (p *parser) quotaGroups(n *yaml.Node, path string) map[string]*group {
 			continue
 		}
 		rl.Name, rl.Group = name, name
-		out[name] = &group{limit: rl, file: p.file, line: k.Line, col: k.Column}
+		g.limit, g.broken = rl, false
 	}
 	return out
 }

@@ -154,3 +154,35 @@ func TestRuleFields(t *testing.T) {
 		t.Errorf("Lookup(internal) = %+v, want an unlimited rule with a zero Limit", r)
 	}
 }
+
+// TestFlagsNotInherited pins what envoyproxy/ratelimit does with
+// shadow_mode and detailed_metric: they belong to the descriptor's own
+// rule; on a descriptor without one they are accepted and mean nothing.
+func TestFlagsNotInherited(t *testing.T) {
+	s := mustParse(t, File{"f.yaml", []byte(`
+domain: d
+descriptors:
+  - key: tenant
+    shadow_mode: true
+    detailed_metric: true
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 1}
+      - key: team
+        shadow_mode: true
+        detailed_metric: true
+        rate_limit: {unit: second, requests_per_unit: 1}
+`)})
+	for _, tt := range []struct {
+		entries          []Entry
+		shadow, detailed bool
+	}{
+		{e("tenant", "a", "user", "u"), false, false},
+		{e("tenant", "a", "team", "t"), true, true},
+	} {
+		r := s.Lookup("d", tt.entries)
+		if r == nil || r.ShadowMode != tt.shadow || r.DetailedMetric != tt.detailed {
+			t.Errorf("Lookup(%q) = %+v, want ShadowMode %v, DetailedMetric %v", tt.entries, r, tt.shadow, tt.detailed)
+		}
+	}
+}

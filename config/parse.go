@@ -8,17 +8,38 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
+	"github.com/ratelimitd/ratelimitd/limiter"
 	"gopkg.in/yaml.v3"
 )
 
-// Limits that protect the loader from hostile files.
+// Limits that protect the loader from hostile files. The size limits on
+// domains, keys, values and depth are the server's default bounds on a
+// request (--max-domain-bytes, --max-key-bytes, --max-value-bytes,
+// --max-entries): a descriptor beyond them could never be matched by a
+// request those defaults admit. They do not follow the flags: raising one
+// does not let a file use longer keys.
 const (
 	// MaxFileSize is the largest descriptor file accepted, in bytes.
 	MaxFileSize = 4 << 20
 	// MaxDepth is the deepest nesting of descriptors accepted: a domain's
-	// top-level descriptors are at depth 1.
-	MaxDepth = 64
+	// top-level descriptors are at depth 1, and a request descriptor of n
+	// entries reaches depth n.
+	MaxDepth = 32
+	// MaxDomainBytes is the longest domain accepted, in bytes.
+	MaxDomainBytes = 256
+	// MaxKeyBytes is the longest descriptor key accepted, in bytes.
+	MaxKeyBytes = 256
+	// MaxValueBytes is the longest descriptor value accepted, in bytes. A
+	// key-only or wildcard descriptor still matches longer request values.
+	MaxValueBytes = 4096
+	// MaxPathBytes bounds the memory that one file's descriptor paths take:
+	// every descriptor keeps its path ("domain > key=value > key", the
+	// Rule.Path of a rule), so long keys and values above many nested
+	// descriptors would otherwise multiply a small file into a large heap.
+	// It is the sum of the lengths of the paths, in bytes.
+	MaxPathBytes = 32 << 20
 )
 
 // The fields of replaces items; the other lists are in limits.go.
@@ -56,6 +77,11 @@ type parser struct {
 	file   string
 	domain string
 	probs  *problems
+	// pathBytes sums the lengths of the descriptor paths made so far;
+	// pathsFull is set once they would exceed MaxPathBytes, which stops
+	// the reading of descriptors.
+	pathBytes int
+	pathsFull bool
 }
 
 func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
@@ -71,7 +97,8 @@ func parseFile(f File, probs *problems) *fileTree {
 	p := &parser{file: f.Name, probs: probs}
 	ft := &fileTree{name: f.Name}
 	if len(f.Data) > MaxFileSize {
-		p.errorf(nil, "", "file is %d bytes, larger than the limit of %d (4 MiB)", len(f.Data), MaxFileSize)
+		// Load reads one byte past the limit, so len(f.Data) is no size.
+		p.errorf(nil, "", "file is more than 4 MiB (%d bytes), the largest size accepted", MaxFileSize)
 		return ft
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(f.Data))
@@ -111,9 +138,12 @@ func parseFile(f File, probs *problems) *fileTree {
 	}
 	path := "(no domain)"
 	if d, ok := fields["domain"]; ok {
-		if s, ok := p.str(d.val, "", "domain"); ok && s != "" {
+		if s, ok := p.str(d.val, "", "domain"); ok && s != "" && len(s) <= MaxDomainBytes {
 			ft.domain = s
 			path = quoteIfNeeded(s)
+		} else if ok && s != "" {
+			p.errorf(d.val, "", "domain: too long: %d bytes, at most %d", len(s), MaxDomainBytes)
+			path = "(domain too long)"
 		} else if ok {
 			p.errorf(d.val, "", "domain: must not be empty")
 		}
@@ -330,18 +360,46 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// positive reads a whole number of at least 1.
-func (p *parser) positive(n *yaml.Node, path, name string) (int64, bool) {
+// positive reads a whole number from 1 to most.
+func (p *parser) positive(n *yaml.Node, path, name string, most int64) (int64, bool) {
 	var v int64
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil {
-		p.errorf(n, path, "%s: want a whole number, got %s", name, kind(n))
+		switch {
+		case !wholeNumber(n):
+			p.errorf(n, path, "%s: want a whole number, got %s", name, kind(n))
+		case strings.HasPrefix(n.Value, "-"):
+			p.errorf(n, path, "%s: must be at least 1, got %s", name, n.Value)
+		default:
+			p.errorf(n, path, "%s: %s is too large (at most %d)", name, n.Value, most)
+		}
 		return 0, false
 	}
-	if v < 1 {
+	switch {
+	case v < 1:
 		p.errorf(n, path, "%s: must be at least 1, got %d", name, v)
+		return 0, false
+	case v > most:
+		p.errorf(n, path, "%s: %d is too large (at most %d)", name, v, most)
 		return 0, false
 	}
 	return v, true
+}
+
+// wholeNumber reports whether n is an integer as written, even one too large
+// for an int64 (which YAML resolves to !!float when it does not fit a
+// uint64 either).
+func wholeNumber(n *yaml.Node) bool {
+	if n.Kind != yaml.ScalarNode {
+		return false
+	}
+	switch n.ShortTag() {
+	case "!!int":
+		return true
+	case "!!float":
+		digits := strings.TrimLeft(n.Value, "+-")
+		return digits != "" && strings.Trim(digits, "0123456789") == ""
+	}
+	return false
 }
 
 // descriptors reads a list of descriptors at the given depth.
@@ -361,6 +419,9 @@ func (p *parser) descriptors(n *yaml.Node, parent, name string, depth int) []*de
 	seen := make(map[level]*desc, len(n.Content))
 	var out []*desc
 	for _, item := range n.Content {
+		if p.pathsFull {
+			break
+		}
 		if !p.plain(item, parent) {
 			continue
 		}
@@ -387,9 +448,13 @@ func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
 	// Name the descriptor in every message, even about the fields before key.
 	key, hasKey := peek(n, "key")
 	value, _ := peek(n, "value")
-	d.path = joinPath(parent, pathPart(key, value))
-	if !hasKey || key == "" {
-		d.path = joinPath(parent, "(no key)")
+	part := "(no key)"
+	if hasKey && key != "" {
+		part = pathPart(abbrev(key, MaxKeyBytes), abbrev(value, MaxValueBytes))
+	}
+	var fits bool
+	if d.path, fits = p.newPath(n, parent, part); !fits {
+		return nil
 	}
 	fields := p.fields(n, d.path, "", descriptorFields)
 	if fields == nil {
@@ -403,6 +468,9 @@ func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
 		} else if s == "" {
 			p.errorf(f.val, d.path, "key: must not be empty")
 			ok = false
+		} else if len(s) > MaxKeyBytes {
+			p.errorf(f.val, d.path, "key: too long: %d bytes, at most %d", len(s), MaxKeyBytes)
+			ok = false
 		} else {
 			d.key = s
 		}
@@ -411,7 +479,10 @@ func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
 		ok = false
 	}
 	if f, has := fields["value"]; has {
-		if s, good := p.str(f.val, d.path, "value"); good {
+		if s, good := p.str(f.val, d.path, "value"); good && len(s) > MaxValueBytes {
+			p.errorf(f.val, d.path, "value: too long: %d bytes, at most %d", len(s), MaxValueBytes)
+			ok = false
+		} else if good {
 			d.value = s
 		}
 	}
@@ -471,6 +542,37 @@ func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
 	return d
 }
 
+// newPath returns the path of a descriptor n below parent, counting its
+// length against MaxPathBytes. Once the file's paths would exceed it, it
+// reports that (once) and returns false, and the file's descriptors are
+// read no further.
+func (p *parser) newPath(n *yaml.Node, parent, part string) (string, bool) {
+	if p.pathsFull {
+		return "", false
+	}
+	size := len(parent) + len(" > ") + len(part)
+	if size > MaxPathBytes-p.pathBytes {
+		p.pathsFull = true
+		p.errorf(n, parent, "descriptors: the paths of this file's descriptors (\"domain > key=value > key\", kept for every descriptor) add up to more than %d MiB: use shorter keys and values on descriptors that have many nested descriptors", MaxPathBytes>>20)
+		return "", false
+	}
+	p.pathBytes += size
+	return joinPath(parent, part), true
+}
+
+// abbrev shortens a key or value longer than most for a descriptor path:
+// its problem is reported, and the path need not repeat it in full.
+func abbrev(s string, most int) string {
+	if len(s) <= most {
+		return s
+	}
+	cut := 32
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
 // rateLimit reads a descriptor's rate_limit block into a Rule. It returns nil
 // when the block has problems (all reported).
 func (p *parser) rateLimit(f field, d *desc) *Rule {
@@ -511,7 +613,14 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 		r := newRule(p, d, nil)
 		r.Unlimited, r.Replaces = true, replaces
 		if g, has := fields["name"]; has {
-			r.Name, _ = p.str(g.val, d.path, dot(pre, "name"))
+			s, good := p.str(g.val, d.path, dot(pre, "name"))
+			if good && s == "" {
+				p.errorf(g.val, d.path, "%s: must not be empty (leave it out instead)", dot(pre, "name"))
+				return nil
+			} else if !good {
+				return nil
+			}
+			r.Name = s
 			d.nameLine, d.nameCol, d.nameField = g.val.Line, g.val.Column, dot(pre, "name")
 		}
 		return r
@@ -557,14 +666,15 @@ func (r *Rule) setLimits(limits []RateLimit) {
 	}
 }
 
-// requestsPerUnit reads requests_per_unit: a positive count, or, where
-// zeroDenies, 0, which (as in envoyproxy/ratelimit) denies every request.
+// requestsPerUnit reads requests_per_unit: a count from 1 to
+// limiter.MaxTokens, or, where zeroDenies, 0, which (as in
+// envoyproxy/ratelimit) denies every request.
 func (p *parser) requestsPerUnit(n *yaml.Node, path, name string, zeroDenies bool) (int64, bool) {
 	var v int64
 	if zeroDenies && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!int" && n.Decode(&v) == nil && v == 0 {
 		return 0, true
 	}
-	return p.positive(n, path, name)
+	return p.positive(n, path, name, limiter.MaxTokens)
 }
 
 // replaces reads a list of {name: …} entries.

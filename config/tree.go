@@ -18,8 +18,8 @@ import (
 // At each level, among the descriptors whose key is the entry's key, it takes
 //
 //  1. the descriptor whose value equals the entry's value exactly, else
-//  2. the first descriptor whose value is a wildcard pattern matching the
-//     entry's value, else
+//  2. the most specific descriptor whose value is a wildcard pattern
+//     matching the entry's value (see below), else
 //  3. the key-only descriptor (no value, or value ""), which applies to every
 //     value (each value still gets its own bucket: see Rule.AppendKey).
 //
@@ -416,6 +416,9 @@ func (b *builder) check(t *domainTree) {
 			b.probs.add(u.file, u.at.line, u.at.col, u.path, "quota_group: no group %q in domain %s%s",
 				u.name, quoteIfNeeded(t.domain.Name), groupChoices(t.groups))
 			continue
+		}
+		if g.broken {
+			continue // its problems are reported where it is defined
 		}
 		u.rule.setLimits([]RateLimit{g.limit})
 	}

@@ -46,8 +46,8 @@ type Limit struct {
 const (
 	// MaxTokens bounds Count and Burst.
 	MaxTokens = 1 << 40
-	// maxProduct bounds (Burst+MaxDebt)·Count, the largest remainder sum.
-	maxProduct = 1 << 50
+	// MaxProduct bounds (Burst+MaxDebt)·Count, the largest remainder sum.
+	MaxProduct = 1 << 50
 	// MaxFill bounds the time a bucket takes to fill from empty and, with
 	// MaxDebt, to pay its deepest debt and fill: every span the arithmetic
 	// forms (Burst+MaxDebt tokens at most) is then below 2^53 µs.
@@ -70,11 +70,11 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("burst %d: must be at least 1", l.Burst)
 	case l.Burst > MaxTokens:
 		return fmt.Errorf("burst %d: must be at most %d", l.Burst, int64(MaxTokens))
-	case l.Burst > maxProduct/l.Count:
+	case l.Burst > MaxProduct/l.Count:
 		return fmt.Errorf("burst %d with count %d: burst×count must be at most 2^50", l.Burst, l.Count)
 	case l.MaxDebt < 0:
 		return fmt.Errorf("max debt %d: must not be negative", l.MaxDebt)
-	case l.MaxDebt > MaxTokens || l.Burst+l.MaxDebt > maxProduct/l.Count:
+	case l.MaxDebt > MaxTokens || l.Burst+l.MaxDebt > MaxProduct/l.Count:
 		return fmt.Errorf("max debt %d with burst %d and count %d: (burst+max debt)×count must be at most 2^50", l.MaxDebt, l.Burst, l.Count)
 	}
 	if !l.spanFits(l.Burst) {
