@@ -150,7 +150,7 @@ func TestLimitsJSON(t *testing.T) {
 		{"gpt-4o", "600 per minute", 6, "", limitspage.Counts{Requests: 8, Shed: 2, Tokens: 8}},
 		{"gpt-4o-per-client", "5 per second", 10, "", limitspage.Counts{Requests: 3, Tokens: 3}},
 		{"shadowed", "1 per minute", 1, "shadow", limitspage.Counts{Requests: 3, ShadowShed: 2, Tokens: 3}},
-		{"internal", "unlimited", 0, "unlimited", limitspage.Counts{Requests: 1}},
+		{"internal", "unlimited", 0, "unlimited", limitspage.Counts{Requests: 1, Tokens: 1}},
 		{"ai-gateway > model", "10 per 5 minutes", 10, "", limitspage.Counts{Requests: 1, Tokens: 1}},
 	}
 	if len(rules) != len(tests) {

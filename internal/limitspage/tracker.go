@@ -168,7 +168,9 @@ type Counts struct {
 	Shed int64 `json:"shed"`
 	// ShadowShed is how many a shadow-mode rule would have denied.
 	ShadowShed int64 `json:"shadow_shed"`
-	// Tokens is the sum of their hits_addend.
+	// Tokens is the sum of the tokens they asked for (hits_addend), taken
+	// or not: shed ones and those of requests another descriptor denied
+	// included.
 	Tokens int64 `json:"tokens"`
 }
 
@@ -238,7 +240,7 @@ func (t *Tracker) ObserveCall(c server.Call) {
 		}
 		var n Counts
 		switch d.Outcome {
-		case server.WithinLimit, server.OverLimit, server.ShadowOverLimit, server.Unlimited:
+		case server.WithinLimit, server.OverLimit, server.ShadowOverLimit, server.DeniedByOther, server.Unlimited:
 			n = Counts{Requests: 1, Tokens: max(d.Hits, 0)} // a refund adds no tokens
 		default:
 			continue

@@ -85,3 +85,68 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 		t.Errorf("the dashboard names no ratelimitd metric")
 	}
 }
+
+// TestGrafanaDashboardFollowsItsVariables: every query of a metric with a
+// domain label filters on the dashboard's $domain, and every outcome a
+// query selects is one ratelimitd_descriptor_requests_total exports.
+func TestGrafanaDashboardFollowsItsVariables(t *testing.T) {
+	data, err := os.ReadFile("../../examples/envoy/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatalf("grafana-dashboard.json is not valid JSON: %v", err)
+	}
+	m, err := metrics.New(metrics.Options{Backend: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(t, m)
+	for _, d := range [][]string{{"model", "gpt-4o"}, {"model", "unknown"}} {
+		if _, err := srv.ShouldRateLimit(context.Background(), request("api", d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byDomain := map[string]bool{} // families with a domain label
+	outcomes := map[string]bool{}
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			for _, l := range s.GetLabel() {
+				switch l.GetName() {
+				case "domain":
+					byDomain[mf.GetName()] = true
+				case "outcome":
+					outcomes[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	selector := regexp.MustCompile(`\b(ratelimitd_[a-z_]+)(\{[^}]*\})?`)
+	outcome := regexp.MustCompile(`outcome="([^"]*)"`)
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, s := range selector.FindAllStringSubmatch(tg.Expr, -1) {
+				if byDomain[s[1]] && !strings.Contains(s[2], `domain=~"$domain"`) {
+					t.Errorf("panel %q queries %s%s, not filtered on $domain", p.Title, s[1], s[2])
+				}
+			}
+			for _, o := range outcome.FindAllStringSubmatch(tg.Expr, -1) {
+				if !outcomes[o[1]] {
+					t.Errorf("panel %q selects outcome %q, which is not exported (%v)", p.Title, o[1], outcomes)
+				}
+			}
+		}
+	}
+}

@@ -6,8 +6,17 @@
 //
 // The descriptor counters count tokens (hits_addend), as envoyproxy/ratelimit's
 // statsd counters do, so ratios between them are shares of traffic; the
-// requests counter counts descriptors, whatever their hits_addend. The names
-// and the incumbent stats they replace:
+// requests counter counts descriptors, whatever their hits_addend. Per
+// descriptor: hits counts the tokens asked by every descriptor whose rule
+// applied (limited, requests_per_unit: 0, or unlimited); over_limit those
+// of the descriptors that denied their request; shadow_mode those a
+// shadow-mode rule would have denied; within_limit those of descriptors
+// within their limit (or unlimited) on a request that was admitted, and
+// near_limit the part of these that left their bucket nearly empty. A
+// descriptor within its limit on a request another one denied took
+// nothing (requests are all or nothing): its tokens count in hits only,
+// and it counts as outcome="denied_by_other". The names and the incumbent
+// stats they replace:
 //
 //	ratelimitd_descriptor_hits_total           ratelimit.service.rate_limit.<domain>.<key>.total_hits
 //	ratelimitd_descriptor_within_limit_total   ratelimit.service.rate_limit.<domain>.<key>.within_limit
@@ -31,6 +40,8 @@ package metrics
 
 import (
 	"errors"
+	"math"
+	"math/bits"
 	"net"
 	"strconv"
 	"strings"
@@ -38,6 +49,7 @@ import (
 	"sync/atomic"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc/codes"
@@ -56,6 +68,10 @@ const (
 	// limit override (from Envoy's route metadata) limited: their paths
 	// contain request values, so they are not labelled one by one.
 	OverrideRule = "_override"
+	// InvalidDomain labels the calls of requests that failed the server's
+	// checks (server.Call.Checked): their domain may be empty or of any
+	// length, so it is neither a label nor one of the MaxDomains.
+	InvalidDomain = "_invalid"
 )
 
 // Options configures Metrics. The zero value of each field means its
@@ -63,8 +79,11 @@ const (
 type Options struct {
 	// NearLimitRatio is the share of a bucket's burst in use above which an
 	// admitted descriptor also counts as near_limit: remaining tokens below
-	// (1 − NearLimitRatio) × burst. Default 0.8, as envoyproxy/ratelimit's
-	// NEAR_LIMIT_RATIO. Must be in (0, 1].
+	// (1 − NearLimitRatio) × burst, compared exactly with the ratio rounded
+	// to the nearest millionth (so 0.7 of a burst of 10 is 7, and 3 tokens
+	// left are not near). Default 0.8, as envoyproxy/ratelimit's
+	// NEAR_LIMIT_RATIO. Must be in (0, 1]; 1 counts nothing as near_limit
+	// (no bucket has fewer than 0 tokens left), which turns the counter off.
 	NearLimitRatio float64
 	// MaxValuesPerRule bounds the distinct values labelled per
 	// detailed_metric rule; later ones are counted as "_other". Default 100.
@@ -86,6 +105,9 @@ type Metrics struct {
 	reg     *prometheus.Registry
 	opts    Options
 	backend string
+	// nearFree is 1 − NearLimitRatio in millionths: a descriptor is near
+	// its limit when remaining·10⁶ < nearFree·burst.
+	nearFree uint64
 
 	hits, within, near, over, shadow *prometheus.CounterVec
 	requests                         *prometheus.CounterVec
@@ -113,7 +135,9 @@ type Metrics struct {
 	// reloads: a rule a reload keeps keeps its counters, and with them the
 	// values its detailed_metric series are bounded by; ConfigLoaded drops
 	// (and deletes the series of) those the new config lacks. rules above
-	// is the fast path to them by *config.Rule.
+	// is the fast path to them by *config.Rule. byIDMu also orders
+	// ConfigLoaded's swap of rules and reset of ruleInfo against
+	// describeRule.
 	byIDMu sync.Mutex
 	byID   map[ruleID]*ruleCounters
 }
@@ -143,13 +167,14 @@ func New(opts Options) (*Metrics, error) {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
 	m := &Metrics{
-		reg:     prometheus.NewRegistry(),
-		opts:    opts,
-		backend: opts.Backend,
+		reg:      prometheus.NewRegistry(),
+		opts:     opts,
+		backend:  opts.Backend,
+		nearFree: million - uint64(math.Round(opts.NearLimitRatio*million)),
 		hits: counter("ratelimitd_descriptor_hits_total",
-			"Tokens asked for (hits_addend) by descriptors that reached a bucket, by rule (incumbent: total_hits).", descLabels...),
+			"Tokens asked for (hits_addend) by descriptors whose rule applied (limited, requests_per_unit 0, or unlimited), whatever the answer (incumbent: total_hits).", descLabels...),
 		within: counter("ratelimitd_descriptor_within_limit_total",
-			"Tokens asked for by descriptors whose bucket had room, near_limit included (incumbent: within_limit).", descLabels...),
+			"Tokens asked for by descriptors within their limit (or unlimited) on admitted requests, near_limit included (incumbent: within_limit).", descLabels...),
 		near: counter("ratelimitd_descriptor_near_limit_total",
 			"Tokens asked for by admitted descriptors that left their bucket below (1 - near-limit ratio) of its burst (incumbent: near_limit).", descLabels...),
 		over: counter("ratelimitd_descriptor_over_limit_total",
@@ -157,7 +182,7 @@ func New(opts Options) (*Metrics, error) {
 		shadow: counter("ratelimitd_descriptor_shadow_mode_total",
 			"Tokens asked for by descriptors that a shadow-mode rule would have denied (incumbent: shadow_mode).", descLabels...),
 		requests: counter("ratelimitd_descriptor_requests_total",
-			"Descriptors that matched a rule, by outcome (within_limit, over_limit, shadow_over_limit, unlimited, replaced).",
+			"Descriptors that matched a rule, by outcome (within_limit, over_limit, shadow_over_limit, denied_by_other, unlimited, replaced).",
 			"domain", "rule", "value", "outcome"),
 		unmatched: counter("ratelimitd_descriptor_unmatched_total",
 			"Descriptors that matched no rule and were answered OK without a limit.", "domain"),
@@ -225,16 +250,20 @@ func (m *Metrics) ConfigLoaded(set *config.Set) {
 	// The new config has new *config.Rules: drop the fast path to the
 	// counters, and what the old rules' limits were.
 	kept := make(map[ruleID]bool)
+	rules := make(map[*config.Rule]bool)
 	for _, d := range set.Domains() {
 		for _, r := range d.Rules {
 			kept[ruleID{d.Name, r.Label()}] = true
+			rules[r] = true
 		}
 	}
-	m.rules.Store(&ruleCache{loaded: kept})
-	m.ruleInfo.Reset()
 
 	m.byIDMu.Lock()
 	defer m.byIDMu.Unlock()
+	// Under the lock, so that no describeRule that judged a rule by the old
+	// cache sets its limits after the reset.
+	m.rules.Store(&ruleCache{loaded: kept, rules: rules})
+	m.ruleInfo.Reset()
 	for id, rc := range m.byID {
 		if !kept[id] {
 			m.retire(id, rc)
@@ -286,13 +315,19 @@ func (m *Metrics) ObserveCall(c server.Call) {
 	if c.Code == codes.OK {
 		overall = c.Overall.String()
 	}
-	domain := m.domains.get(c.Domain)
+	// Only a checked request's domain is short enough to be a label, and
+	// only those take one of the MaxDomains.
+	domain := InvalidDomain
+	if c.Checked {
+		domain = m.domains.get(c.Domain)
+	}
 	m.calls.WithLabelValues(domain, c.Code.String(), overall).Inc()
 	if c.Code == codes.Unavailable {
 		m.BackendError(errorKind(c.Err))
 	}
+	admitted := c.Code == codes.OK && c.Overall == rlsv3.RateLimitResponse_OK
 	for i := range c.Descriptors {
-		m.observeDescriptor(domain, &c.Descriptors[i])
+		m.observeDescriptor(domain, &c.Descriptors[i], admitted)
 	}
 }
 
@@ -310,7 +345,9 @@ func errorKind(err error) string {
 	return "unavailable"
 }
 
-func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome) {
+// observeDescriptor counts one descriptor of a call; admitted tells
+// whether the call was answered OK.
+func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome, admitted bool) {
 	if d.Rule == nil {
 		m.unmatched.WithLabelValues(domain).Inc()
 		return
@@ -335,7 +372,7 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome) 
 	case server.WithinLimit:
 		vc.hits.Add(hits)
 		vc.within.Add(hits)
-		if b := d.Limit.Burst; b > 0 && float64(d.Decision.Remaining) < (1-m.opts.NearLimitRatio)*float64(b) {
+		if m.nearLimit(d.Decision.Remaining, d.Limit.Burst) {
 			vc.near.Add(hits)
 		}
 	case server.OverLimit:
@@ -344,10 +381,32 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome) 
 	case server.ShadowOverLimit:
 		vc.hits.Add(hits)
 		vc.shadow.Add(hits)
+	case server.DeniedByOther:
+		vc.hits.Add(hits)
 	case server.Unlimited:
 		vc.hits.Add(hits)
-		vc.within.Add(hits)
+		if admitted {
+			vc.within.Add(hits)
+		}
 	}
+}
+
+// million is the denominator of Metrics.nearFree.
+const million = 1_000_000
+
+// nearLimit reports whether remaining tokens of a bucket of the given burst
+// are fewer than (1 − NearLimitRatio) × burst, in exact integer arithmetic
+// (128-bit products, so any int64 fits).
+func (m *Metrics) nearLimit(remaining, burst int64) bool {
+	switch {
+	case burst <= 0:
+		return false
+	case remaining < 0:
+		return true
+	}
+	hl, ll := bits.Mul64(uint64(remaining), million)
+	hr, lr := bits.Mul64(m.nearFree, uint64(burst))
+	return hl < hr || hl == hr && ll < lr
 }
 
 // ruleCounters returns the cached counters of r, creating them on first
@@ -386,7 +445,11 @@ func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
 type ruleCache struct {
 	// loaded is the config's rules, by domain and label; nil before the
 	// first ConfigLoaded, when every rule is counted.
-	loaded   map[ruleID]bool
+	loaded map[ruleID]bool
+	// rules is the config's rules themselves: a rule of an older config
+	// that a call decided before the reload counts on the counters of
+	// the rule with its label, but its limits are not described.
+	rules    map[*config.Rule]bool
 	counters sync.Map // *config.Rule → *ruleCounters
 }
 
@@ -417,8 +480,16 @@ func (m *Metrics) countersByID(r *config.Rule) *ruleCounters {
 	return rc
 }
 
-// describeRule sets ratelimitd_rule_limit_info for each limit of r.
+// describeRule sets ratelimitd_rule_limit_info for each limit of r, if r
+// belongs to the loaded config (or none is loaded yet): the limits of a
+// rule a reload replaced, seen by a call decided before it, would leave a
+// series that no reload deletes beside those of its successor.
 func (m *Metrics) describeRule(r *config.Rule) {
+	m.byIDMu.Lock()
+	defer m.byIDMu.Unlock()
+	if rules := m.rules.Load(); rules.loaded != nil && !rules.rules[r] {
+		return
+	}
 	for i, l := range r.Limits {
 		name := l.Name
 		if name == "" {
@@ -448,7 +519,7 @@ type ruleCounters struct {
 // valueCounters are the counters of one (domain, rule, value).
 type valueCounters struct {
 	hits, within, near, over, shadow prometheus.Counter
-	requests                         [server.ShadowOverLimit + 1]prometheus.Counter
+	requests                         [server.DeniedByOther + 1]prometheus.Counter
 }
 
 func (m *Metrics) newRuleCounters(domain, rule string, detailed bool) *ruleCounters {
@@ -469,7 +540,7 @@ func (m *Metrics) newValueCounters(domain, rule, value string) valueCounters {
 		over:   m.over.WithLabelValues(domain, rule, value),
 		shadow: m.shadow.WithLabelValues(domain, rule, value),
 	}
-	for _, o := range []server.Outcome{server.WithinLimit, server.OverLimit, server.ShadowOverLimit, server.Unlimited, server.Replaced} {
+	for _, o := range []server.Outcome{server.WithinLimit, server.OverLimit, server.ShadowOverLimit, server.DeniedByOther, server.Unlimited, server.Replaced} {
 		vc.requests[o] = m.requests.WithLabelValues(domain, rule, value, o.String())
 	}
 	return vc

@@ -197,7 +197,9 @@ func TestMetricsFollowScriptedCalls(t *testing.T) {
 		{"ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "api > user", "value": "_other"}, 8},
 		{"ratelimitd_requests_total", map[string]string{"domain": "api", "code": "OK", "overall_code": "OVER_LIMIT"}, 2},
 		{"ratelimitd_requests_total", map[string]string{"domain": "api", "code": "OK", "overall_code": "OK"}, 21},
-		{"ratelimitd_requests_total", map[string]string{"domain": "", "code": "InvalidArgument", "overall_code": ""}, 1},
+		{"ratelimitd_requests_total", map[string]string{"domain": "_invalid", "code": "InvalidArgument", "overall_code": ""}, 1},
+		{"ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "internal"}, 1},
+		{"ratelimitd_descriptor_within_limit_total", map[string]string{"domain": "api", "rule": "internal"}, 1},
 		{"ratelimitd_request_duration_seconds", map[string]string{"backend": "memory", "code": "OK"}, 24},
 		{"ratelimitd_config_reloads_total", map[string]string{"result": "ok"}, 2},
 		{"ratelimitd_config_reloads_total", map[string]string{"result": "failed"}, 1},
@@ -353,7 +355,7 @@ func BenchmarkObserveCall(b *testing.B) {
 	user := set.Lookup("api", []config.Entry{{Key: "user", Value: "u1"}})
 	req := request("api", []string{"model", "gpt-4o"}, []string{"user", "u1"})
 	call := server.Call{
-		Domain: "api", Start: time.Now(), Duration: time.Millisecond, Code: codes.OK, Overall: rlsv3.RateLimitResponse_OK,
+		Domain: "api", Checked: true, Start: time.Now(), Duration: time.Millisecond, Code: codes.OK, Overall: rlsv3.RateLimitResponse_OK,
 		Descriptors: []server.DescriptorOutcome{
 			{Descriptor: req.Descriptors[0], Rule: gpt, Outcome: server.WithinLimit, Hits: 1, Limit: gpt.Limit, Decision: limiter.Decision{Allowed: true, Remaining: 3}},
 			{Descriptor: req.Descriptors[1], Rule: user, Outcome: server.WithinLimit, Hits: 1, Limit: user.Limit, Decision: limiter.Decision{Allowed: true, Remaining: 90}},

@@ -22,9 +22,16 @@ type Observer interface {
 
 // Call is one ShouldRateLimit call as an Observer sees it.
 type Call struct {
-	// Domain is the request's domain (possibly invalid when Code is
-	// InvalidArgument).
+	// Domain is the request's domain. Unless Checked, it is whatever the
+	// caller sent, of any length: an observer must not keep it (nor use it
+	// as a label).
 	Domain string
+	// Checked reports whether the request passed the server's checks of
+	// its shape and sizes (Options.Limits: domain, descriptors, entries,
+	// hits). Only calls answered InvalidArgument can fail them; some that
+	// pass them are still answered InvalidArgument (a bad limit override,
+	// a refund the backend cannot make).
+	Checked bool
 	// Start is when the call began, by the server's clock, and Duration how
 	// long it took to answer.
 	Start    time.Time
@@ -50,16 +57,23 @@ type Outcome int
 const (
 	// NoRule: no rule matched and no override applied.
 	NoRule Outcome = iota + 1
-	// Unlimited: an unlimited rule matched.
+	// Unlimited: an unlimited rule matched (whether or not another
+	// descriptor denied the request).
 	Unlimited
 	// Replaced: the matched rule was replaced by another (replaces).
 	Replaced
-	// WithinLimit: the descriptor's bucket had room.
+	// WithinLimit: the descriptor's bucket had room and the request was
+	// admitted.
 	WithinLimit
-	// OverLimit: the descriptor denied the request.
+	// OverLimit: the descriptor denied the request (its bucket had too few
+	// tokens, or its rule has requests_per_unit: 0).
 	OverLimit
 	// ShadowOverLimit: a shadow-mode rule would have denied.
 	ShadowOverLimit
+	// DeniedByOther: the descriptor's bucket had room, but another
+	// descriptor denied the request, so nothing was taken from it (a
+	// request is admitted and charged all or nothing).
+	DeniedByOther
 )
 
 // String names the outcome as metrics label it.
@@ -77,24 +91,33 @@ func (o Outcome) String() string {
 		return "over_limit"
 	case ShadowOverLimit:
 		return "shadow_over_limit"
+	case DeniedByOther:
+		return "denied_by_other"
 	}
 	return "invalid"
 }
 
 // DescriptorOutcome is one descriptor of an observed Call.
 type DescriptorOutcome struct {
-	// Descriptor is the request's descriptor (read only).
+	// Descriptor is the request's descriptor, or a copy of it with each
+	// value longer than RequestLimits.MaxValueBytes replaced by its
+	// bounded stand-in (read only).
 	Descriptor *ratelimitv3.RateLimitDescriptor
 	// Rule is the matched rule (or one made for a limit override); nil when
 	// Outcome is NoRule.
 	Rule *config.Rule
 	// Outcome is what happened.
 	Outcome Outcome
-	// Hits is the number of tokens asked for (0: a check).
+	// Hits is the number of tokens the descriptor asked for: its
+	// hits_addend, else the request's (where 0 means 1); 0 for a check,
+	// negative for a refund (is_negative_hits). It is what was asked, not
+	// what was taken: see Charged.
 	Hits int64
 	// Limit is the bucket's shape and Decision its answer, when the
-	// descriptor had a bucket (Outcome WithinLimit, OverLimit or
-	// ShadowOverLimit, except for requests_per_unit: 0 rules).
+	// descriptor had a bucket (Outcome WithinLimit, OverLimit,
+	// ShadowOverLimit or DeniedByOther, except for requests_per_unit: 0
+	// rules). For DeniedByOther, Decision is the bucket's state as
+	// checked, without the tokens.
 	Limit    limiter.Limit
 	Decision limiter.Decision
 	// Charged reports whether tokens were taken: the whole request was
@@ -104,9 +127,12 @@ type DescriptorOutcome struct {
 
 // observe builds the Call for an answered request and hands it over.
 func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, decisions []limiter.Decision, resp *rlsv3.RateLimitResponse, err error) {
-	call := Call{Domain: req.GetDomain(), Start: start, Duration: s.now().Sub(start), Code: codes.OK, Err: err}
+	call := Call{Domain: req.GetDomain(), Checked: true, Start: start, Duration: s.now().Sub(start), Code: codes.OK, Err: err}
 	if err != nil {
 		call.Code = status.Code(err)
+		// Checking again costs only calls answered InvalidArgument, which
+		// were checked once already.
+		call.Checked = call.Code != codes.InvalidArgument || s.limits.check(req) == nil
 		s.observer.ObserveCall(call)
 		return
 	}
@@ -114,13 +140,20 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 	admitted := call.Overall == rlsv3.RateLimitResponse_OK
 	call.Descriptors = make([]DescriptorOutcome, len(p.items))
 	for i, it := range p.items {
-		o := DescriptorOutcome{Descriptor: req.GetDescriptors()[i], Rule: it.rule, Outcome: WithinLimit}
+		d := p.descs[i] // long values stand in shortened (planRequest)
+		// The tokens asked, whether or not a bucket was asked for them
+		// (deny-all and unlimited rules have none), and although a request
+		// that a deny-all rule denies only checks its other buckets.
+		o := DescriptorOutcome{Descriptor: d, Rule: it.rule, Outcome: WithinLimit, Hits: hitsOf(req, d)}
+		if d.GetIsNegativeHits() {
+			o.Hits = -o.Hits
+		}
 		st := resp.GetStatuses()[i]
 		if it.limited {
 			j := pickLimit(decisions[it.first : it.first+len(it.limits)])
-			o.Hits = p.takes[it.first+j].Hits
+			take := p.takes[it.first+j]
 			o.Limit, o.Decision = it.limits[j].Limit, decisions[it.first+j]
-			o.Charged = admitted && o.Hits > 0 && (o.Decision.Allowed || p.takes[it.first+j].Charge())
+			o.Charged = admitted && take.Hits > 0 && (o.Decision.Allowed || take.Charge())
 		}
 		switch {
 		case it.rule == nil:
@@ -133,6 +166,8 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 			o.Outcome = OverLimit
 		case it.rule.ShadowMode && (it.denyAll || it.limited && !o.Decision.Allowed):
 			o.Outcome = ShadowOverLimit
+		case !admitted:
+			o.Outcome = DeniedByOther
 		}
 		call.Descriptors[i] = o
 	}

@@ -1,13 +1,18 @@
 package server
 
 import (
+	"crypto/sha256"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/limiter"
@@ -42,8 +47,6 @@ func (l RequestLimits) check(req *rlsv3.RateLimitRequest) error {
 				return fmt.Errorf("descriptors[%d].entries[%d] has an empty key", i, j)
 			case len(e.GetKey()) > l.MaxKeyBytes:
 				return fmt.Errorf("descriptors[%d].entries[%d].key is %d bytes, more than the %d allowed", i, j, len(e.GetKey()), l.MaxKeyBytes)
-			case len(e.GetValue()) > l.MaxValueBytes:
-				return fmt.Errorf("descriptors[%d].entries[%d] (key %q) value is %d bytes, more than the %d allowed", i, j, e.GetKey(), len(e.GetValue()), l.MaxValueBytes)
 			}
 		}
 	}
@@ -56,6 +59,10 @@ func (l RequestLimits) check(req *rlsv3.RateLimitRequest) error {
 // plan is what a request asks of the store, descriptor by descriptor.
 type plan struct {
 	items []item
+	// descs are the request's descriptors as planned: the request's own,
+	// but for those with a value longer than RequestLimits.MaxValueBytes,
+	// copies with that value replaced by its stand-in (see longValue).
+	descs []*ratelimitv3.RateLimitDescriptor
 	// takes are the buckets to take from, each item's in a run starting at
 	// item.first, one per limit of item.limits.
 	takes []limiter.Request
@@ -86,17 +93,27 @@ type item struct {
 }
 
 // planRequest matches each descriptor of a checked request to its rule and
-// lists the buckets to take from. maxWait caps every limit's max_wait.
-func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration) (plan, error) {
+// lists the buckets to take from. maxWait caps every limit's max_wait; a
+// value longer than maxValue bytes is matched as it is, then replaced by
+// its stand-in (see longValue) for everything after: its bucket, the
+// override's path, and what observers see.
+func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int) (plan, error) {
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
-	p := plan{items: make([]item, len(descs))}
+	p := plan{items: make([]item, len(descs)), descs: descs}
 	var eb [8]config.Entry // most descriptors have few entries: no allocation
 	entries := eb[:0]
-	replacing := false
+	replacing, copied := false, false
 	for i, d := range descs {
 		entries = toEntries(entries[:0], d)
 		it := item{rule: set.Lookup(domain, entries)}
+		if long := shortenValues(d, maxValue); long != nil {
+			if !copied {
+				p.descs, copied = slices.Clone(descs), true
+			}
+			p.descs[i], d = long, long
+			entries = toEntries(entries[:0], d)
+		}
 		it.configured = it.rule != nil
 		if it.rule != nil {
 			it.limited = !it.rule.Unlimited && !it.rule.DenyAll
@@ -122,7 +139,7 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 	}
 	var kb [256]byte // keys are built here, then copied into their string
 	key := kb[:0]
-	for i, d := range descs {
+	for i, d := range p.descs {
 		it := &p.items[i]
 		if !it.limited {
 			continue
@@ -153,6 +170,40 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 		}
 	}
 	return p, nil
+}
+
+// shortenValues returns nil when no value of d is longer than max bytes,
+// else a copy of d whose long values are replaced by their stand-ins.
+func shortenValues(d *ratelimitv3.RateLimitDescriptor, max int) *ratelimitv3.RateLimitDescriptor {
+	var short *ratelimitv3.RateLimitDescriptor
+	for j, e := range d.GetEntries() {
+		if len(e.GetValue()) <= max {
+			continue
+		}
+		if short == nil {
+			short = proto.CloneOf(d)
+		}
+		short.Entries[j].Value = longValue(e.GetValue())
+	}
+	return short
+}
+
+// longValue is what stands for a descriptor value too long to be kept as it
+// is (a client can put kilobytes in a header that Envoy turns into a
+// value): its first bytes, its length and its SHA-256. Rejecting the
+// request instead would answer INVALID_ARGUMENT, which Envoy lets through
+// by default, so a long header would slip past every limit; cutting the
+// value short would put distinct values in one bucket. The stand-in keeps
+// one bucket per distinct value, as the value itself would, in bounded
+// space: keys, metric labels and pages never hold more than about 170
+// bytes of it.
+func longValue(v string) string {
+	cut := min(len(v), 64)
+	for cut > 0 && cut < len(v) && !utf8.RuneStart(v[cut]) { // v is UTF-8 (see Codec): cut between runes
+		cut--
+	}
+	sum := sha256.Sum256([]byte(v))
+	return fmt.Sprintf("%s…[%d bytes, sha256:%x]", v[:cut], len(v), sum)
 }
 
 func toEntries(dst []config.Entry, d *ratelimitv3.RateLimitDescriptor) []config.Entry {

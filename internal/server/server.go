@@ -75,7 +75,7 @@ type RequestLimits struct {
 	MaxDescriptors int    // default 64
 	MaxEntries     int    // per descriptor; default 32
 	MaxKeyBytes    int    // per entry key; default 256
-	MaxValueBytes  int    // per entry value; default 4096
+	MaxValueBytes  int    // per entry value kept as it is; a longer one is matched as it is, then stands as its first bytes, length and SHA-256; default 4096
 	MaxHits        uint64 // per descriptor; default 1e9
 }
 
@@ -236,7 +236,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if cur == nil {
 		return plan{}, nil, nil, answerFor(codes.Unavailable, ErrNoConfig)
 	}
-	p, err := planRequest(cur.set, req, s.waitCap(ctx, now))
+	p, err := planRequest(cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes)
 	if err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}

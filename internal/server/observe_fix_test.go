@@ -1,0 +1,116 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+)
+
+// askedRecorder is an Observer that keeps, per call, whether it was
+// checked and each descriptor's outcome with the tokens it asked for.
+type askedRecorder struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *askedRecorder) ObserveCall(c server.Call) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "checked=%v %v %v:", c.Checked, c.Code, c.Overall)
+	for _, d := range c.Descriptors {
+		fmt.Fprintf(&b, " %v/%d", d.Outcome, d.Hits)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, b.String())
+}
+
+// TestObserverSeesTokensAsked: each descriptor reports the tokens it asked
+// for, whether or not a bucket was asked for them (deny-all and unlimited
+// rules have none, and a deny-all denial makes the other buckets only
+// checked); a descriptor within its limit on a request another one denied
+// is denied_by_other; a request that fails the checks is not Checked.
+func TestObserverSeesTokensAsked(t *testing.T) {
+	tests := []struct {
+		name  string
+		calls []*rlsv3.RateLimitRequest
+		want  []string
+	}{
+		{
+			name:  "deny-all",
+			calls: []*rlsv3.RateLimitRequest{request("api", withHits(desc("ip", "10.0.0.66"), 5))},
+			want:  []string{"checked=true OK OVER_LIMIT: over_limit/5"},
+		},
+		{
+			name:  "unlimited",
+			calls: []*rlsv3.RateLimitRequest{request("api", withHits(desc("internal", "x"), 5))},
+			want:  []string{"checked=true OK OK: unlimited/5"},
+		},
+		{
+			name:  "request hits_addend",
+			calls: []*rlsv3.RateLimitRequest{{Domain: "api", Descriptors: request("api", desc("internal", "x"), desc("ip", "10.0.0.66")).Descriptors, HitsAddend: 3}},
+			want:  []string{"checked=true OK OVER_LIMIT: unlimited/3 over_limit/3"},
+		},
+		{
+			name: "deny-all beside a limited descriptor",
+			calls: []*rlsv3.RateLimitRequest{
+				request("api", withHits(desc("ip", "10.0.0.66"), 5), withHits(desc("model", "gpt-4o"), 2)),
+			},
+			want: []string{"checked=true OK OVER_LIMIT: over_limit/5 denied_by_other/2"},
+		},
+		{
+			name: "denied by another descriptor",
+			calls: []*rlsv3.RateLimitRequest{
+				request("api", desc("model", "gpt-4o"), desc("client", "c")),
+				request("api", desc("model", "gpt-4o"), desc("client", "c")),
+				request("api", desc("model", "gpt-4o"), desc("client", "c")),
+			},
+			want: []string{
+				"checked=true OK OK: within_limit/1 within_limit/1",
+				"checked=true OK OK: within_limit/1 within_limit/1",
+				"checked=true OK OVER_LIMIT: denied_by_other/1 over_limit/1",
+			},
+		},
+		{
+			name: "invalid",
+			calls: []*rlsv3.RateLimitRequest{
+				request(strings.Repeat("d", 1<<20), desc("model", "gpt-4o")),
+				request("api"),
+				request("api", withHits(desc("model", "gpt-4o"), 1<<40)),
+			},
+			want: []string{
+				"checked=false InvalidArgument UNKNOWN:",
+				"checked=false InvalidArgument UNKNOWN:",
+				"checked=false InvalidArgument UNKNOWN:",
+			},
+		},
+		{
+			name: "checked, then refused",
+			calls: []*rlsv3.RateLimitRequest{request("api", &ratelimitv3.RateLimitDescriptor{
+				Entries: desc("model", "m").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1},
+			})},
+			want: []string{"checked=true InvalidArgument UNKNOWN:"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &askedRecorder{}
+			_, srv := startServer(t, server.Options{Now: clocktest.New().Now, Observer: rec}, mustParse(t, testConfig))
+			for _, req := range tt.calls {
+				srv.ShouldRateLimit(context.Background(), req)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if got, want := strings.Join(rec.calls, "\n"), strings.Join(tt.want, "\n"); got != want {
+				t.Errorf("observed:\n%s\nwant:\n%s", got, want)
+			}
+		})
+	}
+}
