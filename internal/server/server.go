@@ -85,11 +85,12 @@ func (l RequestLimits) withDefaults() RequestLimits {
 			*v = d
 		}
 	}
-	def(&l.MaxDomainBytes, 256)
+	// The config's bounds, so that every rule it accepts can be matched.
+	def(&l.MaxDomainBytes, config.MaxDomainBytes)
 	def(&l.MaxDescriptors, 64)
-	def(&l.MaxEntries, 32)
-	def(&l.MaxKeyBytes, 256)
-	def(&l.MaxValueBytes, 4096)
+	def(&l.MaxEntries, config.MaxDepth)
+	def(&l.MaxKeyBytes, config.MaxKeyBytes)
+	def(&l.MaxValueBytes, config.MaxValueBytes)
 	if l.MaxHits == 0 {
 		l.MaxHits = 1_000_000_000
 	}
