@@ -95,14 +95,14 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&c.limits.MaxDescriptors, "max-descriptors", 64, "most descriptors in one request")
 	fs.IntVar(&c.limits.MaxEntries, "max-entries", 32, "most entries in one descriptor")
 	fs.IntVar(&c.limits.MaxKeyBytes, "max-key-bytes", 256, "longest descriptor entry key")
-	fs.IntVar(&c.limits.MaxValueBytes, "max-value-bytes", 4096, "longest descriptor entry value")
+	fs.IntVar(&c.limits.MaxValueBytes, "max-value-bytes", 4096, "longest descriptor entry value kept as it is; a longer one is limited under a stand-in (its first bytes, length and SHA-256)")
 	fs.IntVar(&c.limits.MaxDomainBytes, "max-domain-bytes", 256, "longest domain")
 	fs.Uint64Var(&c.limits.MaxHits, "max-hits", 1_000_000_000, "largest hits_addend")
 	fs.IntVar(&c.maxMessageBytes, "max-message-bytes", 1<<20, "largest gRPC request message")
 	fs.IntVar(&c.streamWorkers, "grpc-stream-workers", 128, "goroutines kept to handle gRPC calls, so that their grown stacks are reused; calls beyond them get their own goroutine (0: none kept)")
 	fs.DurationVar(&c.maxWait, "max-wait", 5*time.Second, "cap on every limit's max_wait: the longest a call is held for reserved tokens")
 	fs.BoolVar(&c.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
-	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", 0.8, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use")
+	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", 0.8, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use (1 turns near_limit off)")
 	fs.IntVar(&c.maxMetricValues, "metrics-max-values", 100, "metrics: distinct values labelled per detailed_metric rule; the rest count as _other")
 	fs.StringVar(&c.redis.url, "redis-url", "", "Redis backend: redis:// or rediss:// URL (user, password, db); empty means in-memory")
 	fs.StringVar(&c.redis.sentinelMaster, "redis-sentinel-master", "", "Redis backend through Sentinel: the master's name")
@@ -143,9 +143,11 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if fs.NArg() > 0 {
 		return c, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	if err := applyEnv(fs, getenv); err != nil {
+	fromEnv, err := applyEnv(fs, getenv)
+	if err != nil {
 		return c, usageError{err}
 	}
+	given := givenFlags(fs, fromEnv)
 	tc, terr := tracing.ConfigFromEnv(getenv)
 	if terr != nil {
 		return c, usageError{terr}
@@ -160,7 +162,13 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if c.streamWorkers < 0 || c.streamWorkers > 1<<16 {
 		return c, usageError{fmt.Errorf("--grpc-stream-workers %d: want 0 to 65536", c.streamWorkers)}
 	}
-	var err error
+	if c.shutdownTimeout <= 0 {
+		// Zero would end every call in flight at once on SIGTERM.
+		return c, usageError{fmt.Errorf("--shutdown-timeout %v: want more than 0 (how long SIGTERM waits for calls in flight)", c.shutdownTimeout)}
+	}
+	if err := c.redis.check(given); err != nil {
+		return c, usageError{err}
+	}
 	if c.retryAfter, err = choose("retry-after", *retryAfter,
 		[]string{"send", "omit"},
 		[]server.RetryAfter{server.RetryAfterSend, server.RetryAfterOmit}); err != nil {
@@ -228,10 +236,12 @@ func oneOf(names []string) string {
 }
 
 // applyEnv sets every flag not given on the command line from its
-// RATELIMITD_ variable, when that is set.
-func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
+// RATELIMITD_ variable, when that is set, and returns the names of the flags
+// it set.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string) (map[string]bool, error) {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	fromEnv := map[string]bool{}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		if given[f.Name] {
@@ -240,8 +250,31 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
 		if v := getenv(envName(f.Name)); v != "" {
 			if err := fs.Set(f.Name, v); err != nil {
 				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
+				return
 			}
+			fromEnv[f.Name] = true
 		}
 	})
-	return errors.Join(errs...)
+	return fromEnv, errors.Join(errs...)
+}
+
+// givenFlags maps each flag the operator set to something other than its
+// default, on the command line or (those in fromEnv) in the environment,
+// to the way they spelled it: "--redis-password" or
+// "RATELIMITD_REDIS_PASSWORD". A flag set to its default (--redis-url "",
+// as a template with an empty variable writes it) changes nothing and is
+// left out.
+func givenFlags(fs *flag.FlagSet, fromEnv map[string]bool) map[string]string {
+	given := map[string]string{}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Value.String() == f.DefValue {
+			return
+		}
+		if fromEnv[f.Name] {
+			given[f.Name] = envName(f.Name)
+		} else {
+			given[f.Name] = "--" + f.Name
+		}
+	})
+	return given
 }

@@ -131,6 +131,8 @@ func TestParseServeFlagsRejects(t *testing.T) {
 		{"tls key without cert", []string{"--grpc-tls-key", "key.pem"}, "--grpc-tls-cert and --grpc-tls-key go together"},
 		{"negative heap floor", []string{"--gc-heap-floor-mib", "-1"}, "--gc-heap-floor-mib -1: want 0 to 85899344"},
 		{"client CA without cert", []string{"--grpc-client-ca", "ca.pem"}, "--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key"},
+		{"zero shutdown timeout", []string{"--shutdown-timeout", "0"}, "--shutdown-timeout 0s: want more than 0"},
+		{"negative shutdown timeout", []string{"--shutdown-timeout", "-1s"}, "--shutdown-timeout -1s: want more than 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

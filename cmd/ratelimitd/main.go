@@ -19,14 +19,22 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	// go-redis logs through one hook for the whole process: it is set here,
+	// once, and nowhere else, so that its lines go through the serve
+	// command's logger (at debug level) rather than straight to stderr.
+	redisLog := &redisLogger{}
+	redis.SetLogger(redisLog)
+	err := runWith(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, redisLog.use)
 	stop()
 	var usage usageError
 	switch {
@@ -49,7 +57,14 @@ func (e usageError) Unwrap() error { return e.error }
 // shutdown) or on a fatal error. A command's --help prints its usage to
 // stderr and returns nil.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	err := runCommand(ctx, args, getenv, stdout, stderr)
+	return runWith(ctx, args, getenv, stdout, stderr, nil)
+}
+
+// runWith is run that also gives useLogger (unless nil) the logger the
+// serve command logs with, once its flags are parsed and before it opens
+// anything.
+func runWith(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, useLogger func(*slog.Logger)) error {
+	err := runCommand(ctx, args, getenv, stdout, stderr, useLogger)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil // the flag package has printed the usage
 	}
@@ -57,7 +72,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 // runCommand runs the command args name; serve when they name none.
-func runCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func runCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, useLogger func(*slog.Logger)) error {
 	if len(args) > 0 {
 		switch args[0] {
 		case "validate":
@@ -76,6 +91,11 @@ func runCommand(ctx context.Context, args []string, getenv func(string) string, 
 	cfg, err := parseServeFlags(args, getenv, stderr)
 	if err != nil {
 		return err
+	}
+	if useLogger != nil {
+		// serve builds its own from the same flags and writer: the same
+		// format, level and destination.
+		useLogger(newLogger(cfg, stderr))
 	}
 	return serve(ctx, cfg, stderr)
 }

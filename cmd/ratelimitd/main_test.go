@@ -78,7 +78,13 @@ func (w *addrWatcher) String() string {
 // its gRPC and HTTP addresses; cancel stops it and waitErr returns run's error.
 func startRun(t *testing.T, extra ...string) (grpcAddr, httpAddr string, cancel func(), waitErr func() error) {
 	t.Helper()
-	dir := writeConfig(t, map[string]string{"api.yaml": fivePerMinute})
+	return startRunWith(t, map[string]string{"api.yaml": fivePerMinute}, extra...)
+}
+
+// startRunWith is startRun with the config files given.
+func startRunWith(t *testing.T, files map[string]string, extra ...string) (grpcAddr, httpAddr string, cancel func(), waitErr func() error) {
+	t.Helper()
+	dir := writeConfig(t, files)
 	args := append([]string{"--config", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, extra...)
 	ctx, cancelCtx := context.WithCancel(context.Background())
 	logs := newAddrWatcher()

@@ -26,7 +26,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -108,6 +107,18 @@ func (l *lockedBuffer) String() string {
 // ports and JSON logs) and waits until it serves.
 func startProc(t *testing.T, args ...string) *proc {
 	t.Helper()
+	return launchProc(t, args...).await(t)
+}
+
+// launchingProc is a ratelimitd process started but maybe not serving yet.
+type launchingProc struct {
+	p     *proc
+	ready chan [2]string // its addresses, once it serves
+}
+
+// launchProc starts ratelimitd as startProc does, without waiting.
+func launchProc(t *testing.T, args ...string) launchingProc {
+	t.Helper()
 	args = append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, args...)
 	cmd := exec.Command(binary(t), args...)
 	cmd.Env = []string{} // nothing from the test's environment
@@ -140,8 +151,15 @@ func startProc(t *testing.T, args ...string) *proc {
 		cmd.Process.Kill()
 		<-p.exited
 	})
+	return launchingProc{p: p, ready: ready}
+}
+
+// await waits until the process serves.
+func (l launchingProc) await(t *testing.T) *proc {
+	t.Helper()
+	p := l.p
 	select {
-	case addrs := <-ready:
+	case addrs := <-l.ready:
 		p.grpcAddr, p.httpAddr = addrs[0], addrs[1]
 		return p
 	case err := <-p.exited:
@@ -369,18 +387,7 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 	done := make(chan *loadResult, 1)
 	go func() { done <- runLoad(ctx, t, []string{p.grpcAddr}, 16, time.Second) }()
 	time.Sleep(300 * time.Millisecond)
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-p.exited:
-		p.exited <- err
-		if err != nil {
-			t.Errorf("exit after SIGTERM: %v, want status 0\n%s", err, p.logs)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("still running 10s after SIGTERM\n%s", p.logs)
-	}
+	stopProc(t, p)
 	cancel()
 	res := <-done
 	for code, n := range res.errs {

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -30,39 +33,39 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 		SentinelMaster: r.sentinelMaster,
 		SentinelAddrs:  splitList(r.sentinelAddrs),
 		ClusterAddrs:   splitList(r.clusterAddrs),
-		Password:       r.password,
 		PoolSize:       r.poolSize,
 		DialTimeout:    r.dialTimeout,
 		ReadTimeout:    r.readTimeout,
 		WriteTimeout:   r.writeTimeout,
 		PoolTimeout:    r.poolTimeout,
 	}
+	if r.url == "" { // a URL carries its own (check refuses both)
+		opts.Username, opts.Password = r.username, r.password
+	}
 	if r.sentinelMaster != "" {
 		opts.SentinelPassword = r.password
 	}
-	opts.Username = r.username
 	tlsConfig, err := r.tlsConfig()
 	if err != nil {
 		return backend{}, err
 	}
 	opts.TLSConfig = tlsConfig
-	if r.batchMax < 0 {
-		return backend{}, fmt.Errorf("--redis-batch-max %d: must be 0 (the default), 1 (no coalescing) or more", r.batchMax)
-	}
 	var cache *denialcache.Cache
 	if r.denialCache {
 		if cache, err = denialcache.New(denialcache.Options{MaxEntries: r.denialEntries}); err != nil {
 			return backend{}, fmt.Errorf("--denial-cache-size: %w", err)
 		}
 	}
+	// check has put every mistake a flag can make in the flags' own terms;
+	// what redisstore still finds, it says in its own.
 	client, err := redisstore.Dial(opts)
 	if err != nil {
-		return backend{}, fmt.Errorf("redis: %w", err)
+		return backend{}, fmt.Errorf("open the Redis backend: %w", err)
 	}
 	store, err := redisstore.New(client, redisstore.Options{Prefix: r.prefix, BatchMax: r.batchMax, BatchWait: r.batchWait})
 	if err != nil {
 		client.Close()
-		return backend{}, fmt.Errorf("redis: %w", err)
+		return backend{}, fmt.Errorf("open the Redis backend: %w", err)
 	}
 	closeAll := func() error {
 		store.Close()
@@ -88,16 +91,20 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 		}
 		onHealth(healthy)
 	}
+	ping := func(ctx context.Context) error { return client.Ping(ctx).Err() }
+	// The open breaker pings Redis in the background (serve calls
+	// be.probe), so that a replica no call reaches still finds it back.
+	failure.Ping = ping
 	fs, err := failover.New(shared, failure)
 	if err != nil {
 		closeAll()
 		return backend{}, err
 	}
-	be.store, be.sweep, be.healthy = fs, fs.Sweep, fs.Healthy
+	be.store, be.sweep, be.healthy, be.probe = fs, fs.Sweep, fs.Healthy, fs.Probe
 	if cache != nil {
 		be.store = cache.Front(fs)
 	}
-	be.ready = func(ctx context.Context) error { return client.Ping(ctx).Err() }
+	be.ready = ping
 	var cacheStats func() denialcache.Stats // nil: no cache
 	if cache != nil {
 		cacheStats = cache.Stats
@@ -149,6 +156,111 @@ func redisCollectors(store func() redisstore.Stats, cache func() denialcache.Sta
 	return cs
 }
 
+// check returns the usage errors of the Redis flags, all of them, naming
+// the flags as given maps them (see givenFlags): which backend they select,
+// and flags that would be ignored for it. Without a backend, buckets are
+// kept in each replica's memory, so a --redis-* flag given without one
+// (most likely a backend flag forgotten or misspelt) is an error rather than
+// a silent N-fold limit across N replicas.
+func (r redisFlags) check(given map[string]string) error {
+	name := func(flag string) string {
+		if s, ok := given[flag]; ok {
+			return s
+		}
+		return "--" + flag
+	}
+	var errs []error
+	var backends []string
+	if r.url != "" {
+		backends = append(backends, name("redis-url"))
+	}
+	if r.sentinelMaster != "" || r.sentinelAddrs != "" {
+		backends = append(backends, name("redis-sentinel-master")+" with "+name("redis-sentinel-addrs"))
+	}
+	if r.clusterAddrs != "" {
+		backends = append(backends, name("redis-cluster-addrs"))
+	}
+	if len(backends) > 1 {
+		last := len(backends) - 1
+		errs = append(errs, fmt.Errorf("%s and %s each select a Redis backend: give one",
+			strings.Join(backends[:last], ", "), backends[last]))
+	}
+	switch {
+	case r.sentinelMaster != "" && r.sentinelAddrs == "":
+		errs = append(errs, fmt.Errorf("%s needs %s (the Sentinels' host:port addresses)", name("redis-sentinel-master"), name("redis-sentinel-addrs")))
+	case r.sentinelMaster == "" && r.sentinelAddrs != "":
+		errs = append(errs, fmt.Errorf("%s needs %s (the name the Sentinels monitor the master by)", name("redis-sentinel-addrs"), name("redis-sentinel-master")))
+	}
+	for _, l := range []struct{ flag, value string }{{"redis-sentinel-addrs", r.sentinelAddrs}, {"redis-cluster-addrs", r.clusterAddrs}} {
+		if l.value != "" && len(splitList(l.value)) == 0 {
+			errs = append(errs, fmt.Errorf("%s %q: no address in it (want host:port,host:port)", name(l.flag), l.value))
+		}
+	}
+	if len(backends) == 0 {
+		var ignored []string
+		for flag, spelt := range given {
+			if strings.HasPrefix(flag, "redis-") {
+				ignored = append(ignored, spelt)
+			}
+		}
+		if len(ignored) > 0 {
+			slices.Sort(ignored)
+			errs = append(errs, fmt.Errorf("%s set, but no Redis backend: give --redis-url, --redis-sentinel-master with --redis-sentinel-addrs, or --redis-cluster-addrs (without one, each replica keeps its own buckets in memory)",
+				strings.Join(ignored, ", ")))
+		}
+	}
+	if r.url != "" {
+		var creds []string
+		for _, flag := range []string{"redis-username", "redis-password"} {
+			if _, ok := given[flag]; ok {
+				creds = append(creds, name(flag))
+			}
+		}
+		if len(creds) > 0 {
+			errs = append(errs, fmt.Errorf("%s: not used with %s, which carries its own credentials: put them in the URL (redis://user:password@host:port/db, percent-encoded)",
+				strings.Join(creds, " and "), name("redis-url")))
+		}
+		o, err := redisstore.ParseURL(r.url)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", name("redis-url"), err))
+		case o.TLSConfig == nil && (r.tlsCA != "" || r.tlsCert != "" || r.tlsKey != ""):
+			errs = append(errs, fmt.Errorf("%s given, but %s does not speak TLS: use a rediss:// URL", r.tlsFlagNames(name), name("redis-url")))
+		}
+	}
+	if (r.tlsCert == "") != (r.tlsKey == "") {
+		errs = append(errs, fmt.Errorf("%s and %s go together", name("redis-tls-cert"), name("redis-tls-key")))
+	}
+	for _, n := range []struct {
+		flag     string
+		negative bool
+		value    any
+	}{
+		{"redis-pool-size", r.poolSize < 0, r.poolSize},
+		{"redis-dial-timeout", r.dialTimeout < 0, r.dialTimeout},
+		{"redis-read-timeout", r.readTimeout < 0, r.readTimeout},
+		{"redis-write-timeout", r.writeTimeout < 0, r.writeTimeout},
+		{"redis-pool-timeout", r.poolTimeout < 0, r.poolTimeout},
+		{"redis-batch-max", r.batchMax < 0, r.batchMax},
+	} {
+		if n.negative {
+			errs = append(errs, fmt.Errorf("%s %v: must not be negative (0 is the default)", name(n.flag), n.value))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// tlsFlagNames names the --redis-tls-* flags that are set.
+func (r redisFlags) tlsFlagNames(name func(string) string) string {
+	var set []string
+	for _, f := range []struct{ flag, value string }{{"redis-tls-ca", r.tlsCA}, {"redis-tls-cert", r.tlsCert}, {"redis-tls-key", r.tlsKey}} {
+		if f.value != "" {
+			set = append(set, name(f.flag))
+		}
+	}
+	return strings.Join(set, ", ")
+}
+
 // tlsConfig is the TLS to speak to Redis with, or nil for the defaults: a
 // rediss:// URL alone uses the system's roots.
 func (r redisFlags) tlsConfig() (*tls.Config, error) {
@@ -167,4 +279,35 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// redisLogger carries go-redis's own log lines (a dial that failed, a
+// connection found broken) into the process's slog logger, at debug level:
+// failover already logs an outage once, at error, when Redis starts failing
+// and again when it answers, so these per-connection lines are detail for
+// whoever asks for --log-level debug, in the --log-format of the rest.
+// go-redis has one logger per process (redis.SetLogger): main installs one
+// redisLogger, once, and the serve command hands it its logger with use.
+// Until then lines go to slog.Default(). It is safe for concurrent use.
+type redisLogger struct {
+	log atomic.Pointer[slog.Logger]
+}
+
+// use makes l the logger lines are written through from now on.
+func (r *redisLogger) use(l *slog.Logger) { r.log.Store(l) }
+
+// Printf implements go-redis's logging interface: it logs the formatted
+// line, without its trailing newline, at debug level.
+func (r *redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l := r.log.Load()
+	if l == nil {
+		l = slog.Default()
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if !l.Enabled(ctx, slog.LevelDebug) {
+		return // do not format what is not written
+	}
+	l.DebugContext(ctx, strings.TrimRight(fmt.Sprintf(format, v...), "\n"), "logger", "go-redis")
 }

@@ -11,15 +11,18 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
@@ -47,10 +50,16 @@ type backend struct {
 	// sweep, when set, is called now and then to drop idle buckets.
 	sweep func(time.Time)
 	// healthy, when set, reports whether the backend is taken to be working
-	// (false while its circuit breaker is open, until a call succeeds);
-	// failureMode is then what is answered while it is not.
+	// (false while its circuit breaker is open, until a call or a probe
+	// succeeds); failureMode is then what is answered while it is not.
 	healthy     func() bool
 	failureMode failover.Mode
+	// probe, when set, tries the backend if its circuit breaker is open and
+	// due a probe (failover.Store.Probe): serve calls it about every
+	// --breaker-open-for, so that a replica no call reaches (taken out of
+	// rotation because its health said NOT_SERVING) still finds the
+	// backend working again.
+	probe func(context.Context) error
 	// collectors are the backend's own metrics, for /metrics.
 	collectors []prometheus.Collector
 }
@@ -65,6 +74,15 @@ func newLogger(c serveConfig, w io.Writer) *slog.Logger {
 
 // serve runs the service until ctx is done, then shuts down gracefully.
 func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
+	// SIGHUP's default action ends the process. Take it first thing, so
+	// that one sent while the service starts (a config tool's reload racing
+	// a rollout) is a reload, not a crash; it is handled once the service
+	// runs. From when shutdown begins (or start-up fails) it is ignored, not
+	// restored to its default, so one sent during the drain does not cut the
+	// in-flight calls short.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Ignore(syscall.SIGHUP)
 	log := newLogger(c, logw)
 	// GOGC unset (see parseServeFlags): the runtime's default, 100.
 	defer gctune.Start(c.gcHeapFloor, 100).Stop()
@@ -124,10 +142,6 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	}
 	obs.metrics.ConfigLoaded(set)
 	srv.SetConfig(set)
-	watcher, err := newWatcher(c, set, srv, log, obs.metrics)
-	if err != nil {
-		return err
-	}
 	grpcOpts, tlsMode, err := grpcTLS(c.tls, log)
 	if err != nil {
 		return err
@@ -141,6 +155,16 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	if err != nil {
 		grpcLis.Close()
 		return fmt.Errorf("listen for HTTP: %w", err)
+	}
+	// The watcher last: with WatchFiles it holds a file watch (an inotify
+	// descriptor and a goroutine) that only its Run releases, so nothing
+	// may fail between it and Run. A change made since the first load is
+	// caught by the Reload below.
+	watcher, err := newWatcher(c, set, srv, log, obs.metrics)
+	if err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		return err
 	}
 
 	sopts := append(append(grpcOpts, obs.grpcOptions...), grpc.MaxRecvMsgSize(c.maxMessageBytes), server.Codec())
@@ -157,10 +181,15 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	for _, name := range healthNames {
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
-	healthpb.RegisterHealthServer(gs, hs)
+	// Done when shutdown begins: ends the health Watch streams, and the
+	// background work (reloads, sweeps, probes).
+	stopping, stop := context.WithCancel(context.Background())
+	defer stop()
+	healthpb.RegisterHealthServer(gs, healthService{Server: hs, stopping: stopping})
 
+	var shuttingDown atomic.Bool
 	hsrv := &http.Server{
-		Handler:           obs.handler(httpHandler(srv, be), srv),
+		Handler:           obs.handler(httpHandler(srv, be, shuttingDown.Load), srv),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 
@@ -186,32 +215,34 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 			errc <- fmt.Errorf("HTTP server: %w", err)
 		}
 	})
-	stopSweep := make(chan struct{})
 	if be.sweep != nil {
 		wg.Go(func() {
-			t := time.NewTicker(time.Minute)
-			defer t.Stop()
-			for {
-				select {
-				case <-stopSweep:
-					return
-				case now := <-t.C:
-					be.sweep(now)
+			every(stopping, time.Minute, be.sweep)
+		})
+	}
+	if be.probe != nil {
+		// Half the open time (a due probe comes at most half of it late),
+		// and at least a millisecond.
+		openFor := c.failure.OpenFor
+		if openFor <= 0 {
+			openFor = failover.DefaultOpenFor
+		}
+		wg.Go(func() {
+			every(stopping, max(openFor/2, time.Millisecond), func(time.Time) {
+				if err := be.probe(stopping); err != nil {
+					log.Debug("backend probe failed", "backend", be.name, "err", err)
 				}
-			}
+			})
 		})
 	}
 
 	// Reload on file changes (unless --watch=false) and on SIGHUP.
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	wg.Go(func() { watcher.Run(watchCtx) })
+	wg.Go(func() { watcher.Run(stopping) })
 	watcher.Reload() // a change made between the first load and the watch
 	wg.Go(func() {
 		for {
 			select {
-			case <-watchCtx.Done():
+			case <-stopping.Done():
 				return
 			case <-hup:
 				log.Info("SIGHUP: reloading config", "config", c.configPath)
@@ -227,11 +258,15 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	case runErr = <-errc:
 		log.Error("server failed, shutting down", "err", runErr)
 	}
-	close(stopSweep)
-	signal.Stop(hup)
-	stopWatch()
-	// Tell health checkers first, so Envoy stops sending new calls here.
+	// From here a SIGHUP is ignored: no reload to make, and no default
+	// action to end the drain.
+	signal.Ignore(syscall.SIGHUP)
+	// Tell health checkers first, so Envoy stops sending new calls here:
+	// /readyz, gRPC health, then the Watch streams, which end (after their
+	// NOT_SERVING) so that GracefulStop waits only for real calls.
+	shuttingDown.Store(true)
 	hs.Shutdown()
+	stop()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	drained := make(chan struct{})
@@ -254,13 +289,84 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	return runErr
 }
 
-// httpHandler serves liveness and readiness.
-func httpHandler(srv *server.Server, be backend) http.Handler {
+// every calls f with the time every period until ctx is done.
+func every(ctx context.Context, period time.Duration, f func(time.Time)) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			f(now)
+		}
+	}
+}
+
+// healthService is the gRPC health service whose Watch streams end once
+// stopping is done (shutdown began), after telling the watcher the status
+// then in force (NOT_SERVING: health.Server.Shutdown is called first).
+// GracefulStop waits for every open stream, and a health checker's Watch
+// would otherwise hold the shutdown for all of --shutdown-timeout.
+type healthService struct {
+	*health.Server
+	stopping context.Context
+}
+
+// Watch implements healthpb.HealthServer.
+func (h healthService) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	defer context.AfterFunc(h.stopping, cancel)()
+	ws := &watchStream{Health_WatchServer: stream, ctx: ctx, last: -1}
+	err := h.Server.Watch(req, ws)
+	if h.stopping.Err() == nil || stream.Context().Err() != nil {
+		return err // the watcher left, or could not be sent to
+	}
+	// The inner Watch may have seen the end before the last change: send
+	// the status in force unless it was the last one sent.
+	st := healthpb.HealthCheckResponse_SERVICE_UNKNOWN
+	if resp, err := h.Server.Check(stream.Context(), req); err == nil {
+		st = resp.GetStatus()
+	}
+	if st != ws.last {
+		if err := stream.Send(&healthpb.HealthCheckResponse{Status: st}); err != nil {
+			return err
+		}
+	}
+	return status.Error(codes.Unavailable, "ratelimitd is shutting down")
+}
+
+// watchStream is a Watch stream whose context ends at shutdown too, and
+// which remembers the last status sent. It is used by one goroutine.
+type watchStream struct {
+	healthpb.Health_WatchServer
+	ctx  context.Context
+	last healthpb.HealthCheckResponse_ServingStatus // -1: none yet
+}
+
+func (s *watchStream) Context() context.Context { return s.ctx }
+
+func (s *watchStream) Send(resp *healthpb.HealthCheckResponse) error {
+	if err := s.Health_WatchServer.Send(resp); err != nil {
+		return err
+	}
+	s.last = resp.GetStatus()
+	return nil
+}
+
+// httpHandler serves liveness and readiness; shuttingDown reports whether
+// shutdown has begun (readiness then fails, as gRPC health does).
+func httpHandler(srv *server.Server, be backend, shuttingDown func() bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if shuttingDown() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
 		if srv.Config() == nil {
 			http.Error(w, "no config loaded", http.StatusServiceUnavailable)
 			return

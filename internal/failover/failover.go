@@ -49,6 +49,9 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
+// DefaultOpenFor is Options.OpenFor when it is not set.
+const DefaultOpenFor = 500 * time.Millisecond
+
 // Options configures a Store. Zero fields take the defaults.
 type Options struct {
 	// Mode is the answer while the backend fails. Default Error.
@@ -69,7 +72,7 @@ type Options struct {
 	// Timeout; negative means no minimum (FailureThreshold alone).
 	FailingFor time.Duration
 	// OpenFor is how long the open breaker answers without the backend
-	// before one call probes it again. Default 500ms.
+	// before one call (or Probe) probes it again. Default 500ms.
 	OpenFor time.Duration
 	// ReplicasHint divides every rate, burst and max debt in Local mode, so
 	// that N replicas together stay near the configured limit. Default 1.
@@ -81,14 +84,20 @@ type Options struct {
 	GraceMode Mode
 	// Now is the clock for the breaker and grace; default time.Now.
 	Now func() time.Time
+	// Ping, when set, is the backend's cheap health check (Redis PING),
+	// used by Probe; it gets a context that ends within Timeout and must be
+	// safe for concurrent use. Nil: Probe does nothing, and only a call
+	// closes the open breaker.
+	Ping func(context.Context) error
 	// OnChange, when set, is called with false (and the last error) when
 	// the breaker opens, the backend being found failing, and with true when
-	// a call succeeds again after that. Failures that do not open the
-	// breaker (one slow batch) are not reported. It is called on a request's
-	// goroutine, without the Store's locks held, one call at a time and in
-	// order: a change made while a call is in progress is reported when it
-	// returns, unless undone by then, so the calls alternate and the last
-	// one reports the current state. It may call the Store.
+	// a call or a Probe succeeds again after that. Failures that do not open
+	// the breaker (one slow batch) are not reported. It is called on the
+	// goroutine of the request (or Probe) that made the change, without the
+	// Store's locks held, one call at a time and in order: a change made
+	// while a call is in progress is reported when it returns, unless undone
+	// by then, so the calls alternate and the last one reports the current
+	// state. It may call the Store.
 	OnChange func(healthy bool, err error)
 }
 
@@ -149,7 +158,7 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 		opts.FailingFor = 0
 	}
 	if opts.OpenFor <= 0 {
-		opts.OpenFor = 500 * time.Millisecond
+		opts.OpenFor = DefaultOpenFor
 	}
 	if opts.ReplicasHint <= 0 {
 		opts.ReplicasHint = 1
@@ -202,7 +211,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 	cancel()
 	switch {
 	case err == nil:
-		s.succeeded(probe)
+		s.succeeded(probe, true)
 		return d, nil
 	case errors.Is(err, limiter.ErrInvalidRequest):
 		s.release(probe)
@@ -216,6 +225,46 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 		return nil, fmt.Errorf("backend did not answer before the caller gave up: %w: %w", err, ctx.Err())
 	}
 	return s.fallback(ctx, now, reqs, s.failed(probe, err))
+}
+
+// Probe gives the open breaker the probe a call would give it, without a
+// call: when the breaker is open, its OpenFor has passed and no probe (a
+// call's or another Probe's) is in flight, it calls Options.Ping under
+// Options.Timeout as that one probe. A success closes the breaker and
+// reports OnChange(true); a failure keeps it open for another OpenFor, as a
+// failed probing call does. Otherwise (breaker closed, still within OpenFor,
+// a probe in flight, no Ping) it does nothing and returns nil.
+//
+// It is for a replica that gets no calls while its backend is failing
+// (health checks took it out of rotation because it said so): without it
+// nothing would close the breaker, and health would never come back. Call
+// it about every OpenFor; it is cheap when there is nothing to do. A ctx
+// that ends before the ping had a quarter of Timeout leaves the breaker as
+// it was, as for Take.
+//
+// It returns the ping's error, wrapped, when it pinged and the ping failed.
+func (s *Store) Probe(ctx context.Context) error {
+	if s.opts.Ping == nil {
+		return nil
+	}
+	probe, _, _ := s.admit()
+	if !probe {
+		return nil // closed, within OpenFor, or a probe in flight
+	}
+	start := time.Now() // the context's clock, as in Take
+	callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	err := s.opts.Ping(callCtx)
+	cancel()
+	switch {
+	case err == nil:
+		s.succeeded(true, false) // a ping takes no tokens: not for Refund
+		return nil
+	case ctx.Err() != nil && time.Since(start) < s.opts.Timeout/minBudgetDivisor:
+		s.release(true)
+		return fmt.Errorf("probe: gave up after %v: %w", time.Since(start).Round(time.Microsecond), ctx.Err())
+	}
+	s.failed(true, err)
+	return fmt.Errorf("probe: %w", err)
 }
 
 // minBudgetDivisor: a backend call its caller gave up on counts as a
@@ -245,11 +294,14 @@ func (s *Store) release(probe bool) {
 	}
 }
 
-func (s *Store) succeeded(probe bool) {
+// succeeded records a backend success, closing the breaker; answered says
+// it was a call the backend answered (not a Probe's ping), for Refund.
+func (s *Store) succeeded(probe, answered bool) {
 	// lastBackend matters only beside local buckets (see Refund): other
 	// modes skip the clock read on every call.
+	answered = answered && s.local != nil
 	var now time.Time
-	if s.local != nil {
+	if answered {
 		now = s.opts.Now()
 	}
 	s.mu.Lock()
@@ -258,7 +310,7 @@ func (s *Store) succeeded(probe bool) {
 	if probe {
 		s.probing = false
 	}
-	if s.local != nil {
+	if answered {
 		s.lastBackend = latest(s.lastBackend, now)
 	}
 	s.mu.Unlock()
@@ -426,9 +478,9 @@ func search(lo, hi int64, f func(int64) bool) int64 {
 }
 
 // Healthy reports whether the backend is taken to be working: false from
-// when the breaker opens until a call succeeds again (failures that do not
-// open the breaker leave it true). It is what OnChange last reported, or
-// is about to.
+// when the breaker opens until a call or a Probe succeeds again (failures
+// that do not open the breaker leave it true). It is what OnChange last
+// reported, or is about to.
 func (s *Store) Healthy() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -21,6 +21,7 @@ type backend struct {
 	state   string // "up", "down" or "hung"
 	calls   int
 	refunds int // Refund calls
+	pings   int // Ping calls
 	mem     *limiter.MemoryStore
 }
 
@@ -60,6 +61,29 @@ func (b *backend) Refund(ctx context.Context, now time.Time, reqs []limiter.Requ
 	b.refunds++
 	b.mu.Unlock()
 	return b.mem.Refund(ctx, now, reqs)
+}
+
+// Ping is the backend's health check, for Options.Ping: it answers as
+// Take does.
+func (b *backend) Ping(ctx context.Context) error {
+	b.mu.Lock()
+	b.pings++
+	state := b.state
+	b.mu.Unlock()
+	switch state {
+	case "down":
+		return errors.New("fake: connection refused")
+	case "hung":
+		<-ctx.Done()
+		return fmt.Errorf("fake: %w", ctx.Err())
+	}
+	return nil
+}
+
+func (b *backend) Pings() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pings
 }
 
 func (b *backend) Refunds() int {
@@ -660,5 +684,171 @@ func TestGraceSurvivesARacingSuccess(t *testing.T) {
 				t.Errorf("OnChange calls %s, want [false true]", got)
 			}
 		})
+	}
+}
+
+// TestProbeClosesTheBreakerWithoutCalls: with no call coming (health checks
+// took the replica out of rotation), Probe pings the backend once the open
+// breaker's OpenFor has passed, counting as the probing call would: a
+// failure keeps it open another OpenFor, a success closes it and reports
+// OnChange(true). It pings at no other time, and a ping is no call.
+func TestProbeClosesTheBreakerWithoutCalls(t *testing.T) {
+	type step struct {
+		advance     time.Duration // on the clock before it
+		state       string        // the backend's
+		op          string        // "take" or "probe"
+		wantErr     bool          // from Probe: it pinged and the ping failed
+		wantPings   int           // in all, after it
+		wantCalls   int           // Takes reaching the backend, in all
+		wantChanges string        // OnChange calls so far
+		wantHealthy bool
+	}
+	steps := []step{
+		{0, "up", "probe", false, 0, 0, "[]", true},        // closed: nothing to do
+		{0, "down", "take", false, 0, 1, "[false]", false}, // opens
+		{0, "up", "probe", false, 0, 1, "[false]", false},  // within OpenFor
+		{999 * time.Millisecond, "up", "probe", false, 0, 1, "[false]", false},
+		{time.Millisecond, "down", "probe", true, 1, 1, "[false]", false}, // OpenFor passed: the probe fails
+		{0, "up", "probe", false, 1, 1, "[false]", false},                 // open another OpenFor
+		{0, "up", "take", false, 1, 1, "[false]", false},                  // answered per the mode
+		{time.Second, "up", "probe", false, 2, 1, "[false true]", true},   // the probe succeeds
+		{time.Second, "up", "probe", false, 2, 1, "[false true]", true},   // closed: nothing to do
+		{0, "up", "take", false, 2, 2, "[false true]", true},              // the backend answers again
+	}
+	b := newBackend()
+	var changes []bool
+	s, clk := newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second,
+		Timeout: time.Hour, Ping: b.Ping, OnChange: func(healthy bool, err error) { changes = append(changes, healthy) }})
+	for i, st := range steps {
+		clk.Advance(st.advance)
+		b.set(st.state)
+		switch st.op {
+		case "take":
+			s.Take(context.Background(), t0, oneReq)
+		case "probe":
+			if err := s.Probe(context.Background()); (err != nil) != st.wantErr {
+				t.Errorf("step %d: Probe() = %v, want an error: %v", i+1, err, st.wantErr)
+			}
+		}
+		if got := b.Pings(); got != st.wantPings {
+			t.Errorf("step %d (%s, %s): %d pings in all, want %d", i+1, st.op, st.state, got, st.wantPings)
+		}
+		if got := b.Calls(); got != st.wantCalls {
+			t.Errorf("step %d (%s, %s): %d backend calls in all, want %d", i+1, st.op, st.state, got, st.wantCalls)
+		}
+		if got := fmt.Sprint(changes); got != st.wantChanges {
+			t.Errorf("step %d (%s, %s): OnChange calls %s, want %s", i+1, st.op, st.state, got, st.wantChanges)
+		}
+		if s.Healthy() != st.wantHealthy {
+			t.Errorf("step %d (%s, %s): Healthy() = %v, want %v", i+1, st.op, st.state, s.Healthy(), st.wantHealthy)
+		}
+	}
+}
+
+// TestProbeWithoutPing: with no Options.Ping, Probe does nothing and the
+// breaker waits for a call, as before.
+func TestProbeWithoutPing(t *testing.T) {
+	b := newBackend()
+	s, clk := newStore(t, b, failover.Options{FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second})
+	b.set("down")
+	s.Take(context.Background(), t0, oneReq)
+	b.set("up")
+	clk.Advance(time.Hour)
+	if err := s.Probe(context.Background()); err != nil || s.Healthy() {
+		t.Errorf("Probe() without Ping = %v, Healthy() %v; want nil, false", err, s.Healthy())
+	}
+	if _, err := s.Take(context.Background(), t0, oneReq); err != nil || !s.Healthy() {
+		t.Errorf("the probing call = %v, Healthy() %v; want nil, true", err, s.Healthy())
+	}
+}
+
+// TestProbeIsTheOneProbe: a Probe and a probing call are never in flight
+// together: while a call probes, Probe does not ping; while Probe pings,
+// calls are answered per the mode without the backend.
+func TestProbeIsTheOneProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBackend()
+		b.set("down")
+		s, err := failover.New(b, failover.Options{Mode: failover.Allow, FailureThreshold: 1, FailingFor: -1,
+			OpenFor: time.Second, Timeout: 100 * time.Millisecond, Ping: b.Ping})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Take(context.Background(), time.Now(), oneReq) // opens the breaker
+		time.Sleep(time.Second)
+		b.set("hung")
+		var wg sync.WaitGroup
+		wg.Go(func() { s.Take(context.Background(), time.Now(), oneReq) }) // the probe: hangs until its Timeout
+		synctest.Wait()
+		if err := s.Probe(context.Background()); err != nil || b.Pings() != 0 {
+			t.Errorf("Probe while a call probes = %v, %d pings; want nil, 0", err, b.Pings())
+		}
+		wg.Wait() // the probing call failed: open another second
+		time.Sleep(time.Second)
+		wg.Go(func() {
+			if err := s.Probe(context.Background()); err == nil {
+				t.Error("Probe of a hung backend = nil, want its timeout")
+			}
+		})
+		synctest.Wait()
+		calls := b.Calls()
+		if d, err := s.Take(context.Background(), time.Now(), oneReq); err != nil || !d[0].Allowed || b.Calls() != calls {
+			t.Errorf("Take while Probe pings = %v, %v, %d backend calls (was %d); want allowed per the mode, no call", d, err, b.Calls(), calls)
+		}
+		wg.Wait()
+		if b.Pings() != 1 || s.Healthy() {
+			t.Errorf("after a Probe timed out: %d pings, Healthy() %v; want 1, false", b.Pings(), s.Healthy())
+		}
+	})
+}
+
+// TestProbeCancelledAtOnce: a Probe whose ctx ends before the ping had a
+// quarter of Timeout (a shutdown) tells nothing of the backend: the breaker
+// stays open without another OpenFor, and the next Probe pings.
+func TestProbeCancelledAtOnce(t *testing.T) {
+	b := newBackend()
+	s, clk := newStore(t, b, failover.Options{FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Timeout: time.Hour, Ping: b.Ping})
+	b.set("down")
+	s.Take(context.Background(), t0, oneReq)
+	clk.Advance(time.Second)
+	b.set("hung")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Probe(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Probe(cancelled) = %v, want context.Canceled", err)
+	}
+	b.set("up")
+	if err := s.Probe(context.Background()); err != nil || !s.Healthy() || b.Pings() != 2 {
+		t.Errorf("the next Probe = %v, Healthy() %v, %d pings in all; want nil, true, 2", err, s.Healthy(), b.Pings())
+	}
+}
+
+// TestProbeIsNoAnswerForRefunds: in Local mode a Probe's successful ping
+// closes the breaker but answered no call, so a refund of tokens the local
+// buckets took still goes back to them (a call the backend answered would
+// send it nowhere).
+func TestProbeIsNoAnswerForRefunds(t *testing.T) {
+	b := newBackend()
+	s, clk := newStore(t, b, failover.Options{Mode: failover.Local, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Ping: b.Ping})
+	one := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
+	req := []limiter.Request{{Key: "k", Limit: one, Hits: 1}}
+	b.set("down")
+	if d, err := s.Take(context.Background(), clk.Now(), req); err != nil || !d[0].Allowed {
+		t.Fatalf("Take from the local buckets = %v, %v; want allowed", d, err)
+	}
+	clk.Advance(time.Second)
+	b.set("up")
+	if err := s.Probe(context.Background()); err != nil || !s.Healthy() {
+		t.Fatalf("Probe() = %v, Healthy() %v; want nil, true", err, s.Healthy())
+	}
+	if err := s.Refund(context.Background(), clk.Now(), req); err != nil {
+		t.Fatalf("Refund: %v", err)
+	}
+	if b.Refunds() != 0 {
+		t.Errorf("the refund went to the backend, which never took the token")
+	}
+	b.set("down") // back to the local buckets: the token is there again
+	if d, err := s.Take(context.Background(), clk.Now(), req); err != nil || !d[0].Allowed {
+		t.Errorf("local Take after the refund = %v, %v; want allowed (the refund reached the local bucket)", d, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,10 +31,13 @@ const (
 
 // ClientOptions says how to reach Redis. Exactly one of URL, SentinelMaster
 // (with SentinelAddrs) or ClusterAddrs must be set. Zero durations and sizes
-// mean the defaults.
+// mean the defaults. Fields that do not apply to the chosen kind of server
+// (Username, Password or DB with a URL, which carries its own; the Sentinel
+// credentials without Sentinels) are an error rather than ignored.
 type ClientOptions struct {
 	// URL of a standalone server: redis://[user:password@]host:port[/db],
-	// or rediss:// for TLS (see redis.ParseURL for the query options).
+	// or rediss:// for TLS (see redis.ParseURL for the query options). No
+	// error of Dial or ParseURL contains its password.
 	URL string
 
 	// SentinelMaster is the name under which Sentinels monitor the master;
@@ -97,6 +101,19 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 		return nil, errors.New("redisstore: set exactly one of URL, SentinelMaster (with SentinelAddrs) or ClusterAddrs")
 	}
 	var errs []error
+	if opts.URL != "" {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"Username", opts.Username != ""}, {"Password", opts.Password != ""}, {"DB", opts.DB != 0}} {
+			if f.set {
+				errs = append(errs, fmt.Errorf("redisstore: %s is set with URL, which carries its own: put it in the URL", f.name))
+			}
+		}
+	}
+	if opts.SentinelMaster == "" && (opts.SentinelUsername != "" || opts.SentinelPassword != "") {
+		errs = append(errs, errors.New("redisstore: SentinelUsername or SentinelPassword is set without SentinelMaster"))
+	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -136,7 +153,7 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 
 	switch {
 	case opts.URL != "":
-		o, err := redis.ParseURL(opts.URL)
+		o, err := ParseURL(opts.URL)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("redisstore: URL: %w", err))
 			return nil, errors.Join(errs...)
@@ -196,6 +213,54 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 		u.Addrs = opts.ClusterAddrs
 		return redis.NewClusterClient(u.Cluster()), nil
 	}
+}
+
+// redactedPassword stands for a URL's password in error messages.
+const redactedPassword = "xxxxx"
+
+// ParseURL is redis.ParseURL, whose errors can quote the whole URL or a
+// piece of it (url.Parse's "invalid port" does), with errors that never
+// contain the URL's password: they describe the URL with its password
+// replaced by "xxxxx". The options it returns carry the real password.
+func ParseURL(raw string) (*redis.Options, error) {
+	o, err := redis.ParseURL(raw)
+	if err == nil {
+		return o, nil
+	}
+	redacted, ok := redactURL(raw)
+	if !ok {
+		return nil, err // no password in raw, so none in err
+	}
+	if _, rerr := redis.ParseURL(redacted); rerr != nil {
+		return nil, rerr // the same mistake, found in the URL without its password
+	}
+	// Only the password was wrong: say so without quoting any of it.
+	return nil, fmt.Errorf("the password in %s cannot be parsed: percent-encode its reserved characters (%%40 for @, %%2F for /, %%25 for %%)", redacted)
+}
+
+// redactURL returns raw with the password of its userinfo replaced by
+// "xxxxx", and whether it has a password, for a raw that may not parse. The
+// password is taken to run from the first ':' after "scheme://" to the last
+// '@', wherever that is, so a password with an unencoded '@', '/' or '#' is
+// hidden whole (along with whatever else lies before that '@').
+func redactURL(raw string) (string, bool) {
+	start := 0
+	if i := strings.Index(raw, "://"); i >= 0 {
+		start = i + len("://")
+	} else if strings.HasPrefix(raw, "//") {
+		start = len("//")
+	}
+	at := strings.LastIndex(raw[start:], "@")
+	if at < 0 {
+		return raw, false
+	}
+	at += start
+	colon := strings.Index(raw[start:at], ":")
+	if colon < 0 {
+		return raw, false // a user name alone
+	}
+	colon += start
+	return raw[:colon+1] + redactedPassword + raw[at:], true
 }
 
 // pick returns the first non-zero duration.

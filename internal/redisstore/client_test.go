@@ -29,6 +29,11 @@ func TestDialRejects(t *testing.T) {
 		{redisstore.ClientOptions{ClusterAddrs: []string{"y:1"}, DB: 2}, "DB 2"},
 		{redisstore.ClientOptions{URL: "redis://x", ReadTimeout: -time.Second}, "ReadTimeout"},
 		{redisstore.ClientOptions{URL: "redis://x", PoolSize: -1}, "PoolSize"},
+		{redisstore.ClientOptions{URL: "redis://x", Password: "p"}, "Password is set with URL, which carries its own"},
+		{redisstore.ClientOptions{URL: "redis://x", Username: "u"}, "Username is set with URL"},
+		{redisstore.ClientOptions{URL: "redis://x", DB: 1}, "DB is set with URL"},
+		{redisstore.ClientOptions{ClusterAddrs: []string{"y:1"}, SentinelPassword: "p"}, "SentinelPassword is set without SentinelMaster"},
+		{redisstore.ClientOptions{URL: "redis://:s3cret@x:1y"}, `URL: parse "redis://:xxxxx@x:1y": invalid port`},
 	} {
 		c, err := redisstore.Dial(tc.opts)
 		if err == nil {
@@ -37,6 +42,42 @@ func TestDialRejects(t *testing.T) {
 		} else if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Dial(%+v) = %v, want an error mentioning %q", tc.opts, err, tc.want)
 		}
+	}
+}
+
+// TestParseURLHidesThePassword: whatever is wrong with a URL, the error
+// says it of the URL with its password replaced by xxxxx, even where
+// url.Parse would quote a piece of the password; a good URL keeps its
+// password.
+func TestParseURLHidesThePassword(t *testing.T) {
+	const secret = "s3cret"
+	tests := []struct {
+		url  string
+		want string // in the error
+	}{
+		{"redis://:s3cretpw@redis:6379x/0", `parse "redis://:xxxxx@redis:6379x/0": invalid port ":6379x" after host`},
+		{"rediss://user:s3cretpw@redis:6379/x", `invalid database number: "x"`},
+		{"ftp://user:s3cretpw@redis:6379", `invalid URL scheme: ftp`},
+		{"redis://:s3cretpw@redis:6379?pool_size=many", `invalid pool_size number`},
+		{"redis://:s3cret@pw@redis:6379x", `parse "redis://:xxxxx@redis:6379x"`},
+		{"redis://:s3cret/pw@redis:6379", `the password in redis://:xxxxx@redis:6379 cannot be parsed`},
+		{"redis://:s3cret#pw@redis:6379", `the password in redis://:xxxxx@redis:6379 cannot be parsed`},
+		{"redis://:s3cret%zz@redis:6379", `the password in redis://:xxxxx@redis:6379 cannot be parsed`},
+		{"//:s3cretpw@redis:6379", `invalid URL scheme`},
+		{":s3cretpw@redis:6379", `parse ":xxxxx@redis:6379": missing protocol scheme`},
+		{"redis://user@redis:6379x", `parse "redis://user@redis:6379x": invalid port`},
+	}
+	for _, tt := range tests {
+		_, err := redisstore.ParseURL(tt.url)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ParseURL(%q) = %v, want an error containing %q", tt.url, err, tt.want)
+		} else if strings.Contains(err.Error(), secret) {
+			t.Errorf("ParseURL(%q) = %v: contains the password", tt.url, err)
+		}
+	}
+	o, err := redisstore.ParseURL("redis://rl:s3cret%2Fpw@redis:6379/2")
+	if err != nil || o.Username != "rl" || o.Password != "s3cret/pw" || o.DB != 2 {
+		t.Errorf("ParseURL of a good URL = %+v, %v; want user rl, password s3cret/pw, DB 2", o, err)
 	}
 }
 

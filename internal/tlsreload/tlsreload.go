@@ -7,8 +7,10 @@
 // keep the certificate they were made with. Files whose content is the same
 // are not parsed again. A set of files that cannot be used (a key that does
 // not match its certificate because only one of them has been replaced yet,
-// a truncated PEM block) is reported and the previous set stays in use; the
-// next check tries again.
+// a truncated PEM block, a certificate that has expired or is not valid
+// yet) is reported once and the previous set stays in use; the next check
+// tries again. A certificate that is not valid yet is taken once its time
+// has come.
 package tlsreload
 
 import (
@@ -37,7 +39,9 @@ type Options struct {
 	ClientCAFile string
 	// NextProtos are the ALPN protocols offered; default "h2" (gRPC).
 	NextProtos []string
-	// Now is the clock; default time.Now.
+	// Now is the clock, for the check interval and for whether the
+	// certificate is valid (between its NotBefore and NotAfter); default
+	// time.Now.
 	Now func() time.Time
 	// CheckInterval is the least time between two reads of the files;
 	// default DefaultCheckInterval (1 s).
@@ -47,7 +51,10 @@ type Options struct {
 	OnReload func()
 	// OnError, when set, is told why changed files could not be used (the
 	// previous ones stay in use). It is called during a handshake, so it
-	// must not block; each bad set of files is reported once.
+	// must not block. A bad set of files is reported when it appears, not
+	// again at each check while it stays (it is reported again if it comes
+	// back after other files were read); a file that cannot be read is
+	// reported once per error, until the files are read again.
 	OnError func(error)
 }
 
@@ -56,12 +63,13 @@ type Options struct {
 type Reloader struct {
 	opts Options
 
-	mu      sync.Mutex
-	checked time.Time // when the files were last read
-	good    files     // the files cfg was built from
-	bad     files     // the last files that could not be used
-	lastErr string    // the last error reported, not to repeat it
-	cfg     *tls.Config
+	mu       sync.Mutex
+	checked  time.Time // when the files were last read
+	good     files     // the files cfg was built from
+	bad      *files    // the last files that could not be used, reported
+	badRetry bool      // bad failed on the clock: build it again at each check
+	readErr  string    // the last read error reported, until the files are read
+	cfg      *tls.Config
 }
 
 // files is the content of the files at one time.
@@ -93,11 +101,12 @@ func New(opts Options) (*Reloader, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := r.build(f)
+	now := opts.Now()
+	cfg, err := r.build(f, now)
 	if err != nil {
 		return nil, err
 	}
-	r.good, r.cfg, r.checked = f, cfg, opts.Now()
+	r.good, r.cfg, r.checked = f, cfg, now
 	return r, nil
 }
 
@@ -125,27 +134,45 @@ func (r *Reloader) current() *tls.Config {
 	}
 	r.checked = now
 	f, err := r.read()
-	if err == nil {
-		if f.equal(r.good) || f.equal(r.bad) {
-			return r.cfg
+	if err != nil {
+		// No content to tell one failure from the next: the message does.
+		if msg := err.Error(); msg != r.readErr {
+			r.readErr = msg
+			r.report(err)
 		}
-		var cfg *tls.Config
-		if cfg, err = r.build(f); err == nil {
-			r.good, r.bad, r.cfg, r.lastErr = f, files{}, cfg, ""
-			if r.opts.OnReload != nil {
-				r.opts.OnReload()
-			}
-			return r.cfg
-		}
-		r.bad = f
+		return r.cfg
 	}
-	if msg := err.Error(); msg != r.lastErr {
-		r.lastErr = msg
-		if r.opts.OnError != nil {
-			r.opts.OnError(err)
+	r.readErr = ""
+	if f.equal(r.good) {
+		// A good set read: a bad one coming back is news again.
+		r.bad, r.badRetry = nil, false
+		return r.cfg
+	}
+	seen := r.bad != nil && f.equal(*r.bad)
+	if seen && !r.badRetry {
+		return r.cfg
+	}
+	cfg, err := r.build(f, now)
+	if err == nil {
+		r.good, r.bad, r.badRetry, r.cfg = f, nil, false, cfg
+		if r.opts.OnReload != nil {
+			r.opts.OnReload()
 		}
+		return r.cfg
+	}
+	var ve *validityError
+	r.bad, r.badRetry = &f, errors.As(err, &ve)
+	if !seen {
+		r.report(err)
 	}
 	return r.cfg
+}
+
+// report tells OnError, if set, about err.
+func (r *Reloader) report(err error) {
+	if r.opts.OnError != nil {
+		r.opts.OnError(err)
+	}
 }
 
 // read reads the files.
@@ -166,11 +193,21 @@ func (r *Reloader) read() (files, error) {
 	return f, nil
 }
 
-// build makes the configuration for the files' content.
-func (r *Reloader) build(f files) (*tls.Config, error) {
+// build makes the configuration for the files' content, if the certificate
+// is valid at now.
+func (r *Reloader) build(f files, now time.Time) (*tls.Config, error) {
 	cert, err := tls.X509KeyPair(f.cert, f.key)
 	if err != nil {
 		return nil, fmt.Errorf("tls certificate %s and key %s: %w", r.opts.CertFile, r.opts.KeyFile, err)
+	}
+	leaf := cert.Leaf
+	if leaf == nil { // GODEBUG x509keypairleaf=0
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("tls certificate %s: %w", r.opts.CertFile, err)
+		}
+	}
+	if now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
+		return nil, &validityError{file: r.opts.CertFile, notBefore: leaf.NotBefore, notAfter: leaf.NotAfter, now: now}
 	}
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
@@ -186,4 +223,21 @@ func (r *Reloader) build(f files) (*tls.Config, error) {
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return cfg, nil
+}
+
+// validityError is a certificate read outside its validity period. Unlike
+// the other errors of a set of files it can pass with time alone (a
+// certificate issued to start a little ahead, or a clock that was wrong).
+type validityError struct {
+	file                     string
+	notBefore, notAfter, now time.Time
+}
+
+func (e *validityError) Error() string {
+	state := "has expired"
+	if e.now.Before(e.notBefore) {
+		state = "is not valid yet"
+	}
+	return fmt.Sprintf("tls certificate %s %s: valid from %s to %s, and it is %s", e.file, state,
+		e.notBefore.UTC().Format(time.RFC3339), e.notAfter.UTC().Format(time.RFC3339), e.now.UTC().Format(time.RFC3339))
 }

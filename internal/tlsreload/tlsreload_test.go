@@ -62,8 +62,15 @@ func newAuthority(t *testing.T, name string) authority {
 }
 
 // issue returns a PEM certificate and key for name signed by a: a server
-// certificate for 127.0.0.1, or a client certificate.
+// certificate for 127.0.0.1, or a client certificate, valid from an hour
+// ago to an hour from now.
 func (a authority) issue(t *testing.T, name string, server bool) (certPEM, keyPEM []byte) {
+	t.Helper()
+	return a.issueValid(t, name, server, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+}
+
+// issueValid is issue for a certificate valid from notBefore to notAfter.
+func (a authority) issueValid(t *testing.T, name string, server bool, notBefore, notAfter time.Time) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -76,8 +83,8 @@ func (a authority) issue(t *testing.T, name string, server bool) (certPEM, keyPE
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
+		NotBefore:    notBefore,
+		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
@@ -103,6 +110,7 @@ type setup struct {
 	cert, key, ca    string
 	addr             string
 	clock            *clocktest.Clock
+	reloader         *tlsreload.Reloader
 	mu               sync.Mutex
 	reloads          int
 	errs             []error
@@ -131,6 +139,9 @@ func start(t *testing.T, mtls bool) *setup {
 		clock:    clocktest.New(),
 		serverCA: newAuthority(t, "server CA"), client: newAuthority(t, "client CA"),
 	}
+	// The clock starts at the real time, which the certificates are issued
+	// for and the clients check them against.
+	s.clock.Set(time.Now())
 	certPEM, keyPEM := s.serverCA.issue(t, "server-1", true)
 	s.write(t, s.cert, certPEM)
 	s.write(t, s.key, keyPEM)
@@ -148,6 +159,7 @@ func start(t *testing.T, mtls bool) *setup {
 	if err != nil {
 		t.Fatalf("tlsreload.New: %v", err)
 	}
+	s.reloader = r
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -297,6 +309,10 @@ func TestNewRejectsBadFiles(t *testing.T) {
 		return p
 	}
 	cert, key, wrongKey := write("c.pem", certPEM), write("k.pem", keyPEM), write("k2.pem", otherKey)
+	expiredPEM, expiredKeyPEM := ca.issueValid(t, "old", true, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour))
+	expired, expiredKey := write("expired.pem", expiredPEM), write("expired-key.pem", expiredKeyPEM)
+	futurePEM, futureKeyPEM := ca.issueValid(t, "new", true, time.Now().Add(time.Hour), time.Now().Add(2*time.Hour))
+	future, futureKey := write("future.pem", futurePEM), write("future-key.pem", futureKeyPEM)
 	notPEM := write("ca.pem", []byte("not a certificate"))
 	tests := []struct {
 		name string
@@ -308,6 +324,8 @@ func TestNewRejectsBadFiles(t *testing.T) {
 		{"key of another certificate", tlsreload.Options{CertFile: cert, KeyFile: wrongKey}, "private key does not match"},
 		{"client CA not PEM", tlsreload.Options{CertFile: cert, KeyFile: key, ClientCAFile: notPEM}, "no PEM certificate"},
 		{"missing client CA", tlsreload.Options{CertFile: cert, KeyFile: key, ClientCAFile: filepath.Join(dir, "none")}, "client CA"},
+		{"expired certificate", tlsreload.Options{CertFile: expired, KeyFile: expiredKey}, "has expired"},
+		{"certificate not valid yet", tlsreload.Options{CertFile: future, KeyFile: futureKey}, "is not valid yet"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -315,6 +333,134 @@ func TestNewRejectsBadFiles(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("New = %v, want an error containing %q", err, tt.want)
 			}
+		})
+	}
+}
+
+// served returns the common name of the certificate that a handshake now
+// gets (after the Reloader's check, if one is due).
+func (s *setup) served(t *testing.T) string {
+	t.Helper()
+	cfg, err := s.reloader.ServerConfig().GetConfigForClient(&tls.ClientHelloInfo{})
+	if err != nil {
+		t.Fatalf("GetConfigForClient: %v", err)
+	}
+	leaf, err := x509.ParseCertificate(cfg.Certificates[0].Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf.Subject.CommonName
+}
+
+// counts returns how many times OnReload and OnError were called, and the
+// last error.
+func (s *setup) counts() (reloads, errs int, last error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.errs) > 0 {
+		last = s.errs[len(s.errs)-1]
+	}
+	return s.reloads, len(s.errs), last
+}
+
+// step is one change on disk, a second on the clock, and what the next
+// handshake must find.
+type step struct {
+	name        string
+	change      func()
+	advance     time.Duration // default a second: one check
+	wantCN      string
+	wantReloads int
+	wantErrs    int    // OnError calls so far
+	wantErr     string // in the last error, if any
+}
+
+func (s *setup) walk(t *testing.T, steps []step) {
+	t.Helper()
+	for _, st := range steps {
+		if st.change != nil {
+			st.change()
+		}
+		if st.advance == 0 {
+			st.advance = time.Second
+		}
+		s.clock.Advance(st.advance)
+		cn := s.served(t)
+		reloads, errs, last := s.counts()
+		if cn != st.wantCN || reloads != st.wantReloads || errs != st.wantErrs {
+			t.Fatalf("%s: serving %q after %d reloads and %d errors (last %v); want %q, %d, %d",
+				st.name, cn, reloads, errs, last, st.wantCN, st.wantReloads, st.wantErrs)
+		}
+		if st.wantErr != "" && (last == nil || !strings.Contains(last.Error(), st.wantErr)) {
+			t.Fatalf("%s: last error %v, want one containing %q", st.name, last, st.wantErr)
+		}
+	}
+}
+
+// TestEachBadSetReportedOnce: a bad set of files is reported when it
+// appears, not again while it stays, and a different bad set is reported
+// even when it fails with the same message, with or without a good set
+// read in between; so is a file that cannot be read.
+func TestEachBadSetReportedOnce(t *testing.T) {
+	s := start(t, false)
+	cert1, err := os.ReadFile(s.cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key1, err := os.ReadFile(s.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certOnly := func(name string) func() {
+		return func() {
+			c, _ := s.serverCA.issue(t, name, true)
+			s.write(t, s.cert, c)
+		}
+	}
+	const mismatch = "private key does not match"
+	s.walk(t, []step{
+		{name: "certificate 2 without its key", change: certOnly("server-2"), wantCN: "server-1", wantErrs: 1, wantErr: mismatch},
+		{name: "certificate 2 without its key, next check", wantCN: "server-1", wantErrs: 1},
+		{name: "certificate 1 back", change: func() { s.write(t, s.cert, cert1) }, wantCN: "server-1", wantErrs: 1},
+		{name: "certificate 3 without its key, after a good set", change: certOnly("server-3"), wantCN: "server-1", wantErrs: 2, wantErr: mismatch},
+		{name: "certificate 4 without its key, right after 3", change: certOnly("server-4"), wantCN: "server-1", wantErrs: 3, wantErr: mismatch},
+		{name: "certificate 4, next check", wantCN: "server-1", wantErrs: 3},
+		{name: "certificate 1 back again", change: func() { s.write(t, s.cert, cert1) }, wantCN: "server-1", wantErrs: 3},
+		{name: "key removed", change: func() { os.Remove(s.key) }, wantCN: "server-1", wantErrs: 4, wantErr: "no such file"},
+		{name: "key still missing", wantCN: "server-1", wantErrs: 4},
+		{name: "key back", change: func() { s.write(t, s.key, key1) }, wantCN: "server-1", wantErrs: 4},
+		{name: "key removed again, after a good set", change: func() { os.Remove(s.key) }, wantCN: "server-1", wantErrs: 5, wantErr: "no such file"},
+	})
+}
+
+// TestCertificateOutsideItsValidity: a new certificate that has expired or
+// is not valid yet, by the Reloader's clock, is reported once and the
+// previous one stays in use; one that is not valid yet is taken once it is.
+func TestCertificateOutsideItsValidity(t *testing.T) {
+	tests := []struct {
+		name                string
+		notBefore, notAfter time.Duration // from the clock's time
+		wantErr             string
+		later               step // after the clock has moved on
+	}{
+		{"expired", -2 * time.Hour, -time.Second, "has expired",
+			step{name: "an hour later", advance: time.Hour, wantCN: "server-1", wantErrs: 1}},
+		{"not valid yet", time.Minute, 2 * time.Hour, "is not valid yet",
+			step{name: "once valid", advance: time.Minute, wantCN: "server-2", wantReloads: 1, wantErrs: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := start(t, false)
+			now := s.clock.Now().Add(time.Second) // at the next check
+			s.walk(t, []step{
+				{name: "rotated", change: func() {
+					c, k := s.serverCA.issueValid(t, "server-2", true, now.Add(tt.notBefore), now.Add(tt.notAfter))
+					s.write(t, s.cert, c)
+					s.write(t, s.key, k)
+				}, wantCN: "server-1", wantErrs: 1, wantErr: tt.wantErr},
+				{name: "next check", wantCN: "server-1", wantErrs: 1},
+				tt.later,
+			})
 		})
 	}
 }

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+)
+
+// TestRedisLoggerWritesThroughSlog: a go-redis line comes out as one record
+// of the logger in use, at debug level, in its format; below debug it is
+// not written.
+func TestRedisLoggerWritesThroughSlog(t *testing.T) {
+	dialErr := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	tests := []struct {
+		name    string
+		format  string
+		level   slog.Level
+		want    string // the whole output; "" for none
+		wantRec map[string]any
+	}{
+		{name: "json at debug", format: "json", level: slog.LevelDebug, wantRec: map[string]any{
+			"level": "DEBUG", "logger": "go-redis",
+			"msg": "redis: connection pool: failed to dial after 1 attempts: dial tcp 127.0.0.1:1: connect: connection refused",
+		}},
+		{name: "text at debug", format: "text", level: slog.LevelDebug,
+			want: `level=DEBUG msg="redis: connection pool: failed to dial after 1 attempts: dial tcp 127.0.0.1:1: connect: connection refused" logger=go-redis` + "\n"},
+		{name: "json at info", format: "json", level: slog.LevelInfo},
+		{name: "text at error", format: "text", level: slog.LevelError},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			// As newLogger builds it, without the time, so that records
+			// can be compared whole.
+			opts := &slog.HandlerOptions{Level: tt.level, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+				if a.Key == slog.TimeKey {
+					return slog.Attr{}
+				}
+				return a
+			}}
+			log := slog.New(slog.NewTextHandler(&buf, opts))
+			if tt.format == "json" {
+				log = slog.New(slog.NewJSONHandler(&buf, opts))
+			}
+			var r redisLogger
+			r.use(log)
+			r.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v\n", 1, dialErr)
+			got := buf.String()
+			if tt.wantRec != nil {
+				var rec map[string]any
+				if err := json.Unmarshal([]byte(got), &rec); err != nil {
+					t.Fatalf("output %q: not one JSON record: %v", got, err)
+				}
+				if len(rec) != len(tt.wantRec) {
+					t.Errorf("record %v, want %v", rec, tt.wantRec)
+				}
+				for k, v := range tt.wantRec {
+					if rec[k] != v {
+						t.Errorf("record %v: %s = %v, want %v", rec, k, rec[k], v)
+					}
+				}
+				return
+			}
+			if got != tt.want {
+				t.Errorf("output %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestGoRedisLogsAreJSON: with --log-format json and Redis unreachable, the
+// lines go-redis writes about failed dials are JSON records of the
+// process's logger, at debug level: there at --log-level debug, absent at
+// info, and never plain text.
+func TestGoRedisLogsAreJSON(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := lis.Addr().String() // nothing listens there once closed
+	lis.Close()
+	dir := writeConfig(t, map[string]string{"api.yaml": fivePerMinute})
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "gpt-4o"}},
+	}}}
+	tests := []struct {
+		level       string
+		wantGoRedis bool
+	}{
+		{"debug", true},
+		{"info", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.level, func(t *testing.T) {
+			p := startProc(t, "--config", dir, "--redis-url", "redis://"+closed, "--log-level", tt.level,
+				"--on-backend-failure", "allow", "--redis-dial-timeout", "50ms", "--backend-timeout", "100ms")
+			rls := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
+			// Calls until failover has logged the outage: by then go-redis
+			// has failed to dial, and logged it, several times.
+			deadline := time.Now().Add(10 * time.Second)
+			for !strings.Contains(p.logs.String(), "backend failing") {
+				if time.Now().After(deadline) {
+					t.Fatalf("no outage logged in 10 s:\n%s", p.logs)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				rls.ShouldRateLimit(ctx, req)
+				cancel()
+				time.Sleep(10 * time.Millisecond)
+			}
+			goRedis := 0
+			for _, line := range strings.Split(strings.TrimSpace(p.logs.String()), "\n") {
+				var rec struct{ Level, Msg, Logger string }
+				if err := json.Unmarshal([]byte(line), &rec); err != nil {
+					t.Errorf("log line not JSON: %q", line)
+					continue
+				}
+				if rec.Logger == "go-redis" {
+					goRedis++
+					if rec.Level != "DEBUG" || !strings.Contains(rec.Msg, "failed to dial") {
+						t.Errorf("go-redis record %+v, want level DEBUG and a failed dial", rec)
+					}
+				}
+			}
+			if got := goRedis > 0; got != tt.wantGoRedis {
+				t.Errorf("--log-level %s: %d go-redis records, want some: %v\n%s", tt.level, goRedis, tt.wantGoRedis, p.logs)
+			}
+		})
+	}
+}
