@@ -85,7 +85,9 @@ func startRun(t *testing.T, extra ...string) (grpcAddr, httpAddr string, cancel 
 func startRunWith(t *testing.T, files map[string]string, extra ...string) (grpcAddr, httpAddr string, cancel func(), waitErr func() error) {
 	t.Helper()
 	dir := writeConfig(t, files)
-	args := append([]string{"--config", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, extra...)
+	// GOMAXPROCS is the process's, and tests may run several servers in
+	// this one: none of them tunes it (the process tests' binaries do).
+	args := append([]string{"--config", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json", "--adaptive-procs=false"}, extra...)
 	ctx, cancelCtx := context.WithCancel(context.Background())
 	logs := newAddrWatcher()
 	done := make(chan error, 1)

@@ -28,6 +28,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/gctune"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/proctune"
 	"github.com/ratelimitd/ratelimitd/internal/reload"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
@@ -86,6 +87,11 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	log := newLogger(c, logw)
 	// GOGC unset (see parseServeFlags): the runtime's default, 100.
 	defer gctune.Start(c.gcHeapFloor, 100).Stop()
+	if c.adaptiveProcs {
+		defer proctune.Start(proctune.Options{OnChange: func(procs int, wait time.Duration) {
+			log.Debug("GOMAXPROCS changed", "procs", procs, "mean_sched_wait", wait)
+		}}).Stop()
+	}
 	set, err := config.Load(c.configPath)
 	if err != nil {
 		return fmt.Errorf("load config %s:\n%w", c.configPath, err)
