@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,9 @@ import (
 // serveConfig is everything the serve command reads from flags and the
 // environment, once, at start.
 type serveConfig struct {
+	// ignoredFlags are flags given (as given spells them) that only the
+	// Redis backend reads, while the memory backend is in use: serve warns.
+	ignoredFlags    []string
 	configPath      string
 	grpcAddr        string
 	httpAddr        string
@@ -171,6 +175,9 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if err := c.redis.check(given); err != nil {
 		return c, usageError{err}
 	}
+	if !c.redis.enabled() {
+		c.ignoredFlags = redisOnlyGiven(given)
+	}
 	if c.retryAfter, err = choose("retry-after", *retryAfter,
 		[]string{"send", "omit"},
 		[]server.RetryAfter{server.RetryAfterSend, server.RetryAfterOmit}); err != nil {
@@ -279,4 +286,27 @@ func givenFlags(fs *flag.FlagSet, fromEnv map[string]bool) map[string]string {
 		}
 	})
 	return given
+}
+
+// redisOnlyFlags are the flags outside --redis-* that only the Redis backend
+// reads (its failure handling and denial cache). Given without Redis they
+// change nothing: the memory backend never fails. Unlike --redis-* flags
+// (see redisFlags.check) they are no error, since a deployment template may
+// set them whatever the backend, but serve warns of them.
+var redisOnlyFlags = []string{
+	"on-backend-failure", "backend-timeout", "breaker-failures", "breaker-failing-for", "breaker-open-for",
+	"replicas-hint", "failure-grace", "failure-grace-mode", "denial-cache", "denial-cache-size",
+}
+
+// redisOnlyGiven returns the redisOnlyFlags among given, as given spells
+// them, sorted.
+func redisOnlyGiven(given map[string]string) []string {
+	var out []string
+	for _, f := range redisOnlyFlags {
+		if spelt, ok := given[f]; ok {
+			out = append(out, spelt)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRedisFlagsRejected: Redis flags that select no backend, select
@@ -128,5 +131,62 @@ func TestRedisFlagsAccepted(t *testing.T) {
 				t.Errorf("parseServeFlags(%q, %v) selects %q (enabled %v), want %q", tt.args, tt.env, got, c.redis.enabled(), tt.want)
 			}
 		})
+	}
+}
+
+// TestRedisOnlyFlagsOnMemory: failure-handling and denial-cache flags given
+// without a Redis backend are listed (as given, from flags or environment)
+// for serve to warn of, not refused; with Redis, or not given, none are.
+func TestRedisOnlyFlagsOnMemory(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{"none given", nil, nil, nil},
+		{"defaults left alone", []string{"--log-level", "debug"}, nil, nil},
+		{"flags and environment", []string{"--on-backend-failure", "deny", "--breaker-open-for", "1s"},
+			map[string]string{"RATELIMITD_DENIAL_CACHE": "false"},
+			[]string{"--breaker-open-for", "--on-backend-failure", "RATELIMITD_DENIAL_CACHE"}},
+		{"with Redis they are read", []string{"--redis-url", "redis://127.0.0.1:6379", "--on-backend-failure", "deny"}, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseServeFlags(append([]string{"--config", "x"}, tt.args...), func(k string) string { return tt.env[k] }, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(c.ignoredFlags, tt.want) {
+				t.Errorf("ignored flags %q, want %q", c.ignoredFlags, tt.want)
+			}
+		})
+	}
+}
+
+// TestServeWarnsOfIgnoredFlags: serve on the memory backend logs one warning
+// naming the Redis-only flags it was given.
+func TestServeWarnsOfIgnoredFlags(t *testing.T) {
+	logs := newAddrWatcher()
+	dir := writeConfig(t, map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--config", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json",
+			"--adaptive-procs=false", "--on-backend-failure", "allow"}, func(string) string { return "" }, io.Discard, logs)
+	}()
+	select {
+	case <-logs.ready:
+	case err := <-done:
+		t.Fatalf("run: %v\n%s", err, logs)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not serving in 10 s\n%s", logs)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), `"msg":"flags only the Redis backend reads are ignored on the memory backend","flags":"--on-backend-failure"`) {
+		t.Errorf("no warning naming --on-backend-failure in\n%s", logs)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -125,6 +126,9 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	be, err := openBackend(c, log, onHealth)
 	if err != nil {
 		return err
+	}
+	if len(c.ignoredFlags) > 0 {
+		log.Warn("flags only the Redis backend reads are ignored on the memory backend", "flags", strings.Join(c.ignoredFlags, ","))
 	}
 	defer be.close()
 	for _, col := range be.collectors {
