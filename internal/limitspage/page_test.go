@@ -46,12 +46,19 @@ descriptors:
 type fixture struct {
 	clock   *clocktest.Clock
 	srv     *server.Server
+	tracker *limitspage.Tracker
 	handler *limitspage.Handler
 }
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(testConfig)}})
+	return newFixtureWith(t, testConfig)
+}
+
+// newFixtureWith is newFixture on the descriptor file yaml.
+func newFixtureWith(t testing.TB, yaml string) *fixture {
+	t.Helper()
+	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(yaml)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +73,7 @@ func newFixture(t testing.TB) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{clock: clk, srv: srv, handler: h}
+	return &fixture{clock: clk, srv: srv, tracker: tr, handler: h}
 }
 
 // call sends n requests with one descriptor of the given key/value pairs.

@@ -8,11 +8,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/limitspage"
-	"github.com/ratelimitd/ratelimitd/internal/server"
-	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 // TestTrackerCountsTokensAsked: a rule's Tokens are those its descriptors
@@ -54,22 +50,12 @@ descriptors:
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			set, err := config.Parse([]config.File{{Name: "d.yaml", Data: []byte(cfg)}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			clk := clocktest.New()
-			tr := limitspage.NewTracker(limitspage.TrackerOptions{})
-			srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clk.Now, Observer: tr})
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv.SetConfig(set)
-			if _, err := srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: tt.descs}); err != nil {
+			f := newFixtureWith(t, cfg)
+			if _, err := f.srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: tt.descs}); err != nil {
 				t.Fatal(err)
 			}
 			for path, want := range tt.want {
-				if got := tr.LastMinute(path, clk.Now()); got != want {
+				if got := f.tracker.LastMinute(path, f.clock.Now()); got != want {
 					t.Errorf("LastMinute(%q) = %+v, want %+v", path, got, want)
 				}
 			}

@@ -13,26 +13,35 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
-// TestGrafanaDashboardUsesRealMetrics parses the example dashboard and
-// checks that every metric its queries name is exported after some
-// traffic, so the dashboard cannot drift from the metric names.
-func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
+// dashboard is what the tests read of the example Grafana dashboard.
+type dashboard struct {
+	Title  string `json:"title"`
+	Panels []struct {
+		Title   string `json:"title"`
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+func readDashboard(t *testing.T) dashboard {
+	t.Helper()
 	data, err := os.ReadFile("../../examples/envoy/grafana-dashboard.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dash struct {
-		Title  string `json:"title"`
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
+	var dash dashboard
 	if err := json.Unmarshal(data, &dash); err != nil {
 		t.Fatalf("grafana-dashboard.json is not valid JSON: %v", err)
 	}
+	return dash
+}
+
+// TestGrafanaDashboardUsesRealMetrics parses the example dashboard and
+// checks that every metric its queries name is exported after some
+// traffic, so the dashboard cannot drift from the metric names.
+func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
+	dash := readDashboard(t)
 	if dash.Title == "" || len(dash.Panels) == 0 {
 		t.Fatalf("dashboard has title %q and %d panels, want both", dash.Title, len(dash.Panels))
 	}
@@ -90,21 +99,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 // domain label filters on the dashboard's $domain, and every outcome a
 // query selects is one ratelimitd_descriptor_requests_total exports.
 func TestGrafanaDashboardFollowsItsVariables(t *testing.T) {
-	data, err := os.ReadFile("../../examples/envoy/grafana-dashboard.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(data, &dash); err != nil {
-		t.Fatalf("grafana-dashboard.json is not valid JSON: %v", err)
-	}
+	dash := readDashboard(t)
 	m, err := metrics.New(metrics.Options{Backend: "memory"})
 	if err != nil {
 		t.Fatal(err)

@@ -41,7 +41,6 @@ package metrics
 import (
 	"errors"
 	"math"
-	"math/bits"
 	"net"
 	"strconv"
 	"strings"
@@ -395,18 +394,11 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome, 
 const million = 1_000_000
 
 // nearLimit reports whether remaining tokens of a bucket of the given burst
-// are fewer than (1 − NearLimitRatio) × burst, in exact integer arithmetic
-// (128-bit products, so any int64 fits).
+// are fewer than (1 − NearLimitRatio) × burst, in exact integer arithmetic:
+// both are at most limiter.MaxTokens (2^40), so neither product reaches
+// 2^60.
 func (m *Metrics) nearLimit(remaining, burst int64) bool {
-	switch {
-	case burst <= 0:
-		return false
-	case remaining < 0:
-		return true
-	}
-	hl, ll := bits.Mul64(uint64(remaining), million)
-	hr, lr := bits.Mul64(m.nearFree, uint64(burst))
-	return hl < hr || hl == hr && ll < lr
+	return burst > 0 && uint64(remaining)*million < m.nearFree*uint64(burst)
 }
 
 // ruleCounters returns the cached counters of r, creating them on first

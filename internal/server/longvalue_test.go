@@ -67,8 +67,10 @@ descriptors:
     value: "red*"
     rate_limit: {unit: minute, requests_per_unit: 1}
 `))
-	long := strings.Repeat("é", 60) + strings.Repeat("x", 5000)  // 5,120 bytes
-	other := strings.Repeat("é", 60) + strings.Repeat("y", 5000) // same first 64 bytes
+	// 5,121 bytes whose 64th byte starts a two-byte rune: the stand-in's
+	// prefix must stop before it.
+	long := "a" + strings.Repeat("é", 60) + strings.Repeat("x", 5000)
+	other := "a" + strings.Repeat("é", 60) + strings.Repeat("y", 5000) // same first 64 bytes
 	ask := func(key, value string) rlsv3.RateLimitResponse_Code {
 		t.Helper()
 		req := request("api", desc(key, value))
@@ -86,7 +88,7 @@ descriptors:
 	if got := ask("client", other); got != ok {
 		t.Errorf("another long client: %v, want OK (a bucket of its own)", got)
 	}
-	if got := ask("client", long[:100]); got != ok {
+	if got := ask("client", long[:99]+"b"); got != ok {
 		t.Errorf("a client of exactly MaxValueBytes: %v, want OK (its value as it is)", got)
 	}
 	// The prefix rule matches the whole value: 1 a minute, then denied.
@@ -111,7 +113,7 @@ descriptors:
 			t.Errorf("observer saw a value of %d bytes (valid UTF-8: %v): %.80q…", len(v), utf8.ValidString(v), v)
 		}
 	}
-	if len(obs.values) == 0 || !strings.Contains(obs.values[0], "5120 bytes, sha256:") {
+	if len(obs.values) == 0 || !strings.Contains(obs.values[0], "5121 bytes, sha256:") {
 		t.Errorf("observed %d values: want the stand-in of the long client first", len(obs.values))
 	}
 }
