@@ -140,7 +140,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&c.tls.keyFile, "grpc-tls-key", "", "gRPC over TLS: PEM private key file, re-read when it changes")
 	fs.StringVar(&c.tls.clientCA, "grpc-client-ca", "", "mutual TLS: PEM file of the CAs whose client certificates are accepted; clients without one are refused")
 	fs.BoolVar(&c.adaptiveProcs, "adaptive-procs", true, "run on one P (GOMAXPROCS=1) while goroutines seldom wait for one, on all of them as soon as they do: less CPU and latency under light load. Ignored when GOMAXPROCS is set")
-	gcFloorMiB := fs.Int("gc-heap-floor-mib", 64, "let the heap grow to this many MiB between garbage collections while the live heap is smaller (fewer collections under load); 0: GOGC alone. Ignored when GOGC is set")
+	gcFloorMiB := fs.Int("gc-heap-floor-mib", gctune.DefaultFloor>>20, "let the heap grow to this many MiB between garbage collections while the live heap is smaller (fewer collections under load); 0: GOGC alone. Ignored when GOGC is set")
 	graceMode := fs.String("failure-grace-mode", "error", "local mode: the answer during --failure-grace: error, allow or deny")
 
 	if err := fs.Parse(args); err != nil {

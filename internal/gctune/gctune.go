@@ -53,6 +53,11 @@ func Percent(live, scan, floor uint64, base int) int {
 // is still an int32, what the runtime keeps.
 const MaxFloor = math.MaxInt32 / 100 * heapMinimum
 
+// DefaultFloor is ratelimitd's floor unless told otherwise: 64 MiB, a few
+// seconds of allocation under heavy load, and far below any machine's
+// memory.
+const DefaultFloor = 64 << 20
+
 // A Tuner sets the GC percent after every collection (see the package doc).
 // Start one with Start; its methods are safe for concurrent use.
 type Tuner struct {
