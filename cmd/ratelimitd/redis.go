@@ -91,10 +91,11 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 		}
 		onHealth(healthy)
 	}
-	ping := func(ctx context.Context) error { return client.Ping(ctx).Err() }
-	// The open breaker pings Redis in the background (serve calls
-	// be.probe), so that a replica no call reaches still finds it back.
-	failure.Ping = ping
+	// The open breaker probes Redis in the background (serve calls
+	// be.probe), so that a replica no call reaches still finds it back; the
+	// probe decides on a bucket of its own, so that a Redis that answers
+	// PING but cannot decide (a read-only replica) keeps it open.
+	failure.Check = store.Probe
 	fs, err := failover.New(shared, failure)
 	if err != nil {
 		closeAll()
@@ -104,7 +105,7 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 	if cache != nil {
 		be.store = cache.Front(fs)
 	}
-	be.ready = ping
+	be.ready = store.Probe
 	var cacheStats func() denialcache.Stats // nil: no cache
 	if cache != nil {
 		cacheStats = cache.Stats

@@ -266,6 +266,70 @@ func stopProc(t *testing.T, p *proc) {
 	}
 }
 
+// TestHealthStaysDownOnReadOnlyRedis: a Redis that answers PING but
+// refuses writes (a master turned replica by a failover) fails every call,
+// so the replica reports NOT_SERVING, and keeps doing so without calls
+// until the Redis takes writes again: the background probe writes. With a
+// PING for probe, health went back to SERVING every --breaker-open-for,
+// and every call then failed again.
+func TestHealthStaysDownOnReadOnlyRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	gone := redistest.Start(t) // the master it follows, not there
+	gone.Stop()
+	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
+	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "error",
+		"--backend-timeout", "50ms", "--breaker-open-for", "50ms")
+	conn := dial(t, p.grpcAddr)
+	// health says whether gRPC health is SERVING and /readyz 200.
+	health := func() (serving, ready bool) {
+		t.Helper()
+		h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
+		if err != nil {
+			t.Fatalf("health check: %v", err)
+		}
+		code, _ := httpGet(t, "http://"+p.httpAddr+"/readyz")
+		return h.GetStatus() == healthpb.HealthCheckResponse_SERVING, code == http.StatusOK
+	}
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "probe"}},
+	}}}
+	redisDo := func(args ...any) {
+		t.Helper()
+		if err := srv.Client().Do(context.Background(), args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	redisDo("REPLICAOF", "127.0.0.1", gone.Port)
+	deadline := time.Now().Add(10 * time.Second)
+	for serving, _ := health(); serving; serving, _ = health() {
+		rls.ShouldRateLimit(context.Background(), req)
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after Redis turned read-only, calls failing: still SERVING\n%s", p.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// No call from here on. Twenty breaker periods: twenty background probes.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if serving, ready := health(); serving || ready {
+			t.Fatalf("with Redis still read-only: SERVING %v, /readyz 200 %v; want neither\n%s", serving, ready, p.logs)
+		}
+	}
+
+	redisDo("REPLICAOF", "NO", "ONE")
+	back := time.Now()
+	for serving, ready := health(); !serving || !ready; serving, ready = health() {
+		if time.Since(back) > 10*time.Second {
+			t.Fatalf("10 s after Redis took writes again, with no call: SERVING %v, /readyz 200 %v; want both\n%s", serving, ready, p.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if resp, err := rls.ShouldRateLimit(context.Background(), req); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("ShouldRateLimit once serving again = %v, %v; want OK", resp.GetOverallCode(), err)
+	}
+}
+
 // TestHealthComesBackWithoutCalls: in error mode, a replica whose breaker
 // opened reports SERVING and /readyz 200 again soon after Redis returns
 // even if no rate-limit call reaches it (its health had taken it out of

@@ -84,11 +84,12 @@ type Options struct {
 	GraceMode Mode
 	// Now is the clock for the breaker and grace; default time.Now.
 	Now func() time.Time
-	// Ping, when set, is the backend's cheap health check (Redis PING),
-	// used by Probe; it gets a context that ends within Timeout and must be
-	// safe for concurrent use. Nil: Probe does nothing, and only a call
-	// closes the open breaker.
-	Ping func(context.Context) error
+	// Check, when set, asks the backend whether it can decide calls (for
+	// Redis, redisstore.Store.Probe, a write rather than a PING, so that a
+	// read-only replica fails it), and is used by Probe; it gets a context
+	// that ends within Timeout and must be safe for concurrent use. Nil:
+	// Probe does nothing, and only a call closes the open breaker.
+	Check func(context.Context) error
 	// OnChange, when set, is called with false (and the last error) when
 	// the breaker opens, the backend being found failing, and with true when
 	// a call or a Probe succeeds again after that. Failures that do not open
@@ -229,11 +230,11 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 
 // Probe gives the open breaker the probe a call would give it, without a
 // call: when the breaker is open, its OpenFor has passed and no probe (a
-// call's or another Probe's) is in flight, it calls Options.Ping under
+// call's or another Probe's) is in flight, it calls Options.Check under
 // Options.Timeout as that one probe. A success closes the breaker and
 // reports OnChange(true); a failure keeps it open for another OpenFor, as a
 // failed probing call does. Otherwise (breaker closed, still within OpenFor,
-// a probe in flight, no Ping) it does nothing and returns nil.
+// a probe in flight, no Check) it does nothing and returns nil.
 //
 // It is for a replica that gets no calls while its backend is failing
 // (health checks took it out of rotation because it said so): without it
@@ -244,7 +245,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 //
 // It returns the ping's error, wrapped, when it pinged and the ping failed.
 func (s *Store) Probe(ctx context.Context) error {
-	if s.opts.Ping == nil {
+	if s.opts.Check == nil {
 		return nil
 	}
 	probe, _, _ := s.admit()
@@ -253,7 +254,7 @@ func (s *Store) Probe(ctx context.Context) error {
 	}
 	start := time.Now() // the context's clock, as in Take
 	callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	err := s.opts.Ping(callCtx)
+	err := s.opts.Check(callCtx)
 	cancel()
 	switch {
 	case err == nil:

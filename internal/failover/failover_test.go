@@ -63,7 +63,7 @@ func (b *backend) Refund(ctx context.Context, now time.Time, reqs []limiter.Requ
 	return b.mem.Refund(ctx, now, reqs)
 }
 
-// Ping is the backend's health check, for Options.Ping: it answers as
+// Ping is the backend's health check, for Options.Check: it answers as
 // Take does.
 func (b *backend) Ping(ctx context.Context) error {
 	b.mu.Lock()
@@ -718,7 +718,7 @@ func TestProbeClosesTheBreakerWithoutCalls(t *testing.T) {
 	b := newBackend()
 	var changes []bool
 	s, clk := newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second,
-		Timeout: time.Hour, Ping: b.Ping, OnChange: func(healthy bool, err error) { changes = append(changes, healthy) }})
+		Timeout: time.Hour, Check: b.Ping, OnChange: func(healthy bool, err error) { changes = append(changes, healthy) }})
 	for i, st := range steps {
 		clk.Advance(st.advance)
 		b.set(st.state)
@@ -745,9 +745,9 @@ func TestProbeClosesTheBreakerWithoutCalls(t *testing.T) {
 	}
 }
 
-// TestProbeWithoutPing: with no Options.Ping, Probe does nothing and the
+// TestProbeWithoutCheck: with no Options.Check, Probe does nothing and the
 // breaker waits for a call, as before.
-func TestProbeWithoutPing(t *testing.T) {
+func TestProbeWithoutCheck(t *testing.T) {
 	b := newBackend()
 	s, clk := newStore(t, b, failover.Options{FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second})
 	b.set("down")
@@ -755,7 +755,7 @@ func TestProbeWithoutPing(t *testing.T) {
 	b.set("up")
 	clk.Advance(time.Hour)
 	if err := s.Probe(context.Background()); err != nil || s.Healthy() {
-		t.Errorf("Probe() without Ping = %v, Healthy() %v; want nil, false", err, s.Healthy())
+		t.Errorf("Probe() without Check = %v, Healthy() %v; want nil, false", err, s.Healthy())
 	}
 	if _, err := s.Take(context.Background(), t0, oneReq); err != nil || !s.Healthy() {
 		t.Errorf("the probing call = %v, Healthy() %v; want nil, true", err, s.Healthy())
@@ -770,7 +770,7 @@ func TestProbeIsTheOneProbe(t *testing.T) {
 		b := newBackend()
 		b.set("down")
 		s, err := failover.New(b, failover.Options{Mode: failover.Allow, FailureThreshold: 1, FailingFor: -1,
-			OpenFor: time.Second, Timeout: 100 * time.Millisecond, Ping: b.Ping})
+			OpenFor: time.Second, Timeout: 100 * time.Millisecond, Check: b.Ping})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -807,7 +807,7 @@ func TestProbeIsTheOneProbe(t *testing.T) {
 // stays open without another OpenFor, and the next Probe pings.
 func TestProbeCancelledAtOnce(t *testing.T) {
 	b := newBackend()
-	s, clk := newStore(t, b, failover.Options{FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Timeout: time.Hour, Ping: b.Ping})
+	s, clk := newStore(t, b, failover.Options{FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Timeout: time.Hour, Check: b.Ping})
 	b.set("down")
 	s.Take(context.Background(), t0, oneReq)
 	clk.Advance(time.Second)
@@ -829,7 +829,7 @@ func TestProbeCancelledAtOnce(t *testing.T) {
 // send it nowhere).
 func TestProbeIsNoAnswerForRefunds(t *testing.T) {
 	b := newBackend()
-	s, clk := newStore(t, b, failover.Options{Mode: failover.Local, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Ping: b.Ping})
+	s, clk := newStore(t, b, failover.Options{Mode: failover.Local, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Check: b.Ping})
 	one := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
 	req := []limiter.Request{{Key: "k", Limit: one, Hits: 1}}
 	b.set("down")

@@ -351,3 +351,62 @@ func TestGarbageBucket(t *testing.T) {
 		t.Errorf("garbage bucket = %q, %v after the failed calls, want it untouched", v, err)
 	}
 }
+
+// TestProbe: Probe passes on a Redis that can decide, standalone or
+// cluster, without counting a Take, and fails where a PING passes but no
+// Take could be decided: a read-only replica (what a failed-over master
+// becomes), a user whose ACL forbids scripts, a server out of memory.
+func TestProbe(t *testing.T) {
+	ctx := context.Background()
+	t.Run("standalone", func(t *testing.T) {
+		s := newStore(t, standalone(t).Client(), redisstore.ServerClock)
+		for range 3 { // a token a microsecond: back to back probes pass
+			if err := s.Probe(ctx); err != nil {
+				t.Fatalf("Probe: %v", err)
+			}
+		}
+		if st := s.Stats(); st.Takes != 0 {
+			t.Errorf("Stats().Takes after probes = %d, want 0", st.Takes)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		if err := newStore(t, cluster(t).Client(), redisstore.ServerClock).Probe(ctx); err != nil {
+			t.Errorf("Probe: %v", err)
+		}
+	})
+
+	gone := redistest.Start(t) // a master that is not there
+	gone.Stop()
+	for _, tc := range []struct {
+		name    string
+		setup   [][]any // commands run as the default user
+		user    string
+		wantErr string
+	}{
+		{"read-only replica", [][]any{{"REPLICAOF", "127.0.0.1", gone.Port}}, "", "READONLY"},
+		{"no scripts", [][]any{{"ACL", "SETUSER", "noscripts", "on", ">secret", "~*", "+@all", "-@scripting"}}, "noscripts", "NOPERM"},
+		{"out of memory", [][]any{{"CONFIG", "SET", "maxmemory-policy", "noeviction"}, {"CONFIG", "SET", "maxmemory", "1"}}, "", "OOM"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			for _, cmd := range tc.setup {
+				if err := srv.Client().Do(ctx, cmd...).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			o := &redis.Options{Addr: srv.Addr}
+			if tc.user != "" {
+				o.Username, o.Password = tc.user, "secret"
+			}
+			c := redis.NewClient(o)
+			defer c.Close()
+			if err := c.Ping(ctx).Err(); err != nil {
+				t.Fatalf("PING: %v, want it to pass", err)
+			}
+			err := newStore(t, c, redisstore.ServerClock).Probe(ctx)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("Probe = %v, want an error with %q", err, tc.wantErr)
+			}
+		})
+	}
+}

@@ -204,6 +204,27 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// probeLimit is the probe bucket's shape: one token a microsecond, so that
+// every Probe takes a token and writes the bucket, whose key then expires
+// within a millisecond.
+var probeLimit = limiter.Limit{Count: 1, Period: time.Microsecond, Burst: 1}
+
+// Probe asks Redis for what a Take needs of it: it runs take.lua for one
+// hit on a bucket of its own (the key prefix, then "probe": outside every
+// bucket's key, which holds braces), which writes it. So a Redis that
+// answers PING but cannot decide fails it, where a PING would pass: a
+// read-only replica after a failover, a user whose ACL forbids scripts or
+// the prefix's keys, a server out of memory (maxmemory with noeviction).
+// The probe is not counted as a Take in Stats.
+func (s *Store) Probe(ctx context.Context) error {
+	key := s.prefix + "probe"
+	reqs := []limiter.Request{{Key: key, Limit: probeLimit, Hits: 1}}
+	if _, err := s.run(ctx, time.Now(), []string{key}, reqs, false); err != nil {
+		return fmt.Errorf("redis probe: %w", err)
+	}
+	return nil
+}
+
 var (
 	_ limiter.Store    = (*Store)(nil)
 	_ limiter.Refunder = (*Store)(nil)
