@@ -326,7 +326,8 @@ const mergeMaxKeys = 512
 
 // envelopes puts each call of batch in its command: the mergeable ones
 // (Takes of take.lua, the only script that merges) together, up to
-// mergeMaxKeys buckets a command, the others alone.
+// mergeMaxKeys buckets a command, the others alone. A call left alone in
+// its command runs its alone script when it has one.
 func envelopes(batch []*call) []*envelope {
 	out := make([]*envelope, 0, len(batch))
 	var merged *envelope
@@ -342,6 +343,11 @@ func envelopes(batch []*call) []*envelope {
 		merged.keys = append(merged.keys, c.keys...)
 		merged.args = append(merged.args, c.args...)
 		merged.calls = append(merged.calls, c)
+	}
+	for _, e := range out {
+		if len(e.calls) == 1 && e.calls[0].alone != nil {
+			e.script = e.calls[0].alone // nothing merged with it
+		}
 	}
 	return out
 }

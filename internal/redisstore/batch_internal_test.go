@@ -50,7 +50,7 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 	waitFor(t, "the first call to be sent directly", func() bool { return s.Stats().Direct == start.Direct+1 })
 	// Submitted by hand, so that the test knows when it is queued.
 	reqs := []limiter.Request{{Key: "queued", Limit: l, Hits: 1}}
-	queued := s.batch.submit(ctx, scriptCall{s.take, []string{s.Key("queued")}, s.takeArgs(t0, reqs), true})
+	queued := s.batch.submit(ctx, scriptCall{script: s.take, keys: []string{s.Key("queued")}, args: s.takeArgs(t0, reqs), merge: true})
 	waitFor(t, "a sender to take the queued call", func() bool { return len(s.batch.calls) == 0 })
 	if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
 		t.Fatal(err)

@@ -142,7 +142,9 @@ func TestTakeAcrossSlotsDenied(t *testing.T) {
 				f.stall = isGiveBack
 			}
 			if tc.failTake != "" {
-				f.fail = func(args []any) bool { return runs(args, s.take, commonSource+takeSource, s.Key(tc.failTake)) }
+				f.fail = func(args []any) bool {
+					return runs(args, s.take, commonSource+stepSource+takeSource, s.Key(tc.failTake))
+				}
 			}
 			ring.AddHook(f)
 

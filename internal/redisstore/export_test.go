@@ -19,3 +19,8 @@ func fmtSscan(v string, st *limiter.State) (int, error) {
 func (b *batcher) exec(batch []*call) {
 	answer(b.roundTrip(batch))
 }
+
+// OnlyTakeLua makes s send every Take through take.lua, also one of one
+// request sent alone (take_one.lua's call), so that tests can hold
+// take.lua's path for one request to what they hold take_one.lua's.
+func OnlyTakeLua(s *Store) { s.takeOne = nil }

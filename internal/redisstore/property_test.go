@@ -186,11 +186,14 @@ func fillOf(l limiter.Limit) time.Duration {
 // is on its way (now is read before it is sent, and a coalesced call can
 // wait longer than the previous one did): for those, the store may also
 // answer as if the bucket were full.
-func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, steps int) {
+func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, steps int, options ...func(*redisstore.Store)) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
 	store := newStore(t, c, redisstore.CallerClock)
+	for _, o := range options {
+		o(store)
+	}
 	ctx := context.Background()
 
 	buckets := []string{"a", "b{x}", "\x00", "é", "", "a:b", "v1\x01a"}
@@ -346,6 +349,14 @@ func checkStored(t *testing.T, rdb redis.Cmdable, store *redisstore.Store, model
 func TestMatchesDecideAllStandalone(t *testing.T) {
 	c := standalone(t).Client()
 	testMatchesDecideAll(t, c, c, 3000)
+}
+
+// TestMatchesDecideAllTakeLua: one-request Takes sent alone go through
+// take_one.lua above; here through take.lua, whose path for them (as when
+// merged with others) must decide the same.
+func TestMatchesDecideAllTakeLua(t *testing.T) {
+	c := standalone(t).Client()
+	testMatchesDecideAll(t, c, c, 1000, redisstore.OnlyTakeLua)
 }
 
 func TestMatchesDecideAllCluster(t *testing.T) {

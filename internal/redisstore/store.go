@@ -54,8 +54,12 @@ import (
 var (
 	//go:embed common.lua
 	commonSource string
+	//go:embed step.lua
+	stepSource string
 	//go:embed take.lua
 	takeSource string
+	//go:embed take_one.lua
+	takeOneSource string
 	//go:embed giveback.lua
 	giveBackSource string
 	//go:embed refund.lua
@@ -140,6 +144,7 @@ type Store struct {
 	clock    Clock
 	group    func(keys []string) [][]int // nil: one script call for all keys
 	take     *redis.Script
+	takeOne  *redis.Script // take.lua for a call of one request sent alone
 	giveBack *redis.Script
 	refund   *redis.Script
 	batch    *batcher // nil: not coalescing
@@ -244,7 +249,8 @@ func New(c Client, opts Options) (*Store, error) {
 		client:   c,
 		prefix:   opts.Prefix,
 		clock:    opts.Clock,
-		take:     redis.NewScript(commonSource + takeSource),
+		take:     redis.NewScript(commonSource + stepSource + takeSource),
+		takeOne:  redis.NewScript(commonSource + stepSource + takeOneSource),
 		giveBack: redis.NewScript(commonSource + giveBackSource),
 		refund:   redis.NewScript(commonSource + refundSource),
 	}
@@ -432,7 +438,11 @@ type giveBackRecord struct {
 // run runs take.lua on keys and their requests (all in one slot, or on a
 // server without slots).
 func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
-	cmd := s.script(ctx, scriptCall{s.take, keys, s.takeArgs(now, reqs), s.group == nil})
+	c := scriptCall{script: s.take, keys: keys, args: s.takeArgs(now, reqs), merge: s.group == nil}
+	if len(reqs) == 1 {
+		c.alone = s.takeOne
+	}
+	cmd := s.script(ctx, c)
 	return decodeTakeCmd(cmd, reqs, extras)
 }
 
@@ -558,6 +568,10 @@ type scriptCall struct {
 	// merge says the call is one Take of take.lua that may travel in one
 	// script call with other Takes (on a server without hash slots).
 	merge bool
+	// alone, when set, is run instead of script when nothing is merged
+	// with the call (sent directly, or alone in its command of a batch):
+	// take_one.lua for a Take of one request.
+	alone *redis.Script
 }
 
 // script runs c: through the batcher when coalescing, else directly.
@@ -573,6 +587,9 @@ func (s *Store) script(ctx context.Context, c scriptCall) *redis.Cmd {
 			return errCmd(ctx, err)
 		}
 		s.stats.direct.Add(1)
+	}
+	if c.alone != nil {
+		c.script = c.alone
 	}
 	return s.direct(ctx, c)
 }

@@ -61,96 +61,21 @@
 -- nil for it, so it counts as a missing key, a full bucket, and a Take that
 -- writes the bucket overwrites it.
 
--- t + u, both with fractions of count.
-local function add(tus, tfr, uus, ufr, count)
-  local us, fr = tus + uus, tfr + ufr
-  if fr >= count then
-    return us + 1, fr - count
-  end
-  return us, fr
-end
-
--- step mirrors Decide for the request with spec p (see spec), on a bucket
--- in state (sus, sfr) at now: it returns the state after it and whether it
--- is admitted.
--- It works in the frame of now: where Decide computes next = advance(tat,
--- hits) and then used = next − now, this computes used = (tat − now) + h
--- directly, the same integers. It matters for doubles: a bucket with a
--- 100-year fill and a reservation 100 years ahead has tat − now up to
--- 2·MaxFill; adding a burst to it would pass 2^53, so "used > tau" is
--- decided as "tat − now > tau − h", and used is formed only when it is at
--- most tau + MaxWait (for a charge: at most its floor, tau + MaxDebt's
--- time, or tat − now when that is deeper).
-local function step(p, sus, sfr, now)
-  local kind = p.kind
-  if kind == 'x' then
-    return sus, sfr, false
-  end
-  local count = p.count
-  local tus, tfr = sus - now, math.min(sfr, count - 1) -- before: tat − now
-  if tus < 0 then
-    tus, tfr = 0, 0
-  end
-  local hus, hfr = p.hus, p.hfr
-  local fus, ffr = p.fus, p.ffr
-  if kind == 'c' then
-    -- mirrors Limit.charge: never deeper than the floor, nor fuller than
-    -- before; admitted unless in debt before.
-    local lus, lfr = p.lus, p.lfr
-    if less(lus, lfr, tus, tfr) then
-      lus, lfr = tus, tfr
-    end
-    -- used = min(before + h, floor), decided as "before > floor − h" so
-    -- that the sum is formed only when it is at most the floor (floor ≥ h:
-    -- h is the time of at most burst + max debt tokens).
-    local uus, ufr = lus, lfr
-    local mus, mfr = sub(lus, lfr, hus, hfr, count)
-    if not less(mus, mfr, tus, tfr) then
-      uus, ufr = add(tus, tfr, hus, hfr, count)
-    end
-    return now + uus, ufr, not less(fus, ffr, tus, tfr)
-  end
-  local rus, rfr = sub(fus, ffr, hus, hfr, count) -- tau − h
-  if not less(rus, rfr, tus, tfr) then -- used ≤ tau: admitted
-    if kind == 'k' then
-      return sus, sfr, true
-    end
-    local uus, ufr = add(tus, tfr, hus, hfr, count)
-    return now + uus, ufr, true
-  end
-  -- A reservation: admitted if its tokens arrive within the longest wait.
-  local maxwait = p.lus
-  if kind == 't' and maxwait > 0 and ceil_us(sub(tus, tfr, rus, rfr, count)) <= maxwait then
-    local uus, ufr = add(tus, tfr, hus, hfr, count)
-    return now + uus, ufr, true
-  end
-  return sus, sfr, false
-end
-
 -- The specs parsed so far in this call: spec string → its fields.
 local specs = {}
 
--- spec returns the fields of the spec string v (see ARGV above): kind
--- (lower case), shadow, count, hus, hfr, fus, ffr, lus, lfr (the floor);
--- nil and a message if v is malformed.
+-- spec is parse_spec (step.lua), parsing each spec string once a call.
 local function spec(v)
   local p = specs[v]
   if p then
     return p
   end
-  local k, c, hus, hfr, fus, ffr, lus, lfr = string.match(v or '',
-    '^([tkxcTKXC]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
-  if not k then
-    return nil, 'ratelimitd: malformed request spec ' .. tostring(v)
+  local err
+  p, err = parse_spec(v)
+  if p then
+    specs[v] = p
   end
-  local kind = string.lower(k)
-  p = {
-    kind = kind, shadow = kind ~= k, count = tonumber(c),
-    hus = tonumber(hus), hfr = tonumber(hfr), fus = tonumber(fus), ffr = tonumber(ffr),
-    lus = tonumber(lus), lfr = tonumber(lfr),
-  }
-  specs[v] = p
-  return p
+  return p, err
 end
 
 -- Every bucket of the call, read at once: key → its value, or false when
@@ -182,21 +107,14 @@ local function write(key, us, fr, now)
 end
 
 -- take_single is take (below) for a Take of one request, the common case,
--- without take's per-key tables: the request's spec is p.
+-- without take's per-key tables: the request's spec is p. (take_one.lua is
+-- the same for a call that carries nothing else.)
 local function take_single(key, p, now)
   local us, fr = load(key)
   if not us then
     return redis.error_reply(fr)
   end
-  local nus, nfr, ok = step(p, us, fr, now)
-  local allowed, kind = 1, p.kind
-  if not ok and not p.shadow then
-    -- mirrors DenyAll: a denied Take writes only a post-paid charge
-    allowed = 0
-    if kind ~= 'c' then
-      nus, nfr = us, fr
-    end
-  end
+  local nus, nfr, allowed = decide_single(p, us, fr, now)
   if nus ~= us or nfr ~= fr then
     write(key, nus, nfr, now)
   end

@@ -1,0 +1,103 @@
+-- ratelimitd: the admission arithmetic of take.lua and take_one.lua
+-- (store.go puts it after common.lua and before either): limiter.Decide
+-- (limiter/bucket.go) for one request, on a spec parsed from take.lua's
+-- arguments (its header gives their layout and the bounds that keep every
+-- number an exact integer in a double).
+
+-- t + u, both with fractions of count.
+local function add(tus, tfr, uus, ufr, count)
+  local us, fr = tus + uus, tfr + ufr
+  if fr >= count then
+    return us + 1, fr - count
+  end
+  return us, fr
+end
+
+-- step mirrors Decide for the request with spec p (see spec), on a bucket
+-- in state (sus, sfr) at now: it returns the state after it and whether it
+-- is admitted.
+-- It works in the frame of now: where Decide computes next = advance(tat,
+-- hits) and then used = next − now, this computes used = (tat − now) + h
+-- directly, the same integers. It matters for doubles: a bucket with a
+-- 100-year fill and a reservation 100 years ahead has tat − now up to
+-- 2·MaxFill; adding a burst to it would pass 2^53, so "used > tau" is
+-- decided as "tat − now > tau − h", and used is formed only when it is at
+-- most tau + MaxWait (for a charge: at most its floor, tau + MaxDebt's
+-- time, or tat − now when that is deeper).
+local function step(p, sus, sfr, now)
+  local kind = p.kind
+  if kind == 'x' then
+    return sus, sfr, false
+  end
+  local count = p.count
+  local tus, tfr = sus - now, math.min(sfr, count - 1) -- before: tat − now
+  if tus < 0 then
+    tus, tfr = 0, 0
+  end
+  local hus, hfr = p.hus, p.hfr
+  local fus, ffr = p.fus, p.ffr
+  if kind == 'c' then
+    -- mirrors Limit.charge: never deeper than the floor, nor fuller than
+    -- before; admitted unless in debt before.
+    local lus, lfr = p.lus, p.lfr
+    if less(lus, lfr, tus, tfr) then
+      lus, lfr = tus, tfr
+    end
+    -- used = min(before + h, floor), decided as "before > floor − h" so
+    -- that the sum is formed only when it is at most the floor (floor ≥ h:
+    -- h is the time of at most burst + max debt tokens).
+    local uus, ufr = lus, lfr
+    local mus, mfr = sub(lus, lfr, hus, hfr, count)
+    if not less(mus, mfr, tus, tfr) then
+      uus, ufr = add(tus, tfr, hus, hfr, count)
+    end
+    return now + uus, ufr, not less(fus, ffr, tus, tfr)
+  end
+  local rus, rfr = sub(fus, ffr, hus, hfr, count) -- tau − h
+  if not less(rus, rfr, tus, tfr) then -- used ≤ tau: admitted
+    if kind == 'k' then
+      return sus, sfr, true
+    end
+    local uus, ufr = add(tus, tfr, hus, hfr, count)
+    return now + uus, ufr, true
+  end
+  -- A reservation: admitted if its tokens arrive within the longest wait.
+  local maxwait = p.lus
+  if kind == 't' and maxwait > 0 and ceil_us(sub(tus, tfr, rus, rfr, count)) <= maxwait then
+    local uus, ufr = add(tus, tfr, hus, hfr, count)
+    return now + uus, ufr, true
+  end
+  return sus, sfr, false
+end
+
+-- decide_single mirrors DecideAll for a Take of one request, with spec p,
+-- on a bucket in state (us, fr) at now: it returns the state to store and
+-- whether the Take is admitted (1 or 0).
+local function decide_single(p, us, fr, now)
+  local nus, nfr, ok = step(p, us, fr, now)
+  if ok or p.shadow then -- a Shadow request's denial denies nothing
+    return nus, nfr, 1
+  end
+  -- mirrors DenyAll: a denied Take writes only a post-paid charge
+  if p.kind == 'c' then
+    return nus, nfr, 0
+  end
+  return us, fr, 0
+end
+
+-- parse_spec returns the fields of the spec string v (take.lua's header
+-- gives its layout): kind (lower case), shadow, count, hus, hfr, fus, ffr,
+-- lus, lfr (the floor); nil and a message if v is malformed.
+local function parse_spec(v)
+  local k, c, hus, hfr, fus, ffr, lus, lfr = string.match(v or '',
+    '^([tkxcTKXC]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  if not k then
+    return nil, 'ratelimitd: malformed request spec ' .. tostring(v)
+  end
+  local kind = string.lower(k)
+  return {
+    kind = kind, shadow = kind ~= k, count = tonumber(c),
+    hus = tonumber(hus), hfr = tonumber(hfr), fus = tonumber(fus), ffr = tonumber(ffr),
+    lus = tonumber(lus), lfr = tonumber(lfr),
+  }
+end
