@@ -359,8 +359,9 @@ func TestFloorCommandLogsItsAddress(t *testing.T) {
 	}
 }
 
-// TestFloorRunsWithRuntimeTuning: an idle floor goes to one P, as an idle
-// ratelimitd does (proctune), and gives the default back when it stops.
+// TestFloorRunsWithRuntimeTuning: an idle tuned floor goes to one P, as an
+// idle ratelimitd does (proctune), and gives the default back when it
+// stops.
 func TestFloorRunsWithRuntimeTuning(t *testing.T) {
 	if os.Getenv("GOMAXPROCS") != "" || runtime.GOMAXPROCS(0) < 2 {
 		t.Skip("needs the runtime's default GOMAXPROCS, at least 2")
@@ -368,7 +369,9 @@ func TestFloorRunsWithRuntimeTuning(t *testing.T) {
 	procs := runtime.GOMAXPROCS(0)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"floor", "--addr", "127.0.0.1:0"}, &bytes.Buffer{}, io.Discard) }()
+	go func() {
+		done <- run(ctx, []string{"floor", "--addr", "127.0.0.1:0", "--runtime-tuning"}, &bytes.Buffer{}, io.Discard)
+	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for runtime.GOMAXPROCS(0) != 1 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
@@ -379,7 +382,7 @@ func TestFloorRunsWithRuntimeTuning(t *testing.T) {
 		t.Errorf("floor after cancel = %v, want nil", err)
 	}
 	if !one {
-		t.Errorf("an idle floor kept GOMAXPROCS at %d for 10s, want 1", procs)
+		t.Errorf("an idle tuned floor kept GOMAXPROCS at %d for 10s, want 1", procs)
 	}
 	if got := runtime.GOMAXPROCS(0); got != procs {
 		t.Errorf("GOMAXPROCS after the floor stopped = %d, want the default %d", got, procs)

@@ -35,15 +35,16 @@ type matrixOptions struct {
 
 // target is one server the matrix loads.
 type target struct {
-	name      string // floor, memory, redis-floor, script-floor, redis
+	name      string // floor, tuned-floor, memory, redis-floor, script-floor, redis
 	addr      string
 	redisAddr string
 }
 
-// runMatrix is the run command: it starts the floor, ratelimitd on each
-// backend and a throwaway redis-server, runs every cell of the matrix
-// against each of them side by side, prints the results with their ratios
-// to the floor, and stops everything it started, also on error or Ctrl-C.
+// runMatrix is the run command: it starts the floor and the tuned floor,
+// ratelimitd on each backend and a throwaway redis-server, runs every cell
+// of the matrix against each of them side by side, prints the results with
+// their ratios to the floor, and stops everything it started, also on
+// error or Ctrl-C.
 func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	o, err := parseMatrixFlags(args, stderr)
 	if err != nil {
@@ -83,7 +84,13 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 	if err != nil {
 		return err
 	}
-	targets := []target{{name: "floor", addr: floorAddr}}
+	// The tuned floor: the floor with ratelimitd's runtime tuning, so that
+	// the ratios to it compare the work alone.
+	tunedAddr, _, err := procs.start(ctx, "floor (tuned)", self, []string{"floor", "--addr", "127.0.0.1:0", "--runtime-tuning"}, jsonReady(floorStartedMsg))
+	if err != nil {
+		return err
+	}
+	targets := []target{{name: "floor", addr: floorAddr}, {name: "tuned-floor", addr: tunedAddr}}
 	serverArgs := func(extra ...string) []string {
 		a := []string{"serve", "--config", configDir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}
 		a = append(a, extra...)
