@@ -14,8 +14,9 @@
 // within their limit (or unlimited) on a request that was admitted, and
 // near_limit the part of these that left their bucket nearly empty. A
 // descriptor within its limit on a request another one denied took
-// nothing (requests are all or nothing): its tokens count in hits only,
-// and it counts as outcome="denied_by_other". The names and the incumbent
+// nothing (requests are all or nothing; a post-paid charge is the
+// exception, recorded all the same): its tokens count in hits only, and
+// it counts as outcome="denied_by_other". The names and the incumbent
 // stats they replace:
 //
 //	ratelimitd_descriptor_hits_total           ratelimit.service.rate_limit.<domain>.<key>.total_hits

@@ -72,7 +72,8 @@ const (
 	ShadowOverLimit
 	// DeniedByOther: the descriptor's bucket had room, but another
 	// descriptor denied the request, so nothing was taken from it (a
-	// request is admitted and charged all or nothing).
+	// request is admitted and charged all or nothing), unless it is a
+	// post-paid charge, which is recorded all the same (Charged).
 	DeniedByOther
 )
 
@@ -120,8 +121,9 @@ type DescriptorOutcome struct {
 	// checked, without the tokens.
 	Limit    limiter.Limit
 	Decision limiter.Decision
-	// Charged reports whether tokens were taken: the whole request was
-	// admitted and Hits > 0.
+	// Charged reports whether the store took tokens for it (Hits > 0):
+	// the whole request was admitted and so was the descriptor, or it is a
+	// post-paid charge, which is recorded whatever the request's answer.
 	Charged bool
 }
 
@@ -153,7 +155,7 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 			j := pickLimit(decisions[it.first : it.first+len(it.limits)])
 			take := p.takes[it.first+j]
 			o.Limit, o.Decision = it.limits[j].Limit, decisions[it.first+j]
-			o.Charged = admitted && take.Hits > 0 && (o.Decision.Allowed || take.Charge())
+			o.Charged = take.Hits > 0 && (take.Charge() || admitted && o.Decision.Allowed)
 		}
 		switch {
 		case it.rule == nil:

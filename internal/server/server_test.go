@@ -52,6 +52,8 @@ descriptors:
   - key: ip
     value: 10.0.0.66
     rate_limit: {unit: minute, requests_per_unit: 0, name: blocked}
+  - key: usage
+    rate_limit: {unit: minute, requests_per_unit: 100, overdraft: {max_debt: 1000}, name: post-paid}
 `
 
 func mustParse(t testing.TB, yaml string) *config.Set {
@@ -569,6 +571,7 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 		request("api", desc("client", "a"), desc("shadow", "s")),
 		request("api", desc("client", "a"), desc("shadow", "s")),
 		request("api", desc("plan", "free"), desc("plan", "trial")),
+		request("api", desc("client", "a"), desc("usage", "u")), // the charge is recorded all the same
 		request(""),
 	}
 	for _, req := range calls {
@@ -579,6 +582,7 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 		"api OK OK: within_limit(charged 1) within_limit(charged 1)",
 		"api OK OVER_LIMIT: over_limit shadow_over_limit",
 		"api OK OK: replaced within_limit(charged 1)",
+		"api OK OVER_LIMIT: over_limit denied_by_other(charged 1)",
 		" InvalidArgument UNKNOWN:",
 	}
 	rec.mu.Lock()
