@@ -6,12 +6,16 @@
 // (floor --redis-addr) makes one PING round trip per call: what asking
 // Redis once per call costs here, at least; a third (floor --redis-addr
 // --script) runs a minimal token-bucket script per call instead: what
-// deciding each call alone in a Redis script costs here, at least.
+// deciding each call alone in a Redis script costs here, at least. The
+// tuned floor (floor --runtime-tuning) is the floor with the runtime
+// tuning ratelimitd has by default (one P while lightly loaded, a GC heap
+// floor): beside it, ratelimitd's figures show what the work alone costs.
 //
 //	ratelimit-bench load --addr 127.0.0.1:8081 [flags]   drive one server, print one row
 //	ratelimit-bench floor --addr 127.0.0.1:0             serve the floor until SIGINT/SIGTERM
 //	                      [--redis-addr HOST:PORT]       (the Redis floor: one PING per call)
 //	                      [--script]                     (the script floor: one script per call)
+//	                      [--runtime-tuning]             (the tuned floor)
 //	ratelimit-bench run [flags]                          the matrix behind `make bench`
 //	ratelimit-bench --write-config DIR                   write the descriptors the load expects
 //
@@ -104,7 +108,8 @@ Usage:
   ratelimit-bench floor --addr 127.0.0.1:0        serve a RateLimitService that does no work
         [--redis-addr HOST:PORT [--script]]       but one Redis PING (or token-bucket
                                                   script) per call
-  ratelimit-bench run [flags]                     start floor, ratelimitd and redis-server,
+        [--runtime-tuning]                        with ratelimitd's runtime tuning
+  ratelimit-bench run [flags]                     start the floors, ratelimitd and redis-server,
                                                   run the matrix, print ratios to the floor
   ratelimit-bench --write-config DIR              write the descriptor file the load expects
   ratelimit-bench COMMAND --help                  list a command's flags

@@ -84,8 +84,8 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 	if err != nil {
 		return err
 	}
-	// The tuned floor: the floor with ratelimitd's runtime tuning, so that
-	// the ratios to it compare the work alone.
+	// The tuned floor: the floor with ratelimitd's runtime tuning; beside
+	// it, ratelimitd's figures show the cost of the work alone.
 	tunedAddr, _, err := procs.start(ctx, "floor (tuned)", self, []string{"floor", "--addr", "127.0.0.1:0", "--runtime-tuning"}, jsonReady(floorStartedMsg))
 	if err != nil {
 		return err

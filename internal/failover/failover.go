@@ -240,10 +240,10 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 // (health checks took it out of rotation because it said so): without it
 // nothing would close the breaker, and health would never come back. Call
 // it about every OpenFor; it is cheap when there is nothing to do. A ctx
-// that ends before the ping had a quarter of Timeout leaves the breaker as
+// that ends before the check had a quarter of Timeout leaves the breaker as
 // it was, as for Take.
 //
-// It returns the ping's error, wrapped, when it pinged and the ping failed.
+// It returns the check's error, wrapped, when it checked and the check failed.
 func (s *Store) Probe(ctx context.Context) error {
 	if s.opts.Check == nil {
 		return nil
@@ -258,7 +258,7 @@ func (s *Store) Probe(ctx context.Context) error {
 	cancel()
 	switch {
 	case err == nil:
-		s.succeeded(true, false) // a ping takes no tokens: not for Refund
+		s.succeeded(true, false) // a check is no call: not for Refund
 		return nil
 	case ctx.Err() != nil && time.Since(start) < s.opts.Timeout/minBudgetDivisor:
 		s.release(true)
@@ -296,7 +296,7 @@ func (s *Store) release(probe bool) {
 }
 
 // succeeded records a backend success, closing the breaker; answered says
-// it was a call the backend answered (not a Probe's ping), for Refund.
+// it was a call the backend answered (not a Probe's check), for Refund.
 func (s *Store) succeeded(probe, answered bool) {
 	// lastBackend matters only beside local buckets (see Refund): other
 	// modes skip the clock read on every call.

@@ -352,6 +352,33 @@ func TestGarbageBucket(t *testing.T) {
 	}
 }
 
+// TestKeyOfAnotherTypeIsFull: a bucket's key that holds a hash (some other
+// program's key under the prefix) reads as a full bucket, alone
+// (take_one.lua) or beside another bucket (take.lua), and a Take that
+// writes the bucket overwrites it.
+func TestKeyOfAnotherTypeIsFull(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	ctx := context.Background()
+	l := limiter.Limit{Count: 1, Period: time.Second, Burst: 3}
+	for _, reqs := range [][]limiter.Request{
+		{{Key: "hash-alone", Limit: l, Hits: 1}},
+		{{Key: "fine", Limit: l, Hits: 1}, {Key: "hash-beside", Limit: l, Hits: 1}},
+	} {
+		hashed := reqs[len(reqs)-1].Key
+		if err := c.HSet(ctx, s.Key(hashed), "f", "v").Err(); err != nil {
+			t.Fatal(err)
+		}
+		d := take(t, s, t0, reqs...)
+		if got := d[len(d)-1]; !got.Allowed || got.Remaining != 2 {
+			t.Errorf("Take on %s, a hash = %+v, want admitted with 2 left, as from a full bucket", hashed, got)
+		}
+		if typ := c.Type(ctx, s.Key(hashed)).Val(); typ != "string" {
+			t.Errorf("%s after the Take is a %s, want the bucket's string", hashed, typ)
+		}
+	}
+}
+
 // TestProbe: Probe passes on a Redis that can decide, standalone or
 // cluster, without counting a Take, and fails where a PING passes but no
 // Take could be decided: a read-only replica (what a failed-over master

@@ -267,8 +267,10 @@ func TestDecodeTake(t *testing.T) {
 func TestMalformedSpecFailsItsTakeAlone(t *testing.T) {
 	s, c := newCallerClockStore(t, "spec:")
 	ctx := context.Background()
-	if err := s.take.Load(ctx, c).Err(); err != nil { // no NOSCRIPT retry
-		t.Fatal(err)
+	for _, script := range []*redis.Script{s.take, s.takeOne} { // no NOSCRIPT retry
+		if err := script.Load(ctx, c).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
@@ -296,15 +298,19 @@ func TestMalformedSpecFailsItsTakeAlone(t *testing.T) {
 			single := takeCall([]string{s.Key("single")}, []any{s.nowArg(t0), 1, tt.spec})
 			before, after := good("before"), good("after")
 			s.batch.exec([]*call{before, bad, after, single})
-			for _, c := range []*call{before, bad, after, single} {
+			// Alone in its batch, a one-request Take runs take_one.lua.
+			alone := takeCall([]string{s.Key("alone")}, []any{s.nowArg(t0), 1, tt.spec})
+			alone.alone = s.takeOne
+			s.batch.exec([]*call{alone})
+			for _, c := range []*call{before, bad, after, single, alone} {
 				<-c.done
 			}
-			for name, c := range map[string]*call{"two-request Take": bad, "one-request Take": single} {
+			for name, c := range map[string]*call{"two-request Take": bad, "one-request Take": single, "one-request Take alone": alone} {
 				if _, err := decodeTakeCmd(c.cmd, make([]limiter.Request, len(c.keys)), false); err == nil || !strings.Contains(err.Error(), "malformed request spec") {
 					t.Errorf("%s with spec %q: %v, want an error naming the malformed spec", name, tt.spec, err)
 				}
 			}
-			for _, key := range []string{"pair-a", "pair-b", "single"} {
+			for _, key := range []string{"pair-a", "pair-b", "single", "alone"} {
 				if n := c.Exists(ctx, s.Key(key)).Val(); n != 0 {
 					t.Errorf("bucket %s written by a Take with a malformed spec", key)
 				}

@@ -13,7 +13,7 @@ local function add(tus, tfr, uus, ufr, count)
   return us, fr
 end
 
--- step mirrors Decide for the request with spec p (see spec), on a bucket
+-- step mirrors Decide for the request with spec p (see parse_spec), on a bucket
 -- in state (sus, sfr) at now: it returns the state after it and whether it
 -- is admitted.
 -- It works in the frame of now: where Decide computes next = advance(tat,

@@ -214,13 +214,15 @@ func (s *Store) Close() error {
 // within a millisecond.
 var probeLimit = limiter.Limit{Count: 1, Period: time.Microsecond, Burst: 1}
 
-// Probe asks Redis for what a Take needs of it: it runs take.lua for one
-// hit on a bucket of its own (the key prefix, then "probe": outside every
-// bucket's key, which holds braces), which writes it. So a Redis that
-// answers PING but cannot decide fails it, where a PING would pass: a
-// read-only replica after a failover, a user whose ACL forbids scripts or
-// the prefix's keys, a server out of memory (maxmemory with noeviction).
-// The probe is not counted as a Take in Stats.
+// Probe asks Redis for what a Take needs of it: it takes one token, as a
+// Take of one request does (take_one.lua), from a bucket of its own (the
+// key prefix, then "probe": outside every bucket's key, which holds
+// braces), which writes it. So a Redis that answers PING but cannot decide
+// fails it, where a PING would pass: a read-only replica after a failover,
+// a user whose ACL forbids scripts or the prefix's keys, a server out of
+// memory (maxmemory with noeviction). On a Cluster the key has one slot:
+// the probe asks only the master that holds it. In Stats it counts as a
+// script call and a round trip, not as a Take.
 func (s *Store) Probe(ctx context.Context) error {
 	key := s.prefix + "probe"
 	reqs := []limiter.Request{{Key: key, Limit: probeLimit, Hits: 1}}

@@ -121,9 +121,11 @@ type DescriptorOutcome struct {
 	// checked, without the tokens.
 	Limit    limiter.Limit
 	Decision limiter.Decision
-	// Charged reports whether the store took tokens for it (Hits > 0):
+	// Charged reports whether the answer took tokens for it (Hits > 0):
 	// the whole request was admitted and so was the descriptor, or it is a
-	// post-paid charge, which is recorded whatever the request's answer.
+	// post-paid charge, which a store records whatever the request's
+	// answer. An answer of --on-backend-failure allow or deny comes from no
+	// store: it took nothing, whatever Charged says.
 	Charged bool
 }
 
