@@ -397,8 +397,30 @@ func TestProbe(t *testing.T) {
 		}
 	})
 	t.Run("cluster", func(t *testing.T) {
-		if err := newStore(t, cluster(t).Client(), redisstore.ServerClock).Probe(ctx); err != nil {
-			t.Errorf("Probe: %v", err)
+		cl := cluster(t)
+		s := newStore(t, cl.Client(), redisstore.ServerClock)
+		if err := s.Probe(ctx); err != nil {
+			t.Fatalf("Probe: %v", err)
+		}
+		// Any one master that cannot write fails it: each is asked.
+		for _, addr := range cl.Addrs {
+			node := redis.NewClient(&redis.Options{Addr: addr})
+			defer node.Close()
+			setMaxMemory := func(v string) {
+				t.Helper()
+				if err := node.ConfigSet(ctx, "maxmemory", v).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := node.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+				t.Fatal(err)
+			}
+			setMaxMemory("1")
+			err := s.Probe(ctx)
+			setMaxMemory("0")
+			if err == nil || !strings.Contains(err.Error(), "OOM") {
+				t.Errorf("Probe with master %s out of memory = %v, want an OOM error", addr, err)
+			}
 		}
 	})
 

@@ -9,6 +9,9 @@ import (
 // Slot exposes slot to the tests, which compare it with CLUSTER KEYSLOT.
 var Slot = slot
 
+// TagOfSlot exposes tagOfSlot to the tests.
+var TagOfSlot = tagOfSlot
+
 // fmtSscan reads a stored "TAT:Frac".
 func fmtSscan(v string, st *limiter.State) (int, error) {
 	return fmt.Sscanf(v, "%d:%d", &st.TAT, &st.Frac)

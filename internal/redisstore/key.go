@@ -3,7 +3,9 @@ package redisstore
 import (
 	"encoding/base64"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 )
 
 // DefaultPrefix starts every Redis key when Options.Prefix is empty.
@@ -51,6 +53,27 @@ func slot(key string) int {
 	}
 	return int(crc16(key) % 16384)
 }
+
+// tagOfSlot returns a hash tag whose slot is slot (0 ≤ slot < 16384): the
+// smallest decimal number that hashes there.
+func tagOfSlot(slot int) string {
+	return strconv.Itoa(int(slotTags()[slot]))
+}
+
+// slotTags holds, for each slot, the smallest number whose decimal form
+// hashes there: counting up covers every slot within some 200,000 numbers,
+// a few milliseconds, once.
+var slotTags = sync.OnceValue(func() *[16384]uint32 {
+	var tags [16384]uint32
+	var found [16384]bool
+	for n, left := 0, len(tags); left > 0; n++ {
+		if s := crc16(strconv.Itoa(n)) % 16384; !found[s] {
+			tags[s], found[s] = uint32(n), true
+			left--
+		}
+	}
+	return &tags
+})
 
 // crc16 is CRC16/XMODEM (polynomial 0x1021, initial value 0), bit by bit.
 func crc16(s string) uint16 {

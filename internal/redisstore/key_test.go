@@ -120,3 +120,12 @@ func TestSlotMatchesRedis(t *testing.T) {
 		t.Errorf("%d keys fall in only %d slots: the hash tag does not spread them", len(keys), len(slots))
 	}
 }
+
+// TestTagOfSlot: every slot has a tag, and a key with it hashes there.
+func TestTagOfSlot(t *testing.T) {
+	for s := range 16384 {
+		if got := redisstore.Slot("ratelimitd:probe{" + redisstore.TagOfSlot(s) + "}"); got != s {
+			t.Fatalf("TagOfSlot(%d) = %q, whose key hashes to slot %d", s, redisstore.TagOfSlot(s), got)
+		}
+	}
+}

@@ -215,19 +215,32 @@ func (s *Store) Close() error {
 var probeLimit = limiter.Limit{Count: 1, Period: time.Microsecond, Burst: 1}
 
 // Probe asks Redis for what a Take needs of it: it takes one token, as a
-// Take of one request does (take_one.lua), from a bucket of its own (the
-// key prefix, then "probe": outside every bucket's key, which holds
-// braces), which writes it. So a Redis that answers PING but cannot decide
-// fails it, where a PING would pass: a read-only replica after a failover,
-// a user whose ACL forbids scripts or the prefix's keys, a server out of
-// memory (maxmemory with noeviction). On a Cluster the key has one slot:
-// the probe asks only the master that holds it. In Stats it counts as a
-// script call and a round trip, not as a Take.
+// Take of one request does (take_one.lua), from a bucket of its own, which
+// writes it. So a Redis that answers PING but cannot decide fails it,
+// where a PING would pass: a read-only replica after a failover, a user
+// whose ACL forbids scripts or the prefix's keys, a server out of memory
+// (maxmemory with noeviction). The bucket's key is the prefix, then
+// "probe" (outside every bucket's key, which holds braces after the
+// prefix). On a Cluster, Probe asks every master, one after the other, on
+// a key of a slot it serves ("probe{tag}"); it fails if one of them fails.
+// In Stats each counts as a script call and a round trip, not as a Take.
 func (s *Store) Probe(ctx context.Context) error {
-	key := s.prefix + "probe"
-	reqs := []limiter.Request{{Key: key, Limit: probeLimit, Hits: 1}}
-	if _, err := s.run(ctx, time.Now(), []string{key}, reqs, false); err != nil {
-		return fmt.Errorf("redis probe: %w", err)
+	keys := []string{s.prefix + "probe"}
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		ranges, err := cc.ClusterSlots(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("redis probe: cluster slots: %w", err)
+		}
+		keys = keys[:0]
+		for _, r := range ranges { // one range or more per master
+			keys = append(keys, fmt.Sprintf("%sprobe{%s}", s.prefix, tagOfSlot(r.Start)))
+		}
+	}
+	for _, key := range keys {
+		reqs := []limiter.Request{{Key: key, Limit: probeLimit, Hits: 1}}
+		if _, err := s.run(ctx, time.Now(), []string{key}, reqs, false); err != nil {
+			return fmt.Errorf("redis probe of %s: %w", key, err)
+		}
 	}
 	return nil
 }
