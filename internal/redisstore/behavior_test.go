@@ -399,8 +399,15 @@ func TestProbe(t *testing.T) {
 	t.Run("cluster", func(t *testing.T) {
 		cl := cluster(t)
 		s := newStore(t, cl.Client(), redisstore.ServerClock)
+		if err := s.Probe(ctx); err != nil { // loads the script on each master
+			t.Fatalf("Probe: %v", err)
+		}
+		before := s.Stats().RoundTrips
 		if err := s.Probe(ctx); err != nil {
 			t.Fatalf("Probe: %v", err)
+		}
+		if n := s.Stats().RoundTrips - before; n != int64(len(cl.Addrs)) {
+			t.Errorf("Probe took %d round trips, want one per master, %d", n, len(cl.Addrs))
 		}
 		// Any one master that cannot write fails it: each is asked.
 		for _, addr := range cl.Addrs {

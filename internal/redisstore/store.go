@@ -232,7 +232,12 @@ func (s *Store) Probe(ctx context.Context) error {
 			return fmt.Errorf("redis probe: cluster slots: %w", err)
 		}
 		keys = keys[:0]
-		for _, r := range ranges { // one range or more per master
+		var masters []string
+		for _, r := range ranges { // one range or more per master, listed first
+			if len(r.Nodes) == 0 || slices.Contains(masters, r.Nodes[0].Addr) {
+				continue
+			}
+			masters = append(masters, r.Nodes[0].Addr)
 			keys = append(keys, fmt.Sprintf("%sprobe{%s}", s.prefix, tagOfSlot(r.Start)))
 		}
 	}
