@@ -208,15 +208,7 @@ func TestSIGHUPNeverEndsTheProcess(t *testing.T) {
 				break // it exited; reported below
 			}
 		}
-		select {
-		case err := <-p.exited:
-			p.exited <- err
-			if err != nil {
-				t.Fatalf("exit after SIGTERM and SIGHUPs during the drain: %v, want status 0\n%s", err, p.logs)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatalf("still running 20 s after SIGTERM\n%s", p.logs)
-		}
+		waitExit(t, p, "SIGTERM and SIGHUPs during the drain")
 		checkHeldCall(t, held)
 	})
 }
@@ -255,11 +247,18 @@ func stopProc(t *testing.T, p *proc) {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	waitExit(t, p, "SIGTERM")
+}
+
+// waitExit checks that p, sent SIGTERM, exits 0 within 20 s; after says
+// what it was sent, for the message.
+func waitExit(t *testing.T, p *proc, after string) {
+	t.Helper()
 	select {
 	case err := <-p.exited:
 		p.exited <- err
 		if err != nil {
-			t.Errorf("exit after SIGTERM: %v, want status 0\n%s", err, p.logs)
+			t.Errorf("exit after %s: %v, want status 0\n%s", after, err, p.logs)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatalf("still running 20 s after SIGTERM\n%s", p.logs)

@@ -327,17 +327,28 @@ func TestTimeoutBoundsAHungBackend(t *testing.T) {
 	})
 }
 
+// dueForProbe returns a Store in allow mode over b (with check as
+// Options.Check) whose breaker a failing call opened OpenFor (1 s) ago, so
+// that the next call or Probe probes, and leaves b hung (each call waits
+// for its 100 ms Timeout). It must run in a synctest bubble.
+func dueForProbe(t *testing.T, b *backend, check func(context.Context) error) *failover.Store {
+	t.Helper()
+	b.set("down")
+	s, err := failover.New(b, failover.Options{Mode: failover.Allow, FailureThreshold: 1, FailingFor: -1,
+		OpenFor: time.Second, Timeout: 100 * time.Millisecond, Check: check})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Take(context.Background(), time.Now(), oneReq) // opens the breaker
+	time.Sleep(time.Second)
+	b.set("hung")
+	return s
+}
+
 func TestOneProbeAtATime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBackend()
-		b.set("down")
-		s, err := failover.New(b, failover.Options{Mode: failover.Allow, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Timeout: 100 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Take(context.Background(), time.Now(), oneReq) // opens the breaker
-		time.Sleep(time.Second)
-		b.set("hung")
+		s := dueForProbe(t, b, nil)
 		var wg sync.WaitGroup
 		for range 50 {
 			wg.Go(func() { s.Take(context.Background(), time.Now(), oneReq) })
@@ -768,15 +779,7 @@ func TestProbeWithoutCheck(t *testing.T) {
 func TestProbeIsTheOneProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBackend()
-		b.set("down")
-		s, err := failover.New(b, failover.Options{Mode: failover.Allow, FailureThreshold: 1, FailingFor: -1,
-			OpenFor: time.Second, Timeout: 100 * time.Millisecond, Check: b.Ping})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Take(context.Background(), time.Now(), oneReq) // opens the breaker
-		time.Sleep(time.Second)
-		b.set("hung")
+		s := dueForProbe(t, b, b.Ping)
 		var wg sync.WaitGroup
 		wg.Go(func() { s.Take(context.Background(), time.Now(), oneReq) }) // the probe: hangs until its Timeout
 		synctest.Wait()

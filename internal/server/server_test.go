@@ -542,13 +542,23 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}
 }
 
-// recorder is an Observer that keeps a summary of each call.
+// recorder is an Observer that keeps summary's summary of each call.
 type recorder struct {
-	mu    sync.Mutex
-	calls []string
+	summary func(server.Call) string
+	mu      sync.Mutex
+	calls   []string
 }
 
 func (r *recorder) ObserveCall(c server.Call) {
+	line := r.summary(c)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, line)
+}
+
+// outcomes summarizes a call: its domain and codes, and each descriptor's
+// outcome with the tokens it was charged.
+func outcomes(c server.Call) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %v %v:", c.Domain, c.Code, c.Overall)
 	for _, d := range c.Descriptors {
@@ -557,13 +567,11 @@ func (r *recorder) ObserveCall(c server.Call) {
 			fmt.Fprintf(&b, "(charged %d)", d.Hits)
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, b.String())
+	return b.String()
 }
 
 func TestObserverSeesEveryOutcome(t *testing.T) {
-	rec := &recorder{}
+	rec := &recorder{summary: outcomes}
 	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Observer: rec}, mustParse(t, testConfig))
 	ctx := context.Background()
 	calls := []*rlsv3.RateLimitRequest{
