@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -31,7 +32,10 @@ type loadOptions struct {
 	// loop is bounded in count as well as in time; it also sizes the
 	// latency buffer.
 	maxRequests int
-	// timeout bounds each call beyond the end of its phase.
+	// timeout is each call's client deadline, the gRPC deadline the server
+	// sees: a call not answered within it fails with DeadlineExceeded and
+	// is an error. It also bounds a phase: no call starts after the phase
+	// ends, so a phase lasts at most its duration plus timeout.
 	timeout time.Duration
 	conns   int
 	seed    uint64
@@ -108,6 +112,11 @@ func checkLoopback(addr string) error {
 	return fmt.Errorf("%q is not a loopback address (want 127.0.0.1, [::1] or localhost)", addr)
 }
 
+// defaultTimeout is the client deadline of each call unless --timeout
+// says otherwise: long enough that a healthy server answers every call
+// well within it, at every concurrency the run command uses.
+const defaultTimeout = 2 * time.Second
+
 // addLoadFlags registers the flags the load and run commands share: how
 // long each load lasts and what it sends, but for --mix, which only load
 // has (run sends every mix in turn).
@@ -115,7 +124,7 @@ func addLoadFlags(fs *flag.FlagSet, o *loadOptions) {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "how long to send unmeasured calls first")
 	fs.IntVar(&o.maxRequests, "max-requests", 2_000_000, "most calls per phase (also sizes the latency buffer: 8 bytes a call)")
-	fs.DurationVar(&o.timeout, "timeout", time.Second, "how long a call may last past the end of its phase")
+	fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "client deadline of each call (the gRPC deadline the server sees); a call not answered within it is an error")
 	fs.IntVar(&o.conns, "conns", 1, "gRPC connections, shared round-robin by the workers")
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed of the mix")
 	fs.IntVar(&o.mix.keyspace, "keyspace", 10_000, "distinct values of the first descriptor entry")
@@ -184,9 +193,33 @@ type Result struct {
 	OK              int64   `json:"ok"`
 	OverLimit       int64   `json:"over_limit"`
 	// AimedOver counts calls the mix aimed at exhausted rules.
-	AimedOver int64            `json:"aimed_over"`
+	AimedOver int64 `json:"aimed_over"`
+	// TimeoutMs is each call's client deadline, in milliseconds.
+	TimeoutMs float64 `json:"timeout_ms"`
+	// DecidedShare is the share of Calls answered with a decision (OK or
+	// OVER_LIMIT, gRPC OK), hence within the client deadline: 1 when
+	// there was no error, 0 when there were no calls.
+	DecidedShare float64 `json:"decided_share"`
+	// Errors counts the calls that failed: any gRPC error, the client's
+	// own deadline (DeadlineExceeded) included; ErrorKind splits them by
+	// gRPC code.
 	Errors    int64            `json:"errors"`
 	ErrorKind map[string]int64 `json:"error_codes,omitempty"`
+	// FirstError is the first error seen ("Code: message", at most
+	// maxErrorLen bytes): of the measured phase, else of the warm-up (or,
+	// in a median, of another round).
+	FirstError string `json:"first_error,omitempty"`
+	// WarmupErrors counts the errors of the unmeasured warm-up.
+	WarmupErrors int64 `json:"warmup_errors"`
+	// ErrorsTotal counts every error of the cell: its measured phase and
+	// warm-up, and in a median (see median) those of every round. It is
+	// the count the run command's exit status is decided by.
+	ErrorsTotal int64 `json:"errors_total"`
+	// Strict reports that any error in this cell fails the run command
+	// (see failedCells): every cell with the long client deadline. The
+	// short-deadline cells are not strict: calls may miss a deadline of
+	// 20 ms on a loaded machine, and DecidedShare measures how many did.
+	Strict bool `json:"strict,omitempty"`
 	// Capped reports that --max-requests ended the phase before --duration.
 	Capped bool        `json:"capped,omitempty"`
 	Redis  *RedisUsage `json:"redis,omitempty"`
@@ -204,6 +237,30 @@ type phaseCounts struct {
 	aimedOver atomic.Int64
 	mu        sync.Mutex
 	errors    map[codes.Code]int64
+	first     string // the first error, as errorSample gives it
+}
+
+// maxErrorLen bounds Result.FirstError, in bytes.
+const maxErrorLen = 200
+
+// errorSample describes err as "Code: message", cut to maxErrorLen bytes
+// (at a rune boundary, with "…").
+func errorSample(err error) string {
+	st := status.Convert(err)
+	return truncate(st.Code().String()+": "+st.Message(), maxErrorLen)
+}
+
+// truncate cuts s to at most n bytes, ending it with "…" if it was cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const ellipsis = "…"
+	cut := max(0, n-len(ellipsis))
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
 }
 
 // load dials o.addr and runs a warm-up phase then a measured one; lat (at
@@ -233,8 +290,10 @@ func load(ctx context.Context, o loadOptions, lat []int64) (Result, error) {
 		mixers[i] = newMixer(o.mix, voc, o.seed*1_000_003+uint64(i))
 	}
 
+	var warm Result
 	if o.warmup > 0 {
-		if _, err := runPhase(ctx, o, conns, mixers, o.warmup, nil); err != nil {
+		var err error
+		if warm, err = runPhase(ctx, o, conns, mixers, o.warmup, nil); err != nil {
 			return Result{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -255,6 +314,11 @@ func load(ctx context.Context, o loadOptions, lat []int64) (Result, error) {
 		return Result{}, err
 	}
 	res := counts
+	res.WarmupErrors = warm.Errors
+	res.ErrorsTotal = res.Errors + res.WarmupErrors
+	if res.FirstError == "" {
+		res.FirstError = warm.FirstError
+	}
 	if redis != nil {
 		after, err := redis.snapshot(ctx)
 		if err != nil {
@@ -267,44 +331,44 @@ func load(ctx context.Context, o loadOptions, lat []int64) (Result, error) {
 }
 
 // runPhase runs the workers for d (or until o.maxRequests calls have
-// started, or ctx is done) and summarizes the phase; lat nil means a
-// warm-up whose latencies are not kept.
+// started, or ctx is done), each call with the client deadline o.timeout,
+// and summarizes the phase; lat nil means a warm-up whose latencies are
+// not kept. A call that fails for any reason but ctx is an error.
 func runPhase(ctx context.Context, o loadOptions, conns []rlsv3.RateLimitServiceClient, mixers []*mixer, d time.Duration, lat []int64) (Result, error) {
 	var pc phaseCounts
 	pc.errors = map[codes.Code]int64{}
 	limit := int64(o.maxRequests)
 	start := time.Now()
 	end := start.Add(d)
-	// Calls are bounded by the phase's end plus the timeout: a call that
-	// hangs cannot keep a worker (or the run) waiting.
-	callCtx, cancel := context.WithDeadline(ctx, end.Add(o.timeout))
-	defer cancel()
 	var wg sync.WaitGroup
 	for w, m := range mixers {
 		client := conns[w%len(conns)]
 		wg.Go(func() {
-			for time.Now().Before(end) && callCtx.Err() == nil {
+			// Each call has its own deadline, so one that hangs keeps its
+			// worker at most o.timeout, and no call starts after end.
+			for time.Now().Before(end) && ctx.Err() == nil {
 				i := pc.next.Add(1) - 1
 				if i >= limit {
 					return
 				}
 				req, aimed := m.next()
 				t := time.Now()
+				callCtx, cancel := context.WithTimeout(ctx, o.timeout)
 				resp, err := client.ShouldRateLimit(callCtx, req)
+				cancel()
 				el := time.Since(t)
 				if err != nil {
 					if lat != nil {
 						lat[i] = -1
 					}
-					if callCtx.Err() != nil && status.Code(err) != codes.OK && time.Now().After(end) {
-						// Cut off at the end of the phase: not the server's fault.
-						if lat != nil {
-							lat[i] = -2
-						}
-						return
+					if ctx.Err() != nil {
+						return // the run was stopped: not the server's fault
 					}
 					pc.mu.Lock()
 					pc.errors[status.Code(err)]++
+					if pc.first == "" {
+						pc.first = errorSample(err)
+					}
 					pc.mu.Unlock()
 					continue
 				}
@@ -336,6 +400,8 @@ func runPhase(ctx context.Context, o loadOptions, conns []rlsv3.RateLimitService
 		OverLimit:   pc.over.Load(),
 		AimedOver:   pc.aimedOver.Load(),
 		Capped:      pc.next.Load() >= limit,
+		TimeoutMs:   float64(o.timeout) / float64(time.Millisecond),
+		FirstError:  pc.first,
 	}
 	for c, n := range pc.errors {
 		if res.ErrorKind == nil {
@@ -345,6 +411,10 @@ func runPhase(ctx context.Context, o loadOptions, conns []rlsv3.RateLimitService
 		res.Errors += n
 	}
 	res.Calls = res.OK + res.OverLimit + res.Errors
+	res.ErrorsTotal = res.Errors
+	if res.Calls > 0 {
+		res.DecidedShare = float64(res.OK+res.OverLimit) / float64(res.Calls)
+	}
 	res.DecisionsPerSec = float64(res.OK+res.OverLimit) / elapsed.Seconds()
 	if lat != nil {
 		started := min(pc.next.Load(), limit)
@@ -354,7 +424,7 @@ func runPhase(ctx context.Context, o loadOptions, conns []rlsv3.RateLimitService
 }
 
 // percentiles sorts the answered calls' latencies (negative entries are
-// failed or cut-off calls) in place and returns p50, p99, p99.9 and the
+// failed calls) in place and returns p50, p99, p99.9 and the
 // maximum in microseconds, by nearest rank.
 func percentiles(lat []int64) (p50, p99, p999, maxUs float64) {
 	slices.Sort(lat)

@@ -21,8 +21,20 @@
 //
 // The load calls ShouldRateLimit over gRPC at a fixed concurrency for a
 // bounded time and a bounded number of calls, with a realistic mix (see
-// mix.go). Every address must be a loopback one: this is a tool for
-// measuring on one machine, not for loading someone else's server.
+// mix.go), each call with a client deadline (--timeout, 2 s). Every
+// address must be a loopback one: this is a tool for measuring on one
+// machine, not for loading someone else's server.
+//
+// Errors are loud. Every row shows its errors (any gRPC error, the
+// client's own deadline included), by code, with the first one's message,
+// and the share of calls answered with a decision. The run command starts
+// every backend itself, healthy, so an error in one of its strict cells
+// (every cell with the long deadline) fails it: it prints everything,
+// then exits 1 naming those cells (--allow-errors exits 0). Its
+// short-deadline cells (--short-timeout, Envoy's default 20 ms, at
+// --short-concurrency) set the share of calls ratelimitd on Redis answers
+// within that deadline beside the floor's; calls that miss it are shown
+// but do not fail the run.
 package main
 
 import (
@@ -42,16 +54,23 @@ func main() {
 	go func() { <-ctx.Done(); stop() }()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ratelimit-bench:", err)
+	}
+	os.Exit(exitCode(err))
+}
+
+// exitCode is the exit status for run's error: 0 for nil, 2 for a
+// usageError, else 1 (cellErrors included).
+func exitCode(err error) int {
 	var usage usageError
 	switch {
 	case err == nil:
+		return 0
 	case errors.As(err, &usage):
-		fmt.Fprintln(os.Stderr, "ratelimit-bench:", err)
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "ratelimit-bench:", err)
-		os.Exit(1)
+		return 2
 	}
+	return 1
 }
 
 // usageError is an error in how the command was called (exit status 2).
@@ -110,7 +129,8 @@ Usage:
                                                   script) per call
         [--runtime-tuning]                        with ratelimitd's runtime tuning
   ratelimit-bench run [flags]                     start the floors, ratelimitd and redis-server,
-                                                  run the matrix, print ratios to the floor
+                                                  run the matrix, print ratios to the floor;
+                                                  exit 1 if a call failed in a strict cell
   ratelimit-bench --write-config DIR              write the descriptor file the load expects
   ratelimit-bench COMMAND --help                  list a command's flags
 

@@ -487,14 +487,18 @@ func TestCommandFlags(t *testing.T) {
 
 // TestWriteTable: one row per result, ratios to the floor ("-" for the
 // floor itself and where Redis was not measured), durations in µs or ms,
-// error kinds in a stable order, and the note for a capped phase.
+// error kinds in a stable order with the cell's total where more, the
+// decided share rounded down, the first error cut short in the last
+// column, and the notes for a capped phase and for totals.
 func TestWriteTable(t *testing.T) {
+	const firstErr = "Unavailable: backend unavailable (failure mode error): redis take: backend unavailable: waiting for a batched call: context deadline exceeded"
 	rep := report{
-		Settings: settings{DurationSec: 5, WarmupSec: 1, Rounds: 3, Conns: 1, Keyspace: 10000, ZipfS: 1.1, OverLimitShare: 0.2, CPUs: 2, GoVersion: "go1.x"},
+		Settings: settings{DurationSec: 5, WarmupSec: 1, Rounds: 3, Conns: 1, Keyspace: 10000, ZipfS: 1.1, OverLimitShare: 0.2, TimeoutSec: 2, CPUs: 2, GoVersion: "go1.x"},
 		Results: []Result{
-			{Case: "mixed c=64", Target: "floor", DecisionsPerSec: 27096, P50us: 2050, P99us: 6700, P999us: 9180, OK: 135531},
+			{Case: "mixed c=64", Target: "floor", DecisionsPerSec: 27096, P50us: 2050, P99us: 6700, P999us: 9180, OK: 135531, Calls: 135531, DecidedShare: 1},
 			{Case: "mixed c=64", Target: "redis", DecisionsPerSec: 13733.4, P50us: 427, P99us: 12110, P999us: 15270,
 				OK: 55083, OverLimit: 13624, Errors: 3, ErrorKind: map[string]int64{"Unavailable": 2, "DeadlineExceeded": 1},
+				Calls: 68710, DecidedShare: 68707.0 / 68710, ErrorsTotal: 7, FirstError: firstErr,
 				ThroughputVsFloor: 0.507, P50VsFloor: 2.08, P99VsFloor: 1.81, Capped: true,
 				Redis: &RedisUsage{ScriptsPerDecision: 0.0764, CommandsPerDecision: 1.03, RoundTripsPerDecision: 0.0761, CPUMicrosPerDecision: 18.34}},
 		},
@@ -504,22 +508,37 @@ func TestWriteTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
-	if len(lines) != 5 {
-		t.Fatalf("table has %d lines, want settings, header, 2 rows and the capped note:\n%s", len(lines), b.String())
+	if len(lines) != 6 {
+		t.Fatalf("table has %d lines, want settings, header, 2 rows, the capped note and the total note:\n%s", len(lines), b.String())
 	}
-	if want := "5s per cell after 1s warm-up, median of 3 round(s); 1 gRPC connection(s); keyspace 10000, Zipf s=1.1, 20% aimed over limit; 2 CPUs, go1.x"; lines[0] != want {
+	var b5 bytes.Buffer
+	rep5 := rep
+	rep5.Settings.TimeoutSec = 0.005
+	if err := writeTable(&b5, rep5); err != nil || !strings.Contains(b5.String(), "; client deadline 5ms a call unless") {
+		t.Errorf("settings line with a 5 ms deadline = %q, %v; want it to say 5ms", strings.SplitN(b5.String(), "\n", 2)[0], err)
+	}
+	if want := "5s per cell after 1s warm-up, median of 3 round(s); 1 gRPC connection(s); keyspace 10000, Zipf s=1.1, 20% aimed over limit; client deadline 2s a call unless the case names one; 2 CPUs, go1.x"; lines[0] != want {
 		t.Errorf("settings line = %q, want %q", lines[0], want)
 	}
+	if !strings.HasSuffix(lines[1], "redis CPU µs/dec  first error") || !strings.Contains(lines[1], " errors  decided ") {
+		t.Errorf("header = %q, want errors, decided ... first error", lines[1])
+	}
 	for i, want := range [][]string{
-		{"mixed c=64", "floor", "27096", "-", "2.05ms", "-", "6.70ms", "-", "9.18ms", "135531", "0", "0", "-", "-", "-", "-"},
+		{"mixed c=64", "floor", "27096", "-", "2.05ms", "-", "6.70ms", "-", "9.18ms", "135531", "0", "0", "100.00%", "-", "-", "-", "-", "-"},
 		{"mixed c=64", "redis", "13733*", "0.51", "427µs", "2.08", "12.11ms", "1.81", "15.27ms", "55083", "13624",
-			"3", "(DeadlineExceeded:1,Unavailable:2)", "0.076", "1.030", "0.076", "18.3"},
+			"3", "(DeadlineExceeded:1,Unavailable:2)", "total", "7", "99.99%", "0.076", "1.030", "0.076", "18.3", truncate(firstErr, tableErrorLen)},
 	} {
 		if got := strings.Fields(lines[2+i]); !slices.Equal(got, strings.Fields(strings.Join(want, " "))) {
 			t.Errorf("row %d = %q, want %q", i, got, want)
 		}
 	}
+	if cut := truncate(firstErr, tableErrorLen); !strings.HasSuffix(lines[3], "  "+cut) || len(cut) > tableErrorLen || !strings.HasSuffix(cut, "…") {
+		t.Errorf("row 1 = %q, want it to end with the first error cut to %d bytes with …", lines[3], tableErrorLen)
+	}
 	if lines[4] != "* --max-requests ended the phase before --duration" {
-		t.Errorf("last line = %q, want the capped note", lines[4])
+		t.Errorf("line 4 = %q, want the capped note", lines[4])
+	}
+	if !strings.HasPrefix(lines[5], "total: ") {
+		t.Errorf("line 5 = %q, want the total note", lines[5])
 	}
 }

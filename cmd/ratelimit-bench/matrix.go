@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -25,12 +26,18 @@ type matrixOptions struct {
 	backends      []string // memory, redis
 	hotKey        bool
 	hotConc       int
-	rounds        int
-	ratelimitd    string // prebuilt binary; empty builds one
-	goTool        string
-	redisServer   string
-	serverFlags   []string
-	asJSON        bool
+	// shortTimeout is the client deadline of the short-deadline cells, at
+	// the concurrencies shortConcs (none if empty).
+	shortTimeout time.Duration
+	shortConcs   []int
+	rounds       int
+	ratelimitd   string // prebuilt binary; empty builds one
+	goTool       string
+	redisServer  string
+	serverFlags  []string
+	asJSON       bool
+	// allowErrors reports errors in strict cells without failing the run.
+	allowErrors bool
 }
 
 // target is one server the matrix loads.
@@ -42,9 +49,12 @@ type target struct {
 
 // runMatrix is the run command: it starts the floor and the tuned floor,
 // ratelimitd on each backend and a throwaway redis-server, runs every cell
-// of the matrix against each of them side by side, prints the results with
-// their ratios to the floor, and stops everything it started, also on
-// error or Ctrl-C.
+// of the matrix against each of them side by side (see matrixCells),
+// prints the results with their ratios to the floor and a summary, and
+// stops everything it started, also on error or Ctrl-C. Every backend it
+// starts is healthy, so an error in a strict cell is a failure: runMatrix
+// then returns a cellErrors naming the cells (after printing everything),
+// unless --allow-errors.
 func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	o, err := parseMatrixFlags(args, stderr)
 	if err != nil {
@@ -151,48 +161,41 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 		}
 	}
 
-	type cell struct {
-		mix  Mix
-		conc int
-	}
-	var cells []cell
-	for _, c := range o.concurrencies {
-		cells = append(cells, cell{MixMixed, c})
-	}
-	if o.hotKey {
-		cells = append(cells, cell{MixHot, o.hotConc})
-	}
+	cells := matrixCells(o, targets)
 	lat := make([]int64, o.load.maxRequests) // one buffer, reused by every run
 	rep := report{Settings: settingsOf(o.load, o.rounds)}
-	total := len(cells) * len(targets) * o.rounds
+	total := 0
+	for _, c := range cells {
+		total += len(c.targets) * o.rounds
+	}
 	done := 0
 	for _, c := range cells {
-		name := fmt.Sprintf("%s c=%d", c.mix, c.conc)
-		byTarget := make([][]Result, len(targets))
+		byTarget := make([][]Result, len(c.targets))
 		for r := range o.rounds {
 			// Rotate the order each round so no target always goes first.
-			for k := range targets {
-				i := (k + r) % len(targets)
-				t := targets[i]
+			for k := range c.targets {
+				j := (k + r) % len(c.targets)
+				t := targets[c.targets[j]]
 				lo := o.load
-				lo.addr, lo.redisAddr, lo.concurrency = t.addr, t.redisAddr, c.conc
+				lo.addr, lo.redisAddr, lo.concurrency, lo.timeout = t.addr, t.redisAddr, c.conc, c.timeout
 				lo.mix.mix = c.mix
 				lo.seed = o.load.seed + uint64(r)
 				lo.warnings = stderr
 				done++
-				fmt.Fprintf(stderr, "[%d/%d] %s against %s (%s)\n", done, total, name, t.name, t.addr)
+				fmt.Fprintf(stderr, "[%d/%d] %s against %s (%s)\n", done, total, c.name, t.name, t.addr)
 				res, err := load(ctx, lo, lat)
 				if err != nil {
-					return fmt.Errorf("%s against %s: %w", name, t.name, err)
+					return fmt.Errorf("%s against %s: %w", c.name, t.name, err)
 				}
-				res.Case, res.Target = name, t.name
-				byTarget[i] = append(byTarget[i], res)
+				res.Case, res.Target = c.name, t.name
+				res.Strict = c.kind == cellStrict
+				byTarget[j] = append(byTarget[j], res)
 			}
 		}
 		var floor Result
-		for i, rs := range byTarget {
+		for j, rs := range byTarget {
 			m := median(rs)
-			if targets[i].name == "floor" {
+			if targets[c.targets[j]].name == "floor" {
 				floor = m
 			} else {
 				m.withRatios(floor)
@@ -200,22 +203,115 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 			rep.Results = append(rep.Results, m)
 		}
 	}
+	return o.finish(rep, stdout, stderr)
+}
+
+// finish summarizes rep's results and prints the report (a table, or JSON
+// with --json) on stdout. If a strict cell had errors it then returns a
+// cellErrors naming them, or with --allow-errors says so on stderr and
+// returns nil.
+func (o matrixOptions) finish(rep report, stdout, stderr io.Writer) error {
+	sum := summarize(rep.Results)
+	rep.Summary = &sum
+	var err error
 	if o.asJSON {
-		return writeJSON(stdout, rep)
+		err = writeJSON(stdout, rep)
+	} else {
+		err = writeTable(stdout, rep)
 	}
-	return writeTable(stdout, rep)
+	if err != nil || len(sum.FailedCells) == 0 {
+		return err
+	}
+	failed := cellErrors{cells: sum.FailedCells}
+	if o.allowErrors {
+		fmt.Fprintf(stderr, "ratelimit-bench: --allow-errors: %v\n", failed)
+		return nil
+	}
+	return failed
+}
+
+// cellKind says how a cell's errors count. The zero value is invalid.
+type cellKind int
+
+const (
+	// cellStrict is a cell with the long client deadline (--timeout)
+	// against a healthy backend: any error fails the run.
+	cellStrict cellKind = iota + 1
+	// cellShortDeadline is a cell with a short client deadline
+	// (--short-timeout, Envoy's default 20 ms): on a loaded machine some
+	// calls miss it, even against the floor. The share of calls answered
+	// within it is the measure, set beside the floor's; its errors are
+	// shown but do not fail the run.
+	cellShortDeadline
+)
+
+// cell is one load the matrix runs against each of its targets in turn.
+type cell struct {
+	name    string // as the results show it: "mixed c=64", "mixed c=64 20ms deadline"
+	mix     Mix
+	conc    int
+	timeout time.Duration // each call's client deadline
+	kind    cellKind
+	targets []int // indices into the run's targets, the floor's first
+}
+
+// matrixCells lists the cells of a run against targets (the floor first):
+// the mixed load at each of o.concurrencies and the hot key at o.hotConc
+// (if o.hotKey), strict, against every target with the client deadline
+// o.load.timeout; then the mixed load at each of o.shortConcs with the
+// deadline o.shortTimeout against the floor and ratelimitd on Redis only
+// (none without the Redis backend).
+func matrixCells(o matrixOptions, targets []target) []cell {
+	all := make([]int, len(targets))
+	for i := range all {
+		all[i] = i
+	}
+	strict := func(mix Mix, conc int) cell {
+		return cell{name: fmt.Sprintf("%s c=%d", mix, conc), mix: mix, conc: conc, timeout: o.load.timeout, kind: cellStrict, targets: all}
+	}
+	var cells []cell
+	for _, c := range o.concurrencies {
+		cells = append(cells, strict(MixMixed, c))
+	}
+	if o.hotKey {
+		cells = append(cells, strict(MixHot, o.hotConc))
+	}
+	floor, redis := slices.IndexFunc(targets, func(t target) bool { return t.name == "floor" }),
+		slices.IndexFunc(targets, func(t target) bool { return t.name == "redis" })
+	if floor < 0 || redis < 0 {
+		return cells
+	}
+	for _, c := range o.shortConcs {
+		cells = append(cells, cell{
+			name: fmt.Sprintf("%s c=%d %v deadline", MixMixed, c, o.shortTimeout), mix: MixMixed, conc: c,
+			timeout: o.shortTimeout, kind: cellShortDeadline, targets: []int{floor, redis},
+		})
+	}
+	return cells
+}
+
+// cellErrors is the run command's error when strict cells had errors;
+// cells name them, as failedCells does.
+type cellErrors struct{ cells []string }
+
+func (e cellErrors) Error() string {
+	return fmt.Sprintf("%d cell(s) against a healthy backend had errors (--allow-errors reports them without failing): %s",
+		len(e.cells), strings.Join(e.cells, "; "))
 }
 
 func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 	var o matrixOptions
-	var conc, backends, serverFlags string
+	var conc, shortConc, backends, serverFlags string
 	fs := flag.NewFlagSet("ratelimit-bench run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addLoadFlags(fs, &o.load)
-	fs.StringVar(&conc, "concurrency", "1,16,64,256", "comma-separated concurrencies of the mixed load")
+	fs.StringVar(&conc, "concurrency", "1,16,64,256,1024", "comma-separated concurrencies of the mixed load")
 	fs.StringVar(&backends, "backends", "memory,redis", "comma-separated ratelimitd backends: memory, redis")
 	fs.BoolVar(&o.hotKey, "hot-key", true, "also run the over-limit hot key (every call on one exhausted bucket)")
 	fs.IntVar(&o.hotConc, "hot-concurrency", 64, "concurrency of the hot-key case")
+	fs.DurationVar(&o.shortTimeout, "short-timeout", 20*time.Millisecond, "client deadline of the short-deadline cells (Envoy's default timeout)")
+	fs.StringVar(&shortConc, "short-concurrency", "64,256", "comma-separated concurrencies of the short-deadline cells (the mixed load against the floor and ratelimitd on Redis, each call with --short-timeout; their errors are shown but do not fail the run); empty for none")
+	fs.BoolVar(&o.allowErrors, "allow-errors", false, "exit 0 even when a strict cell had errors (they are still shown)")
 	fs.IntVar(&o.rounds, "rounds", 1, "runs of each cell; the median is reported")
 	fs.StringVar(&o.ratelimitd, "ratelimitd", "", "ratelimitd binary to run (default: go build it into a temporary directory)")
 	fs.StringVar(&o.goTool, "go", "go", "go command used to build ratelimitd")
@@ -229,13 +325,17 @@ func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 		return o, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	var errs []error
-	for _, s := range strings.Split(conc, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 || n > 10_000 {
-			errs = append(errs, fmt.Errorf("--concurrency: %q is not a number from 1 to 10000", s))
-			continue
-		}
-		o.concurrencies = append(o.concurrencies, n)
+	var err error
+	if o.concurrencies, err = parseConcurrencies("--concurrency", conc); err != nil {
+		errs = append(errs, err)
+	} else if len(o.concurrencies) == 0 {
+		errs = append(errs, errors.New("--concurrency: want at least one"))
+	}
+	if o.shortConcs, err = parseConcurrencies("--short-concurrency", shortConc); err != nil {
+		errs = append(errs, err)
+	}
+	if o.shortTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--short-timeout %v: want more than 0 (--short-concurrency '' runs no short-deadline cell)", o.shortTimeout))
 	}
 	for _, s := range strings.Split(backends, ",") {
 		switch s = strings.TrimSpace(s); s {
@@ -266,8 +366,32 @@ func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 	return o, nil
 }
 
-// median returns the run with the median throughput, with p50, p99 and
-// p99.9 replaced by their own medians across runs.
+// parseConcurrencies parses a comma-separated list of concurrencies from 1
+// to 10000, for the flag name; an empty list is none.
+func parseConcurrencies(name, list string) ([]int, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, nil
+	}
+	var ns []int
+	var errs []error
+	for _, s := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > 10_000 {
+			errs = append(errs, fmt.Errorf("%s: %q is not a number from 1 to 10000", name, s))
+			continue
+		}
+		if !slices.Contains(ns, n) {
+			ns = append(ns, n)
+		}
+	}
+	return ns, errors.Join(errs...)
+}
+
+// median returns the run with the median throughput, with p50, p99,
+// p99.9 and the decided share replaced by their own medians across runs.
+// Errors are not hidden by the choice of round: ErrorsTotal is the sum of
+// every run's, and FirstError, if the median run had none, is the first
+// of the earliest run that had one.
 func median(rs []Result) Result {
 	mid := func(f func(Result) float64) float64 {
 		v := make([]float64, len(rs))
@@ -291,6 +415,14 @@ func median(rs []Result) Result {
 	m.P50us = mid(func(r Result) float64 { return r.P50us })
 	m.P99us = mid(func(r Result) float64 { return r.P99us })
 	m.P999us = mid(func(r Result) float64 { return r.P999us })
+	m.DecidedShare = mid(func(r Result) float64 { return r.DecidedShare })
+	m.ErrorsTotal = 0
+	for _, r := range rs {
+		m.ErrorsTotal += r.ErrorsTotal
+		if m.FirstError == "" {
+			m.FirstError = r.FirstError
+		}
+	}
 	return m
 }
 
