@@ -180,6 +180,44 @@ type Decision struct {
 	// tokens that arrive only after Wait (see Request.MaxWait). Rounded up
 	// to the microsecond.
 	Wait time.Duration
+	// Fallback is FallbackNone when the bucket decided. Otherwise no bucket
+	// did: a store answered by its policy for when its backend cannot
+	// decide in time (a failure mode), and Fallback says why.
+	Fallback Fallback
+}
+
+// Fallback says why a store answered without its buckets. The zero value,
+// FallbackNone, means the buckets decided.
+type Fallback uint8
+
+const (
+	// FallbackNone: the bucket decided.
+	FallbackNone Fallback = iota
+	// FallbackBackendFailed: the backend failed this call (an error, or no
+	// answer within its timeout).
+	FallbackBackendFailed
+	// FallbackBreakerOpen: the backend was not asked, having failed the
+	// calls before (an open circuit breaker).
+	FallbackBreakerOpen
+	// FallbackOverloaded: the call's deadline came before the backend could
+	// answer, through no fault of the backend's (it waited in this
+	// process's queue; see ErrOverloaded).
+	FallbackOverloaded
+)
+
+// String names the cause as metrics label it.
+func (f Fallback) String() string {
+	switch f {
+	case FallbackNone:
+		return "none"
+	case FallbackBackendFailed:
+		return "backend_failed"
+	case FallbackBreakerOpen:
+		return "breaker_open"
+	case FallbackOverloaded:
+		return "overloaded"
+	}
+	return fmt.Sprintf("Fallback(%d)", uint8(f))
 }
 
 // Store keeps buckets and applies requests to them.
@@ -217,6 +255,48 @@ var ErrInvalidRequest = errors.New("invalid request")
 // ErrUnavailable is wrapped by stores when the backend cannot be reached or
 // did not answer in time.
 var ErrUnavailable = errors.New("backend unavailable")
+
+// ErrOverloaded is wrapped by stores when a call's deadline came before the
+// backend answered and the backend is not to blame: the call waited in this
+// process (for a batch, a connection, a CPU) and the backend had it for less
+// than its timeout, or not at all. It says the process is saturated, not
+// that the backend failed, and must not count against the backend.
+var ErrOverloaded = errors.New("deadline reached before the backend could answer (this process is overloaded)")
+
+// A DeadlineError is returned by a store whose call's context ended (its
+// deadline, or its cancellation) before the backend answered. It wraps the
+// context's error. InFlight is how long the backend had had the call by
+// then: zero if it was never sent (it waited in a queue of the store's).
+// Whether that is the backend's fault is for the caller to judge against
+// the time the backend is given (see internal/failover).
+type DeadlineError struct {
+	// Queued is how long the call waited in the store before it was sent
+	// (until the context ended, if it never was).
+	Queued time.Duration
+	// InFlight is how long the backend had had the call, zero if unsent.
+	InFlight time.Duration
+	// Pending reports that the store still awaits the backend's answer to
+	// the sent call and reports that outcome itself when it comes (see
+	// redisstore.Options.OnAbandoned): the caller's deadline tells nothing
+	// of the backend yet, and must not be counted against it.
+	Pending bool
+	// Err is the context's error.
+	Err error
+}
+
+func (e *DeadlineError) Error() string {
+	if e.InFlight == 0 {
+		return fmt.Sprintf("%v after %v queued, before the call was sent", e.Err, e.Queued.Round(time.Microsecond))
+	}
+	pending := ""
+	if e.Pending {
+		pending = " (its answer is still awaited)"
+	}
+	return fmt.Sprintf("%v after %v queued and %v at the backend without an answer%s", e.Err,
+		e.Queued.Round(time.Microsecond), e.InFlight.Round(time.Microsecond), pending)
+}
+
+func (e *DeadlineError) Unwrap() error { return e.Err }
 
 // Validate reports whether r can be given to a Store.
 func (r Request) Validate() error {

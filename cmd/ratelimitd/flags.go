@@ -129,10 +129,11 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.BoolVar(&c.redis.denialCache, "denial-cache", true, "deny locally, until Redis's own retry-after, single-descriptor requests for buckets Redis just denied")
 	fs.IntVar(&c.redis.denialEntries, "denial-cache-size", 0, "most buckets the denial cache remembers (0: 65536)")
 	onFailure := fs.String("on-backend-failure", "error", "answer while Redis fails: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow, deny, or local (in-process buckets)")
-	fs.DurationVar(&c.failure.Timeout, "backend-timeout", 10*time.Millisecond, "deadline of each Redis call (well under Envoy's default 20ms for the whole call)")
-	fs.IntVar(&c.failure.FailureThreshold, "breaker-failures", 3, "consecutive Redis failures that open the circuit breaker")
+	fs.DurationVar(&c.failure.Timeout, "backend-timeout", failover.DefaultTimeout, "how long Redis has a call, from when it is sent, before a call still unanswered when its deadline comes counts as a Redis failure (a call is decided by Redis whenever it answers within the caller's deadline; time spent queued here never counts against Redis)")
+	fs.DurationVar(&c.failure.DefaultDeadline, "default-deadline", failover.DefaultDeadline, "the deadline of a call that comes without one (Envoy sends its ratelimit filter's timeout, 20ms by default, unless it is 0)")
+	fs.IntVar(&c.failure.FailureThreshold, "breaker-failures", failover.DefaultFailureThreshold, "consecutive Redis failures that open the circuit breaker")
 	fs.DurationVar(&c.failure.FailingFor, "breaker-failing-for", 0, "how long Redis must keep failing, with no call succeeding, before the breaker opens (0: twice --backend-timeout; negative: no minimum)")
-	fs.DurationVar(&c.failure.OpenFor, "breaker-open-for", 500*time.Millisecond, "how long the open breaker answers without Redis before one call probes it")
+	fs.DurationVar(&c.failure.OpenFor, "breaker-open-for", failover.DefaultOpenFor, "how long the open breaker answers without Redis before one call probes it")
 	fs.Int64Var(&c.failure.ReplicasHint, "replicas-hint", 1, "local mode: each rate and burst is divided by this (the number of replicas)")
 	fs.DurationVar(&c.failure.Grace, "failure-grace", 0, "local mode: how long an outage is answered per --failure-grace-mode before limiting locally")
 	fs.BoolVar(&c.watch, "watch", true, "reload the config when its files change (SIGHUP reloads it in any case)")
@@ -294,7 +295,7 @@ func givenFlags(fs *flag.FlagSet, fromEnv map[string]bool) map[string]string {
 // (see redisFlags.check) they are no error, since a deployment template may
 // set them whatever the backend, but serve warns of them.
 var redisOnlyFlags = []string{
-	"on-backend-failure", "backend-timeout", "breaker-failures", "breaker-failing-for", "breaker-open-for",
+	"on-backend-failure", "backend-timeout", "default-deadline", "breaker-failures", "breaker-failing-for", "breaker-open-for",
 	"replicas-hint", "failure-grace", "failure-grace-mode", "denial-cache", "denial-cache-size",
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -27,7 +28,7 @@ import (
 // → Redis store (coalescing). The cache learns only from Redis's own
 // answers, never from the failure mode's, and answers before the failover
 // layer, so that local denials neither reach nor count for the breaker.
-func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealth func(healthy bool)) (backend, error) {
+func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, m *metrics.Metrics, onHealth func(healthy bool)) (backend, error) {
 	opts := redisstore.ClientOptions{
 		URL:            r.url,
 		SentinelMaster: r.sentinelMaster,
@@ -62,7 +63,17 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 	if err != nil {
 		return backend{}, fmt.Errorf("open the Redis backend: %w", err)
 	}
-	store, err := redisstore.New(client, redisstore.Options{Prefix: r.prefix, BatchMax: r.batchMax, BatchWait: r.batchWait})
+	queue := newQueueMetrics()
+	// The failover Store, made below, hears what Redis did with the calls
+	// their callers gave up on.
+	var breaker atomic.Pointer[failover.Store]
+	store, err := redisstore.New(client, redisstore.Options{Prefix: r.prefix, BatchMax: r.batchMax, BatchWait: r.batchWait,
+		QueueWait: queue.wait, BatchCalls: queue.batch,
+		OnAbandoned: func(err error) {
+			if fs := breaker.Load(); fs != nil {
+				fs.Observe(err)
+			}
+		}})
 	if err != nil {
 		client.Close()
 		return backend{}, fmt.Errorf("open the Redis backend: %w", err)
@@ -96,22 +107,49 @@ func openRedis(r redisFlags, failure failover.Options, log *slog.Logger, onHealt
 	// probe decides on a bucket of its own, so that a Redis that answers
 	// PING but cannot decide (a read-only replica) keeps it open.
 	failure.Check = store.Probe
+	failure.OnBackendFailure = m.BackendFailure
+	mode := failure.Mode.String()
+	failure.OnFallback = func(cause limiter.Fallback) { m.FailureModeAnswer(mode, cause) }
 	fs, err := failover.New(shared, failure)
 	if err != nil {
 		closeAll()
 		return backend{}, err
 	}
+	breaker.Store(fs)
 	be.store, be.sweep, be.healthy, be.probe = fs, fs.Sweep, fs.Healthy, fs.Probe
 	if cache != nil {
 		be.store = cache.Front(fs)
 	}
 	be.ready = store.Probe
+	be.prepare = store.Prepare
 	var cacheStats func() denialcache.Stats // nil: no cache
 	if cache != nil {
 		cacheStats = cache.Stats
 	}
-	be.collectors = redisCollectors(store.Stats, cacheStats)
+	be.collectors = append(redisCollectors(store.Stats, cacheStats), queue.wait, queue.batch)
 	return be, nil
+}
+
+// queueMetrics are the histograms of how coalesced calls queue in this
+// process before Redis has them: the first sign of a saturated replica,
+// before any deadline is missed.
+type queueMetrics struct {
+	wait, batch prometheus.Histogram
+}
+
+func newQueueMetrics() queueMetrics {
+	return queueMetrics{
+		wait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimitd_redis_queue_wait_seconds",
+			Help:    "How long each coalesced Redis call waited in this process, from its request to the write of its round trip (time Redis is not to blame for).",
+			Buckets: []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5},
+		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimitd_redis_batch_calls",
+			Help:    "Script calls carried by each coalesced round trip to Redis.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+		}),
+	}
 }
 
 // redisCollectors are the counters of the Redis store (how well calls
@@ -144,6 +182,18 @@ func redisCollectors(store func() redisstore.Stats, cache func() denialcache.Sta
 		counter("ratelimitd_redis_denied_with_failures_total",
 			"Requests across hash slots that one slot denied while another failed: answered OVER_LIMIT, the failure counted here.",
 			func() int64 { return store().DeniedWithFailures }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ratelimitd_redis_pending_calls",
+			Help: "Redis script calls asked for and not yet answered (queued in this process or in flight), now."},
+			func() float64 { return float64(store().Pending) }),
+		counter("ratelimitd_redis_late_answers_total",
+			"Coalesced calls Redis answered after their caller had given up on them (its deadline came first).",
+			func() int64 { return store().Late }),
+		counter("ratelimitd_redis_late_give_backs_total",
+			"Late answers that admitted a Take, whose tokens were then given back: a caller told it failed spends nothing.",
+			func() int64 { return store().LateGiveBacks }),
+		counter("ratelimitd_redis_late_give_back_failures_total",
+			"Give-backs of late answers that failed: those tokens stay spent until they refill.",
+			func() int64 { return store().LateGiveBackFailures }),
 	}
 	if cache != nil {
 		cs = append(cs,

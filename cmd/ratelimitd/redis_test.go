@@ -14,7 +14,8 @@ import (
 // swapped unseen), and without a cache there are no cache counters.
 func TestRedisCollectors(t *testing.T) {
 	store := func() redisstore.Stats {
-		return redisstore.Stats{Takes: 1, Calls: 2, Scripts: 3, RoundTrips: 4, Direct: 5, GiveBackFailures: 8, DeniedWithFailures: 9}
+		return redisstore.Stats{Takes: 1, Calls: 2, Scripts: 3, RoundTrips: 4, Direct: 5, GiveBackFailures: 8, DeniedWithFailures: 9,
+			Pending: 10, Late: 11, LateGiveBacks: 12, LateGiveBackFailures: 13}
 	}
 	cache := func() denialcache.Stats { return denialcache.Stats{LocalDenials: 6, Learned: 7} }
 	want := map[string]float64{
@@ -28,6 +29,11 @@ func TestRedisCollectors(t *testing.T) {
 
 		"ratelimitd_redis_give_back_failures_total":   8,
 		"ratelimitd_redis_denied_with_failures_total": 9,
+
+		"ratelimitd_redis_pending_calls":                 10,
+		"ratelimitd_redis_late_answers_total":            11,
+		"ratelimitd_redis_late_give_backs_total":         12,
+		"ratelimitd_redis_late_give_back_failures_total": 13,
 	}
 	got := gatherCounters(t, redisCollectors(store, cache))
 	if len(got) != len(want) {
@@ -38,8 +44,8 @@ func TestRedisCollectors(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, got[name], v)
 		}
 	}
-	if got := gatherCounters(t, redisCollectors(store, nil)); len(got) != 7 {
-		t.Errorf("without a denial cache: counters %v, want the 7 of the store", got)
+	if got := gatherCounters(t, redisCollectors(store, nil)); len(got) != 11 {
+		t.Errorf("without a denial cache: counters %v, want the 11 of the store", got)
 	}
 }
 
@@ -57,7 +63,8 @@ func gatherCounters(t *testing.T, cs []prometheus.Collector) map[string]float64 
 	}
 	got := map[string]float64{}
 	for _, mf := range mfs {
-		got[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
+		m := mf.GetMetric()[0]
+		got[mf.GetName()] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
 	}
 	return got
 }

@@ -47,6 +47,10 @@ type backend struct {
 	name  string
 	// ready reports whether the backend answers; nil means always.
 	ready func(context.Context) error
+	// prepare, when set, readies the backend for calls (loads its scripts,
+	// opens connections): gRPC health says SERVING only once it succeeded
+	// (see awaitBackend).
+	prepare func(context.Context) error
 	// close releases it.
 	close func() error
 	// sweep, when set, is called now and then to drop idle buckets.
@@ -123,7 +127,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 			}
 		}
 	}
-	be, err := openBackend(c, log, onHealth)
+	be, err := openBackend(c, log, obs.metrics, onHealth)
 	if err != nil {
 		return err
 	}
@@ -188,13 +192,23 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	}
 	gs := grpc.NewServer(sopts...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
-	for _, name := range healthNames {
-		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	setHealth := func(st healthpb.HealthCheckResponse_ServingStatus) {
+		for _, name := range healthNames {
+			hs.SetServingStatus(name, st)
+		}
 	}
 	// Done when shutdown begins: ends the health Watch streams, and the
 	// background work (reloads, sweeps, probes).
 	stopping, stop := context.WithCancel(context.Background())
 	defer stop()
+	if be.prepare == nil {
+		setHealth(healthpb.HealthCheckResponse_SERVING)
+	} else {
+		// NOT_SERVING (health.NewServer says SERVING for "") until the
+		// backend is ready, so that Envoy sends no call that would pay for
+		// a dial, a TLS handshake and the scripts' first load.
+		setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	}
 	healthpb.RegisterHealthServer(gs, healthService{Server: hs, stopping: stopping})
 
 	var shuttingDown atomic.Bool
@@ -225,6 +239,15 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 			errc <- fmt.Errorf("HTTP server: %w", err)
 		}
 	})
+	if be.prepare != nil {
+		wg.Go(func() {
+			awaitBackend(stopping, be, log, func() {
+				if be.healthy == nil || be.healthy() {
+					setHealth(healthpb.HealthCheckResponse_SERVING)
+				}
+			})
+		})
+	}
 	if be.sweep != nil {
 		wg.Go(func() {
 			every(stopping, time.Minute, be.sweep)
@@ -297,6 +320,45 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	wg.Wait()
 	log.Info("stopped")
 	return runErr
+}
+
+// Attempts of awaitBackend: each bounded, then retried after a pause.
+const (
+	prepareTimeout = 2 * time.Second
+	prepareRetry   = 250 * time.Millisecond
+)
+
+// awaitBackend prepares be until it succeeds or ctx is done, and calls
+// serving once it has (it logs the first failure, and each later one at
+// debug level). In a failure mode other than error, serving is also called
+// after the first failure: the replica then answers per that mode, which is
+// what the operator chose for a backend that is down, rather than staying
+// out of rotation until Redis is up.
+func awaitBackend(ctx context.Context, be backend, log *slog.Logger, serving func()) {
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, prepareTimeout)
+		err := be.prepare(actx)
+		cancel()
+		if err == nil {
+			log.Info("backend ready", "backend", be.name)
+			serving()
+			return
+		}
+		if attempt == 0 {
+			log.Warn("backend not ready; answering per --on-backend-failure until it is", "backend", be.name,
+				"mode", be.failureMode.String(), "err", err)
+			if be.failureMode != failover.Error {
+				serving()
+			}
+		} else {
+			log.Debug("backend still not ready", "backend", be.name, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(prepareRetry):
+		}
+	}
 }
 
 // every calls f with the time every period until ctx is done.
@@ -406,12 +468,12 @@ func httpHandler(srv *server.Server, be backend, shuttingDown func() bool) http.
 }
 
 // openBackend returns the store the flags select.
-func openBackend(c serveConfig, log *slog.Logger, onHealth func(healthy bool)) (backend, error) {
+func openBackend(c serveConfig, log *slog.Logger, m *metrics.Metrics, onHealth func(healthy bool)) (backend, error) {
 	if !c.redis.enabled() {
-		m := limiter.NewMemoryStore(limiter.MemoryOptions{})
-		return backend{store: m, name: "memory", close: func() error { return nil }, sweep: m.Sweep}, nil
+		ms := limiter.NewMemoryStore(limiter.MemoryOptions{})
+		return backend{store: ms, name: "memory", close: func() error { return nil }, sweep: ms.Sweep}, nil
 	}
-	return openRedis(c.redis, c.failure, log, onHealth)
+	return openRedis(c.redis, c.failure, log, m, onHealth)
 }
 
 // newWatcher returns the watcher that reloads the config into srv, logging

@@ -1,7 +1,16 @@
 // Package failover wraps a shared limiter.Store (Redis) with what the
-// service does when that store fails: a deadline on every call, a circuit
-// breaker that stops hammering a dead backend, and the operator's choice of
-// answer while it is down (error, allow, deny, or local buckets).
+// service does when that store fails: a budget for every call (the
+// caller's deadline), a circuit breaker that stops hammering a dead
+// backend, and the operator's choice of answer while it is down (error,
+// allow, deny, or local buckets).
+//
+// A call's budget is its caller's deadline less a margin for the answer to
+// travel back (Options.DefaultDeadline when it has none): the backend
+// decides whenever it answers within it. Only a call the backend failed
+// (an error, or no answer within Options.Timeout of being sent) counts
+// against the backend; a call whose budget ran out while it waited in this
+// process (a batch queue, a busy CPU) is answered per the failure mode as
+// overloaded, and the breaker does not hear of it.
 package failover
 
 import (
@@ -49,18 +58,35 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
-// DefaultOpenFor is Options.OpenFor when it is not set.
-const DefaultOpenFor = 500 * time.Millisecond
+// Defaults of Options.
+const (
+	// DefaultOpenFor is Options.OpenFor when it is not set.
+	DefaultOpenFor = 500 * time.Millisecond
+	// DefaultTimeout is Options.Timeout when it is not set.
+	DefaultTimeout = 10 * time.Millisecond
+	// DefaultDeadline is Options.DefaultDeadline when it is not set.
+	DefaultDeadline = time.Second
+	// DefaultFailureThreshold is Options.FailureThreshold when it is not set.
+	DefaultFailureThreshold = 3
+)
+
+// Margins kept between a call's budget and its caller's deadline, for the
+// answer to reach the caller: a tenth of the time left, at most maxMargin.
+const maxMargin = 5 * time.Millisecond
 
 // Options configures a Store. Zero fields take the defaults.
 type Options struct {
 	// Mode is the answer while the backend fails. Default Error.
 	Mode Mode
-	// Timeout bounds every backend call. Default 10ms: half of Envoy's
-	// default 20ms for the whole rate-limit call. A caller's own deadline
-	// may cut a call shorter; see Store.Take for when that counts as a
-	// failure.
+	// Timeout is how long the backend has a call, from when the call is
+	// sent to it, before a call still unanswered when its budget runs out
+	// is the backend's failure rather than this process's overload (see
+	// Store.Take). It does not cut a call short: the budget does. Default
+	// DefaultTimeout, 10ms, half of Envoy's default 20ms deadline.
 	Timeout time.Duration
+	// DefaultDeadline is the budget of a call that comes without a
+	// deadline. Default DefaultDeadline, 1s.
+	DefaultDeadline time.Duration
 	// FailureThreshold consecutive failures open the breaker, once they
 	// have gone on for FailingFor. Default 3.
 	FailureThreshold int
@@ -87,9 +113,18 @@ type Options struct {
 	// Check, when set, asks the backend whether it can decide calls (for
 	// Redis, redisstore.Store.Probe, a write rather than a PING, so that a
 	// read-only replica fails it), and is used by Probe; it gets a context
-	// that ends within Timeout and must be safe for concurrent use. Nil:
-	// Probe does nothing, and only a call closes the open breaker.
+	// with the budget of a call (see DefaultDeadline) and must be safe for
+	// concurrent use. Its errors are judged as a call's. Nil: Probe does
+	// nothing, and only a call closes the open breaker.
 	Check func(context.Context) error
+	// OnBackendFailure, when set, is called with the error of every call
+	// or probe the backend failed, whatever the mode and whether or not the
+	// breaker opens; OnFallback with the cause of every call answered per
+	// the failure mode (also in Error mode, where the answer is an error).
+	// Both are called on the call's goroutine and must be quick and safe
+	// for concurrent use.
+	OnBackendFailure func(err error)
+	OnFallback       func(cause limiter.Fallback)
 	// OnChange, when set, is called with false (and the last error) when
 	// the breaker opens, the backend being found failing, and with true when
 	// a call or a Probe succeeds again after that. Failures that do not open
@@ -147,10 +182,13 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 		opts.GraceMode = Error
 	}
 	if opts.Timeout <= 0 {
-		opts.Timeout = 10 * time.Millisecond
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.DefaultDeadline <= 0 {
+		opts.DefaultDeadline = DefaultDeadline
 	}
 	if opts.FailureThreshold <= 0 {
-		opts.FailureThreshold = 3
+		opts.FailureThreshold = DefaultFailureThreshold
 	}
 	switch {
 	case opts.FailingFor == 0:
@@ -181,20 +219,28 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 }
 
 // Take implements limiter.Store: it asks the backend unless the breaker is
-// open, and answers per the failure mode when the backend fails.
+// open, and answers per the failure mode when the backend fails or the
+// call's budget runs out first.
 //
-// A backend call that ends with the caller's context done (its deadline
-// passed, or it was cancelled) is judged by how long the backend had:
-//   - at least a quarter of Options.Timeout: the backend did not answer in
-//     the time it had, so this counts as a failure. Envoy's own timeout
-//     reaches the server as a cancellation (it resets the stream) as often
-//     as a deadline, and one at or below Timeout must not hide a hung
-//     backend from the breaker. The caller is gone, so no failure-mode
-//     answer is made (nothing is charged to the local buckets), and the
-//     error, which wraps the context's, is returned;
-//   - less: too little time to tell anything of the backend (a client that
-//     went away at once, a caller that arrived with no time left); not
-//     counted, and the error, wrapping the context's, is returned.
+// The backend gets the call's budget (see the package doc). When the
+// backend returns an error, that is a backend failure. When the budget runs
+// out first (the backend returns a *limiter.DeadlineError), the call is
+// judged by how long the backend had it:
+//   - at least Options.Timeout: the backend did not answer in the time it
+//     is given, a failure;
+//   - less, or not at all (the call waited in this process), or the store
+//     still awaits the answer and reports it itself (Pending; see Observe):
+//     the call tells nothing of the backend, and the process is taken to be
+//     overloaded. The breaker does not hear of it (a half-open probe is
+//     released untried) and the error wraps limiter.ErrOverloaded.
+//
+// Either way, when the caller is still waiting (the margin before its
+// deadline), the call is answered per the failure mode, with the cause in
+// every Decision's Fallback (limiter.FallbackBackendFailed or
+// FallbackOverloaded; FallbackBreakerOpen when the backend was not asked),
+// so that it reaches the caller before the caller gives up. When the
+// caller has gone (it cancelled), the error is returned and nothing is
+// charged to the local buckets.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	for i, r := range reqs {
 		if err := r.Validate(); err != nil {
@@ -203,35 +249,81 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 	}
 	probe, ok, o := s.admit()
 	if !ok {
-		return s.fallback(ctx, now, reqs, o)
+		return s.fallback(ctx, now, reqs, o, limiter.FallbackBreakerOpen)
 	}
-	// Waiting is timed on the context's clock (time.Now), not Options.Now.
-	start := time.Now()
-	callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	callCtx, cancel := s.budget(ctx)
 	d, err := s.backend.Take(callCtx, now, reqs)
 	cancel()
-	switch {
-	case err == nil:
+	if err == nil {
 		s.succeeded(probe, true)
 		return d, nil
-	case errors.Is(err, limiter.ErrInvalidRequest):
+	}
+	if errors.Is(err, limiter.ErrInvalidRequest) {
 		s.release(probe)
 		return nil, err
-	case ctx.Err() != nil && time.Since(start) < s.opts.Timeout/minBudgetDivisor:
-		// The caller gave up too soon to tell anything of the backend.
-		s.release(probe)
-		return nil, fmt.Errorf("the caller gave up after %v: %w", time.Since(start).Round(time.Microsecond), ctx.Err())
-	case ctx.Err() != nil:
-		s.failed(probe, err)
-		return nil, fmt.Errorf("backend did not answer before the caller gave up: %w: %w", err, ctx.Err())
 	}
-	return s.fallback(ctx, now, reqs, s.failed(probe, err))
+	cause := limiter.FallbackBackendFailed
+	if err = s.judge(err); errors.Is(err, limiter.ErrOverloaded) {
+		s.release(probe)
+		cause = limiter.FallbackOverloaded
+		o = outage{err: err}
+	} else {
+		o = s.failed(probe, err)
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("the caller gave up: %w", err)
+	}
+	return s.fallback(ctx, now, reqs, o, cause)
+}
+
+// Observe records the outcome of a backend call that no caller waited for
+// (see redisstore.Options.OnAbandoned): nil, the backend answered, which
+// closes the breaker as a call's success does; an error, a failure, judged
+// and counted as a call's. It is safe for concurrent use.
+func (s *Store) Observe(err error) {
+	if err == nil {
+		s.succeeded(false, true)
+		return
+	}
+	if errors.Is(err, limiter.ErrInvalidRequest) {
+		return
+	}
+	if err = s.judge(err); !errors.Is(err, limiter.ErrOverloaded) {
+		s.failed(false, err)
+	}
+}
+
+// budget returns the context a backend call runs under: ctx, ending a
+// margin before its deadline (a tenth of the time left, at most 5ms), or
+// DefaultDeadline from now if it has none.
+func (s *Store) budget(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return context.WithTimeout(ctx, s.opts.DefaultDeadline)
+	}
+	left := time.Until(dl)
+	return context.WithDeadline(ctx, dl.Add(-min(maxMargin, max(left, 0)/10)))
+}
+
+// judge returns err, a backend call's, wrapped in limiter.ErrOverloaded if
+// it is no failure of the backend's: its budget ran out before the backend
+// had had it for Options.Timeout. Anything else is a backend failure, and
+// is reported to Options.OnBackendFailure.
+func (s *Store) judge(err error) error {
+	var de *limiter.DeadlineError
+	if errors.As(err, &de) && (de.Pending || de.InFlight < s.opts.Timeout) {
+		return fmt.Errorf("%w: %w", limiter.ErrOverloaded, err)
+	}
+	if s.opts.OnBackendFailure != nil {
+		s.opts.OnBackendFailure(err)
+	}
+	return err
 }
 
 // Probe gives the open breaker the probe a call would give it, without a
 // call: when the breaker is open, its OpenFor has passed and no probe (a
-// call's or another Probe's) is in flight, it calls Options.Check under
-// Options.Timeout as that one probe. A success closes the breaker and
+// call's or another Probe's) is in flight, it calls Options.Check with the
+// budget of a call as that one probe. A success closes the breaker and
 // reports OnChange(true); a failure keeps it open for another OpenFor, as a
 // failed probing call does. Otherwise (breaker closed, still within OpenFor,
 // a probe in flight, no Check) it does nothing and returns nil.
@@ -239,9 +331,9 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 // It is for a replica that gets no calls while its backend is failing
 // (health checks took it out of rotation because it said so): without it
 // nothing would close the breaker, and health would never come back. Call
-// it about every OpenFor; it is cheap when there is nothing to do. A ctx
-// that ends before the check had a quarter of Timeout leaves the breaker as
-// it was, as for Take.
+// it about every OpenFor; it is cheap when there is nothing to do. A check
+// whose budget runs out through no fault of the backend's (see Take) leaves
+// the breaker as it was.
 //
 // It returns the check's error, wrapped, when it checked and the check failed.
 func (s *Store) Probe(ctx context.Context) error {
@@ -252,25 +344,20 @@ func (s *Store) Probe(ctx context.Context) error {
 	if !probe {
 		return nil // closed, within OpenFor, or a probe in flight
 	}
-	start := time.Now() // the context's clock, as in Take
-	callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	callCtx, cancel := s.budget(ctx)
 	err := s.opts.Check(callCtx)
 	cancel()
-	switch {
-	case err == nil:
+	if err == nil {
 		s.succeeded(true, false) // a check is no call: not for Refund
 		return nil
-	case ctx.Err() != nil && time.Since(start) < s.opts.Timeout/minBudgetDivisor:
+	}
+	if err = s.judge(err); errors.Is(err, limiter.ErrOverloaded) {
 		s.release(true)
-		return fmt.Errorf("probe: gave up after %v: %w", time.Since(start).Round(time.Microsecond), ctx.Err())
+		return fmt.Errorf("probe: %w", err)
 	}
 	s.failed(true, err)
 	return fmt.Errorf("probe: %w", err)
 }
-
-// minBudgetDivisor: a backend call its caller gave up on counts as a
-// failure when it had waited at least Timeout/minBudgetDivisor.
-const minBudgetDivisor = 4
 
 // admit reports whether to call the backend now, and whether that call is
 // the one probe of a half-open breaker; when not, the outage as it is.
@@ -375,9 +462,21 @@ func (s *Store) notify() {
 }
 
 // fallback answers reqs per the failure mode, given the outage as the
-// call found it.
-func (s *Store) fallback(ctx context.Context, now time.Time, reqs []limiter.Request, o outage) ([]limiter.Decision, error) {
+// call found it and why it is answered so.
+func (s *Store) fallback(ctx context.Context, now time.Time, reqs []limiter.Request, o outage, cause limiter.Fallback) ([]limiter.Decision, error) {
 	s.fallbacks.Add(1)
+	if s.opts.OnFallback != nil {
+		s.opts.OnFallback(cause)
+	}
+	d, err := s.fallbackDecisions(ctx, now, reqs, o)
+	for i := range d {
+		d[i].Fallback = cause
+	}
+	return d, err
+}
+
+// fallbackDecisions are the failure mode's answers to reqs.
+func (s *Store) fallbackDecisions(ctx context.Context, now time.Time, reqs []limiter.Request, o outage) ([]limiter.Decision, error) {
 	t := s.opts.Now()
 	mode := s.opts.Mode
 	// o.start is the first failure as this call saw it, under the lock that
@@ -414,6 +513,9 @@ func (s *Store) fallback(ctx context.Context, now time.Time, reqs []limiter.Requ
 	err := o.err
 	if err == nil {
 		err = errors.New("circuit open")
+	}
+	if errors.Is(err, limiter.ErrOverloaded) {
+		return nil, fmt.Errorf("failure mode error: %w", err)
 	}
 	return nil, fmt.Errorf("%w (failure mode error): %w", limiter.ErrUnavailable, err)
 }
@@ -516,7 +618,7 @@ const refundSlack = time.Second
 //     and is taken to concern tokens taken within the longest time its
 //     buckets take to fill and pay off their debt (Limit.TimeFor(Burst +
 //     MaxDebt), plus refundSlack). That span is the refund's window W.
-//   - It goes to the backend (within Options.Timeout) if the breaker is
+//   - It goes to the backend (within the budget of a call) if the breaker is
 //     closed and no call was answered from the local buckets within W
 //     before now: else the backend may not have taken those tokens, and
 //     would gain tokens it never lost. (The other failure modes take no
@@ -547,7 +649,7 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 	s.mu.Unlock()
 	switch {
 	case toBackend:
-		callCtx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+		callCtx, cancel := s.budget(ctx)
 		defer cancel()
 		if err := refunder.Refund(callCtx, now, reqs); err != nil {
 			return fmt.Errorf("refund: %w", err)

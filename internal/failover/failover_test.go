@@ -15,14 +15,18 @@ import (
 )
 
 // backend is a hand-written limiter.Store and limiter.Refunder whose
-// health the test sets.
+// health the test sets. As redisstore does, it answers a call its context
+// ends on with a *limiter.DeadlineError saying how long it had it.
 type backend struct {
-	mu      sync.Mutex
-	state   string // "up", "down" or "hung"
-	calls   int
-	refunds int // Refund calls
-	pings   int // Ping calls
-	mem     *limiter.MemoryStore
+	mu    sync.Mutex
+	state string // "up", "down", "hung" (sent, never answered) or "queued" (never sent)
+	// queueDelay is how long an "up" call waits before it is sent (a busy
+	// batch queue); the backend then answers at once.
+	queueDelay time.Duration
+	calls      int
+	refunds    int // Refund calls
+	pings      int // Ping calls
+	mem        *limiter.MemoryStore
 }
 
 func newBackend() *backend {
@@ -44,16 +48,39 @@ func (b *backend) Calls() int {
 func (b *backend) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	b.mu.Lock()
 	b.calls++
-	state := b.state
+	state, delay := b.state, b.queueDelay
 	b.mu.Unlock()
-	switch state {
-	case "down":
-		return nil, fmt.Errorf("fake: %w: connection refused", limiter.ErrUnavailable)
-	case "hung":
-		<-ctx.Done()
-		return nil, fmt.Errorf("fake: %w: %w", limiter.ErrUnavailable, ctx.Err())
+	if err := b.wait(ctx, state, delay); err != nil {
+		return nil, err
 	}
 	return b.mem.Take(ctx, now, reqs)
+}
+
+// wait is a call's time before the backend answers in state: an error
+// for "down", the context's end for "hung" and "queued", delay (or the
+// context's end, first) for "up".
+func (b *backend) wait(ctx context.Context, state string, delay time.Duration) error {
+	start := time.Now()
+	switch state {
+	case "down":
+		return fmt.Errorf("fake: %w: connection refused", limiter.ErrUnavailable)
+	case "hung":
+		<-ctx.Done()
+		return fmt.Errorf("fake: %w", &limiter.DeadlineError{InFlight: time.Since(start), Err: ctx.Err()})
+	case "queued":
+		<-ctx.Done()
+		return fmt.Errorf("fake: %w", &limiter.DeadlineError{Queued: time.Since(start), Err: ctx.Err()})
+	}
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return fmt.Errorf("fake: %w", &limiter.DeadlineError{Queued: time.Since(start), Err: ctx.Err()})
+		}
+	}
+	return nil
 }
 
 func (b *backend) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
@@ -68,16 +95,9 @@ func (b *backend) Refund(ctx context.Context, now time.Time, reqs []limiter.Requ
 func (b *backend) Ping(ctx context.Context) error {
 	b.mu.Lock()
 	b.pings++
-	state := b.state
+	state, delay := b.state, b.queueDelay
 	b.mu.Unlock()
-	switch state {
-	case "down":
-		return errors.New("fake: connection refused")
-	case "hung":
-		<-ctx.Done()
-		return fmt.Errorf("fake: %w", ctx.Err())
-	}
-	return nil
+	return b.wait(ctx, state, delay)
 }
 
 func (b *backend) Pings() int {
@@ -308,23 +328,46 @@ func TestLocalModeAfterGrace(t *testing.T) {
 	}
 }
 
-func TestTimeoutBoundsAHungBackend(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBackend()
-		b.set("hung")
-		s, err := failover.New(b, failover.Options{Mode: failover.Deny, Timeout: 5 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		start := time.Now()
-		d, err := s.Take(context.Background(), start, oneReq)
-		if err != nil || d[0].Allowed {
-			t.Fatalf("hung backend in deny mode: %v %v, want a denial", d, err)
-		}
-		if took := time.Since(start); took != 5*time.Millisecond {
-			t.Errorf("answered after %v, want exactly the 5ms timeout", took)
-		}
-	})
+// TestTheBudgetBoundsAHungBackend: a call to a backend that never answers
+// is answered per the failure mode when its budget runs out: a margin
+// before the caller's deadline (a tenth of the time left, at most 5ms), or
+// DefaultDeadline after it came without one; the backend had it for its
+// whole Timeout, so it failed.
+func TestTheBudgetBoundsAHungBackend(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		deadline time.Duration // 0: none
+		want     time.Duration
+	}{
+		{"Envoy's 20ms", 20 * time.Millisecond, 18 * time.Millisecond},
+		{"2s", 2 * time.Second, 2*time.Second - 5*time.Millisecond},
+		{"none", 0, 300 * time.Millisecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := newBackend()
+				b.set("hung")
+				s, err := failover.New(b, failover.Options{Mode: failover.Deny, Timeout: 5 * time.Millisecond, DefaultDeadline: 300 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := context.Background()
+				if tt.deadline > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, tt.deadline)
+					defer cancel()
+				}
+				start := time.Now()
+				d, err := s.Take(ctx, start, oneReq)
+				if err != nil || d[0].Allowed || d[0].Fallback != limiter.FallbackBackendFailed {
+					t.Fatalf("hung backend in deny mode: %+v %v, want a denial by the failure mode, the backend failed", d, err)
+				}
+				if took := time.Since(start); took != tt.want {
+					t.Errorf("answered after %v, want exactly %v", took, tt.want)
+				}
+			})
+		})
+	}
 }
 
 // dueForProbe returns a Store in allow mode over b (with check as
@@ -378,32 +421,36 @@ func TestNeitherBadRequestsNorCancelledCallersTripTheBreaker(t *testing.T) {
 	}
 }
 
-// TestCallerDeadline: a backend call cut short by the caller's context
-// counts as a backend failure when the caller's deadline passed after the
-// backend had at least a quarter of Timeout (an Envoy timeout at or below
-// Timeout must not hide a hung backend), and not when the caller cancelled
-// or arrived with less than that left.
+// TestCallerDeadline: a backend call cut short by its budget (the
+// caller's deadline less a margin) or by the caller counts as a backend
+// failure only when the backend had had it for Timeout; otherwise the
+// process is to blame (ErrOverloaded). A caller still waiting gets the
+// failure mode's answer; one that has gone gets the error.
 func TestCallerDeadline(t *testing.T) {
 	tests := []struct {
 		name        string
+		state       string        // the backend's
 		deadline    time.Duration // the caller's, from the call; 0: cancelled before; below -1ns: cancelled after -deadline
-		wantErr     error
+		wantErr     error         // nil: answered per the mode
+		wantCause   limiter.Fallback
 		wantCounted bool
 	}{
-		{"cancelled", 0, context.Canceled, false},
-		{"cancelled after 5ms (Envoy's timeout resets the stream)", -5 * time.Millisecond, context.Canceled, true},
-		{"deadline passed already", -time.Nanosecond, context.DeadlineExceeded, false},
-		{"2ms left, under a quarter of 10ms", 2 * time.Millisecond, context.DeadlineExceeded, false},
-		{"2.5ms left, a quarter", 2500 * time.Microsecond, context.DeadlineExceeded, true},
-		{"5ms left, under Timeout", 5 * time.Millisecond, context.DeadlineExceeded, true},
-		{"9ms left, just under Timeout", 9 * time.Millisecond, context.DeadlineExceeded, true},
-		{"20ms left, more than Timeout", 20 * time.Millisecond, nil, true}, // answered per the mode
+		{"cancelled", "hung", 0, context.Canceled, 0, false},
+		{"cancelled after 5ms, under Timeout", "hung", -5 * time.Millisecond, context.Canceled, 0, false},
+		{"cancelled after 15ms (Envoy's timeout resets the stream)", "hung", -15 * time.Millisecond, context.Canceled, 0, true},
+		{"deadline passed already", "hung", -time.Nanosecond, context.DeadlineExceeded, 0, false},
+		{"5ms left, under Timeout", "hung", 5 * time.Millisecond, nil, limiter.FallbackOverloaded, false},
+		{"11ms left: a budget of 9.9ms, under Timeout", "hung", 11 * time.Millisecond, nil, limiter.FallbackOverloaded, false},
+		{"12ms left: a budget of 10.8ms, over Timeout", "hung", 12 * time.Millisecond, nil, limiter.FallbackBackendFailed, true},
+		{"20ms left", "hung", 20 * time.Millisecond, nil, limiter.FallbackBackendFailed, true},
+		{"20ms left, queued all along", "queued", 20 * time.Millisecond, nil, limiter.FallbackOverloaded, false},
+		{"2s left, queued all along", "queued", 2 * time.Second, nil, limiter.FallbackOverloaded, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				b := newBackend()
-				b.set("hung")
+				b.set(tt.state)
 				s, err := failover.New(b, failover.Options{Mode: failover.Allow, Timeout: 10 * time.Millisecond, FailureThreshold: 1, FailingFor: -1})
 				if err != nil {
 					t.Fatal(err)
@@ -418,15 +465,22 @@ func TestCallerDeadline(t *testing.T) {
 					ctx, cancel = context.WithTimeout(context.Background(), tt.deadline)
 				}
 				defer cancel()
-				if _, err := s.Take(ctx, time.Now(), oneReq); !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
-					t.Errorf("Take with a hung backend = %v, want %v", err, tt.wantErr)
+				d, err := s.Take(ctx, time.Now(), oneReq)
+				if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
+					t.Errorf("Take = %v, want %v", err, tt.wantErr)
+				}
+				if err == nil && (!d[0].Allowed || d[0].Fallback != tt.wantCause) {
+					t.Errorf("Take = %+v, want allowed per the mode because %v", d[0], tt.wantCause)
+				}
+				if counted := errors.Is(err, limiter.ErrOverloaded); err != nil && counted == tt.wantCounted {
+					t.Errorf("Take = %v: wraps ErrOverloaded %v, want %v", err, counted, !tt.wantCounted)
 				}
 				if s.Healthy() == tt.wantCounted {
 					t.Errorf("Healthy() = %v after the call, want %v (counted as a failure: %v)", s.Healthy(), !tt.wantCounted, tt.wantCounted)
 				}
 				// Counted, the failure opened the breaker: the next call is
 				// answered per the mode without the backend.
-				d, err := s.Take(context.Background(), time.Now(), oneReq)
+				d, err = s.Take(context.Background(), time.Now(), oneReq)
 				if err != nil || !d[0].Allowed {
 					t.Fatalf("next call: %v %v, want allowed", d, err)
 				}
@@ -440,6 +494,73 @@ func TestCallerDeadline(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestASlowQueueWithAFastBackend: calls that wait in the process (a busy
+// batch queue, 15ms here) for a backend that then answers at once are
+// decided by the backend whenever their deadline allows, whatever
+// Options.Timeout; the breaker stays closed and nothing falls back. Those
+// whose deadline does not allow it are answered per the failure mode as
+// overloaded, which the breaker does not count either.
+func TestASlowQueueWithAFastBackend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBackend()
+		b.queueDelay = 15 * time.Millisecond
+		var failures, fallbacks []string
+		var mu sync.Mutex
+		s, err := failover.New(b, failover.Options{Mode: failover.Deny, Timeout: time.Millisecond, FailureThreshold: 1, FailingFor: -1,
+			OnBackendFailure: func(err error) { mu.Lock(); failures = append(failures, err.Error()); mu.Unlock() },
+			OnFallback:       func(c limiter.Fallback) { mu.Lock(); fallbacks = append(fallbacks, c.String()); mu.Unlock() },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lots := limiter.Limit{Count: 1_000_000, Period: time.Second, Burst: 1_000_000}
+		var wg sync.WaitGroup
+		var decided, overloaded sync.Map
+		for i := range 200 {
+			deadline := 20 * time.Millisecond // Envoy's default: room for the queue
+			if i%10 == 0 {
+				deadline = 10 * time.Millisecond // too short for it
+			}
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				defer cancel()
+				d, err := s.Take(ctx, time.Now(), []limiter.Request{{Key: fmt.Sprint(i), Limit: lots, Hits: 1}})
+				switch {
+				case err != nil:
+					t.Errorf("call %d (deadline %v): %v, want an answer", i, deadline, err)
+				case d[0].Fallback == limiter.FallbackNone && d[0].Allowed:
+					decided.Store(i, deadline)
+				case d[0].Fallback == limiter.FallbackOverloaded:
+					overloaded.Store(i, deadline)
+				default:
+					t.Errorf("call %d (deadline %v): %+v", i, deadline, d[0])
+				}
+			})
+		}
+		wg.Wait()
+		decided.Range(func(k, v any) bool {
+			if v.(time.Duration) != 20*time.Millisecond {
+				t.Errorf("call %v with a %v deadline was decided by the backend after a 15ms queue", k, v)
+			}
+			return true
+		})
+		n := 0
+		overloaded.Range(func(k, v any) bool {
+			n++
+			if v.(time.Duration) != 10*time.Millisecond {
+				t.Errorf("call %v with a %v deadline fell back, want it decided by the backend", k, v)
+			}
+			return true
+		})
+		if n != 20 || len(fallbacks) != 20 {
+			t.Errorf("%d calls (%d OnFallback) answered as overloaded, want the 20 with 10ms deadlines", n, len(fallbacks))
+		}
+		if !s.Healthy() || len(failures) > 0 {
+			t.Errorf("Healthy() = %v, backend failures %v; want the breaker closed, none", s.Healthy(), failures)
+		}
+	})
 }
 
 // TestHealthChangesWithTheBreaker: OnChange and Healthy report the backend

@@ -33,9 +33,12 @@ func (timeoutError) Temporary() bool { return true }
 
 var _ net.Error = timeoutError{}
 
-// TestBackendErrorKinds: an UNAVAILABLE answer is counted by what caused
-// it, found through the error chain, not its wording; the caller still
-// sees UNAVAILABLE with the cause's message.
+// TestBackendErrorKinds: a failed backend call (what failover reports to
+// BackendFailure, in every mode) is counted by what caused it, found
+// through the error chain, not its wording; a call answered UNAVAILABLE
+// before a config is loaded counts as no_config. An UNAVAILABLE answer is
+// not counted again by the server's observer: the backend's failures are
+// counted where they happen, once.
 func TestBackendErrorKinds(t *testing.T) {
 	unavailable := func(err error) error { return fmt.Errorf("redis take: %w: %w", limiter.ErrUnavailable, err) }
 	tests := []struct {
@@ -45,6 +48,7 @@ func TestBackendErrorKinds(t *testing.T) {
 	}{
 		{"no config", nil, "no_config"},
 		{"backend deadline", unavailable(fmt.Errorf("waiting for a batched call: %w", context.DeadlineExceeded)), "timeout"},
+		{"at the backend past its timeout", fmt.Errorf("redis take: %w", &limiter.DeadlineError{InFlight: 20 * time.Millisecond, Err: context.DeadlineExceeded}), "timeout"},
 		{"socket deadline", unavailable(&net.OpError{Op: "read", Err: os.ErrDeadlineExceeded}), "timeout"},
 		{"network timeout", unavailable(timeoutError{}), "timeout"},
 		{"refused", unavailable(errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")), "unavailable"},
@@ -67,8 +71,14 @@ func TestBackendErrorKinds(t *testing.T) {
 			if status.Code(err) != codes.Unavailable {
 				t.Fatalf("answer = %v, want UNAVAILABLE", err)
 			}
-			if tt.err != nil && status.Convert(err).Message() != tt.err.Error() {
-				t.Errorf("message = %q, want the cause's %q", status.Convert(err).Message(), tt.err.Error())
+			if tt.err != nil {
+				if status.Convert(err).Message() != tt.err.Error() {
+					t.Errorf("message = %q, want the cause's %q", status.Convert(err).Message(), tt.err.Error())
+				}
+				if got, _ := value(t, m.Registry(), "ratelimitd_backend_errors_total", map[string]string{"backend": "redis", "kind": tt.want}); got != 0 {
+					t.Errorf("the UNAVAILABLE answer counted %v backend errors, want 0 (the backend's failures are counted by failover)", got)
+				}
+				m.BackendFailure(tt.err)
 			}
 			got, ok := value(t, m.Registry(), "ratelimitd_backend_errors_total", map[string]string{"backend": "redis", "kind": tt.want})
 			if !ok || got != 1 {

@@ -32,6 +32,7 @@
 //	ratelimitd_config_reloads_total            ratelimit.service.config_load_success / config_load_error
 //	ratelimitd_config_info                     (none: the loaded config's hash)
 //	ratelimitd_failure_mode_activations_total  (none)
+//	ratelimitd_failure_mode_answers_total      (none: calls answered per the failure mode, by cause)
 //	ratelimitd_rule_limit_info                 (none: each rule's limits, as loaded)
 //
 // The Redis backend's own counters (ratelimitd_redis_*,
@@ -56,6 +57,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 // Label values that stand for more than one thing.
@@ -115,6 +117,7 @@ type Metrics struct {
 	calls                            *prometheus.CounterVec
 	latency                          *prometheus.HistogramVec
 	backendErrors                    *prometheus.CounterVec
+	fallbacks                        *prometheus.CounterVec
 	reloads                          *prometheus.CounterVec
 	configInfo                       *prometheus.GaugeVec
 	failureMode                      *prometheus.CounterVec
@@ -182,7 +185,7 @@ func New(opts Options) (*Metrics, error) {
 		shadow: counter("ratelimitd_descriptor_shadow_mode_total",
 			"Tokens asked for by descriptors that a shadow-mode rule would have denied (incumbent: shadow_mode).", descLabels...),
 		requests: counter("ratelimitd_descriptor_requests_total",
-			"Descriptors that matched a rule, by outcome (within_limit, over_limit, shadow_over_limit, denied_by_other, unlimited, replaced).",
+			"Descriptors that matched a rule, by outcome (within_limit, over_limit, shadow_over_limit, denied_by_other, unlimited, replaced, failure_mode: answered per --on-backend-failure, by no bucket).",
 			"domain", "rule", "value", "outcome"),
 		unmatched: counter("ratelimitd_descriptor_unmatched_total",
 			"Descriptors that matched no rule and were answered OK without a limit.", "domain"),
@@ -195,8 +198,11 @@ func New(opts Options) (*Metrics, error) {
 			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1},
 		}, []string{"backend", "code"}),
 		backendErrors: counter("ratelimitd_backend_errors_total",
-			"Backend failures by kind (timeout, unavailable, no_config, or what the backend reports); each is answered UNAVAILABLE.",
+			"Backend calls that failed, by kind (timeout: no answer within --backend-timeout of being sent; unavailable: an error), in every failure mode; no_config: calls answered UNAVAILABLE before a config was loaded.",
 			"backend", "kind"),
+		fallbacks: counter("ratelimitd_failure_mode_answers_total",
+			"Calls answered per --on-backend-failure (mode) rather than by a bucket, by cause: backend_failed, breaker_open, overloaded (the call's deadline came while it waited in this process, Redis not to blame).",
+			"mode", "cause"),
 		reloads: counter("ratelimitd_config_reloads_total",
 			"Config loads by result (ok, failed); a failed reload keeps the config in force.", "result"),
 		configInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -213,7 +219,7 @@ func New(opts Options) (*Metrics, error) {
 	m.domains.max = opts.MaxDomains
 	m.rules.Store(&ruleCache{})
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
-		m.calls, m.latency, m.backendErrors, m.reloads, m.configInfo, m.failureMode, m.ruleInfo}
+		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.failureMode, m.ruleInfo}
 	if opts.ProcessMetrics {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
@@ -299,9 +305,22 @@ func (m *Metrics) FailureModeActivated(mode string) {
 
 // BackendError records a backend failure of the given kind ("timeout",
 // "unavailable", "no_config"), which must come from a small fixed set.
-// ObserveCall calls it for every call answered UNAVAILABLE.
+// ObserveCall calls it for calls answered UNAVAILABLE for want of a config.
 func (m *Metrics) BackendError(kind string) {
 	m.backendErrors.WithLabelValues(m.backend, kind).Inc()
+}
+
+// BackendFailure records a failed backend call, by the kind of err
+// (timeout or unavailable): for failover.Options.OnBackendFailure, which
+// reports every one, whatever the failure mode.
+func (m *Metrics) BackendFailure(err error) {
+	m.BackendError(errorKind(err))
+}
+
+// FailureModeAnswer records a call answered per the failure mode (mode)
+// because of cause: for failover.Options.OnFallback.
+func (m *Metrics) FailureModeAnswer(mode string, cause limiter.Fallback) {
+	m.fallbacks.WithLabelValues(mode, cause.String()).Inc()
 }
 
 // ObserveCall implements server.Observer.
@@ -322,8 +341,8 @@ func (m *Metrics) ObserveCall(c server.Call) {
 		domain = m.domains.get(c.Domain)
 	}
 	m.calls.WithLabelValues(domain, c.Code.String(), overall).Inc()
-	if c.Code == codes.Unavailable {
-		m.BackendError(errorKind(c.Err))
+	if c.Code == codes.Unavailable && errors.Is(c.Err, server.ErrNoConfig) {
+		m.BackendError("no_config")
 	}
 	admitted := c.Code == codes.OK && c.Overall == rlsv3.RateLimitResponse_OK
 	for i := range c.Descriptors {
@@ -335,11 +354,12 @@ func (m *Metrics) ObserveCall(c server.Call) {
 // (server.Call.Err wraps it): no config yet, a deadline (the backend
 // timeout, or a network timeout), or anything else.
 func errorKind(err error) string {
-	var netErr net.Error // context.DeadlineExceeded and os.ErrDeadlineExceeded are too
+	var netErr net.Error                // context.DeadlineExceeded and os.ErrDeadlineExceeded are too
+	var deadline *limiter.DeadlineError // one judged the backend's failure: no answer in time
 	switch {
 	case errors.Is(err, server.ErrNoConfig):
 		return "no_config"
-	case errors.As(err, &netErr) && netErr.Timeout():
+	case errors.As(err, &deadline), errors.As(err, &netErr) && netErr.Timeout():
 		return "timeout"
 	}
 	return "unavailable"
@@ -381,7 +401,7 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome, 
 	case server.ShadowOverLimit:
 		vc.hits.Add(hits)
 		vc.shadow.Add(hits)
-	case server.DeniedByOther:
+	case server.DeniedByOther, server.FailureMode:
 		vc.hits.Add(hits)
 	case server.Unlimited:
 		vc.hits.Add(hits)
@@ -512,7 +532,7 @@ type ruleCounters struct {
 // valueCounters are the counters of one (domain, rule, value).
 type valueCounters struct {
 	hits, within, near, over, shadow prometheus.Counter
-	requests                         [server.DeniedByOther + 1]prometheus.Counter
+	requests                         [server.FailureMode + 1]prometheus.Counter
 }
 
 func (m *Metrics) newRuleCounters(domain, rule string, detailed bool) *ruleCounters {
@@ -533,7 +553,7 @@ func (m *Metrics) newValueCounters(domain, rule, value string) valueCounters {
 		over:   m.over.WithLabelValues(domain, rule, value),
 		shadow: m.shadow.WithLabelValues(domain, rule, value),
 	}
-	for _, o := range []server.Outcome{server.WithinLimit, server.OverLimit, server.ShadowOverLimit, server.DeniedByOther, server.Unlimited, server.Replaced} {
+	for _, o := range []server.Outcome{server.WithinLimit, server.OverLimit, server.ShadowOverLimit, server.DeniedByOther, server.Unlimited, server.Replaced, server.FailureMode} {
 		vc.requests[o] = m.requests.WithLabelValues(domain, rule, value, o.String())
 	}
 	return vc

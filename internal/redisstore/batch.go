@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 // Defaults of Options.BatchMax and Options.BatchWait.
@@ -42,9 +44,23 @@ type pipeliner interface {
 type call struct {
 	ctx context.Context // the caller's: a call whose ctx is done before it is sent is dropped
 	scriptCall
-	cmd  *redis.Cmd    // the answer, set before done is closed
-	done chan struct{} // closed when cmd is set
+	queuedAt int64         // when submitted, Unix ns
+	sentAt   atomic.Int64  // when its round trip was written, Unix ns; 0 until then
+	state    atomic.Int32  // callWaiting, then callAnswered or callAbandoned
+	cmd      *redis.Cmd    // the answer, set before done is closed
+	done     chan struct{} // closed when cmd is set
 }
+
+// A call's states: its caller waits for it until the answer comes
+// (answered) or the caller's context ends first (abandoned). Whichever
+// happens first wins, by compare-and-swap, so an answer that comes as the
+// caller gives up is either taken or handed to the batcher's late handler,
+// never both, never neither.
+const (
+	callWaiting int32 = iota
+	callAnswered
+	callAbandoned
+)
 
 // batcher coalesces script calls into pipelines, the mergeable Takes of
 // a batch into take.lua calls of the pipeline (see envelopes). Calls queue
@@ -73,12 +89,24 @@ type batcher struct {
 	wg             sync.WaitGroup
 
 	stats *counters
+	// late, when set, is run on a goroutine of its own with each call that
+	// its caller abandoned after it was sent, once the answer has come.
+	late func(*call)
+	// abandoned, when set, learns the outcome of each such call: nil when
+	// Redis answered, else the round trip's error.
+	abandoned func(error)
+	// bound, when positive, limits each round trip (see roundTripBound).
+	bound time.Duration
+	// observe, when set, learns each round trip's calls as it is written.
+	observe func(batch []*call, sentAt int64)
 }
 
 // counters are the Store's Stats.
 type counters struct {
 	takes, calls, scripts, roundTrips, direct atomic.Int64
 	giveBackFailures, deniedWithFailures      atomic.Int64
+	pending                                   atomic.Int64
+	late, lateGiveBacks, lateGiveBackFailures atomic.Int64
 }
 
 func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batcher {
@@ -86,9 +114,11 @@ func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batc
 		client: c,
 		max:    max,
 		wait:   wait,
-		calls:  make(chan *call, senders*max),
-		stop:   make(chan struct{}),
-		stats:  stats,
+		// Bounded: while it is full, callers wait in submit, in arrival
+		// order, each until its deadline.
+		calls: make(chan *call, senders*max),
+		stop:  make(chan struct{}),
+		stats: stats,
 	}
 	for range senders {
 		b.wg.Go(b.send)
@@ -104,7 +134,7 @@ func (b *batcher) close() {
 	for {
 		select {
 		case c := <-b.calls:
-			c.fail(errClosed)
+			b.fail(c, errClosed)
 		default:
 			return
 		}
@@ -129,50 +159,81 @@ func (b *batcher) closedOr(ctx context.Context) error {
 	default:
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("before sending: %w", err)
+		return &limiter.DeadlineError{Err: err}
 	}
 	return nil
 }
 
-// submit queues sc. The answer comes through await.
+// submit queues sc. The answer comes through await. While the queue is
+// full, it waits for room, in arrival order; a call whose ctx ends first
+// fails with a *limiter.DeadlineError, unsent.
 func (b *batcher) submit(ctx context.Context, sc scriptCall) *call {
-	c := &call{ctx: ctx, scriptCall: sc, done: make(chan struct{})}
+	c := &call{ctx: ctx, scriptCall: sc, queuedAt: time.Now().UnixNano(), done: make(chan struct{})}
+	b.stats.pending.Add(1)
 	select {
 	case <-b.stop:
-		c.fail(errClosed)
+		b.fail(c, errClosed)
 	default:
 		select {
 		case b.calls <- c:
 		case <-ctx.Done():
-			c.fail(ctx.Err())
+			b.fail(c, c.deadlineError(ctx.Err(), time.Now()))
 		case <-b.stop:
-			c.fail(errClosed)
+			b.fail(c, errClosed)
 		}
 	}
 	return c
 }
 
-// await returns c's answer, or, as soon as ctx is done, ctx's error. A call
-// given up on that was already sent may still run on Redis.
+// await returns c's answer, or, as soon as ctx is done, an error: a
+// *limiter.DeadlineError that says how long c was queued and in flight. A
+// call given up on after it was sent may still run on Redis: its answer
+// goes to the batcher's late handler (see Store.giveBackLate). An answer
+// that comes as ctx ends is taken.
 func (b *batcher) await(ctx context.Context, c *call) *redis.Cmd {
 	select {
 	case <-c.done:
 		return c.cmd
 	default:
 	}
+	var err error
 	select {
 	case <-c.done:
 		return c.cmd
 	case <-ctx.Done():
-		return errCmd(ctx, fmt.Errorf("waiting for a batched call: %w", ctx.Err()))
+		err = c.deadlineError(ctx.Err(), time.Now())
 	case <-b.stop:
-		return errCmd(ctx, errClosed)
+		err = errClosed
 	}
+	if !c.state.CompareAndSwap(callWaiting, callAbandoned) {
+		<-c.done // answered meanwhile: the answer is there, or about to be
+		return c.cmd
+	}
+	return errCmd(ctx, err)
 }
 
-func (c *call) fail(err error) {
-	c.cmd = errCmd(c.ctx, err)
+// deadlineError describes c, given up on at now because of err (its
+// context's).
+func (c *call) deadlineError(err error, now time.Time) error {
+	de := &limiter.DeadlineError{Err: err}
+	if sent := c.sentAt.Load(); sent != 0 {
+		de.Queued, de.InFlight = time.Duration(sent-c.queuedAt), max(time.Duration(now.UnixNano()-sent), 1)
+		de.Pending = true // the sender waits for the round trip all the same
+	} else {
+		de.Queued = time.Duration(now.UnixNano() - c.queuedAt)
+	}
+	return de
+}
+
+// fail answers c with err.
+func (b *batcher) fail(c *call, err error) { b.deliver(c, errCmd(c.ctx, err)) }
+
+// deliver hands c its answer, and reports whether its caller took it (it
+// had not abandoned the call).
+func (c *call) deliver(cmd *redis.Cmd) bool {
+	c.cmd = cmd
 	close(c.done)
+	return c.state.CompareAndSwap(callWaiting, callAnswered)
 }
 
 func errCmd(ctx context.Context, err error) *redis.Cmd {
@@ -209,7 +270,7 @@ func (b *batcher) send() {
 			if stopped {
 				b.inflight.Add(-1)
 				for _, c := range batch {
-					c.fail(errClosed)
+					b.fail(c, errClosed)
 				}
 				return
 			}
@@ -219,7 +280,7 @@ func (b *batcher) send() {
 		// as soon as it has its answer, and must not find this round trip
 		// still counted (it would wait for latecomers for nothing).
 		b.inflight.Add(-1)
-		answer(sent)
+		b.answer(sent)
 	}
 }
 
@@ -267,7 +328,7 @@ func (b *batcher) roundTrip(batch []*call) []*envelope {
 	live := batch[:0]
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
-			c.fail(fmt.Errorf("before sending: %w", err))
+			b.deliver(c, errCmd(c.ctx, c.deadlineError(err, time.Now())))
 			continue
 		}
 		live = append(live, c)
@@ -275,9 +336,26 @@ func (b *batcher) roundTrip(batch []*call) []*envelope {
 	if len(live) == 0 {
 		return nil
 	}
-	ctx, cancel := batchContext(live)
-	defer cancel()
+	// No caller's deadline or cancellation: a round trip is bounded by the
+	// client's read and write timeouts alone, so that Redis is judged by
+	// its own answer (see Options.OnAbandoned) even when every caller in it
+	// has given up, and an answer that comes late can still be given back.
+	ctx := context.Background()
+	if b.bound > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.bound)
+		defer cancel()
+	}
 	cmds := envelopes(live)
+	// From here the time is Redis's, not the queue's (see
+	// limiter.DeadlineError): written now, answered when Exec returns.
+	sentAt := time.Now().UnixNano()
+	for _, c := range live {
+		c.sentAt.Store(sentAt)
+	}
+	if b.observe != nil {
+		b.observe(live, sentAt)
+	}
 	pipe := b.client.Pipeline()
 	for _, e := range cmds {
 		e.cmd = e.script.EvalSha(ctx, pipe, e.keys, e.args...)
@@ -303,10 +381,26 @@ func (b *batcher) roundTrip(batch []*call) []*envelope {
 	return cmds
 }
 
-// answer hands each call of the commands sent its answer.
-func answer(sent []*envelope) {
+// answer hands each call of the commands sent its answer; those whose
+// callers gave up go to the late handler.
+func (b *batcher) answer(sent []*envelope) {
 	for _, e := range sent {
-		e.answer()
+		e.answer(b.deliver)
+	}
+}
+
+// deliver hands c its answer, or the late handler the call its caller gave
+// up on.
+func (b *batcher) deliver(c *call, cmd *redis.Cmd) {
+	b.stats.pending.Add(-1)
+	if !c.deliver(cmd) && c.sentAt.Load() != 0 {
+		b.stats.late.Add(1)
+		if b.abandoned != nil {
+			b.abandoned(roundTripErr(cmd))
+		}
+		if b.late != nil {
+			go b.late(c)
+		}
 	}
 }
 
@@ -321,8 +415,10 @@ type envelope struct {
 // mergeMaxKeys bounds the buckets of one merged call: a script runs
 // atomically and Redis serves no one else meanwhile, so a batch of large
 // Takes is split into several calls, between which other clients' commands
-// run (a Take of more buckets still goes whole, alone).
-const mergeMaxKeys = 512
+// run (a Take of more buckets still goes whole, alone). A merged call of
+// 512 buckets was seen to run 10-14 ms on a loaded machine, more than a
+// whole Envoy budget; 128 keep one call to a few milliseconds.
+const mergeMaxKeys = 128
 
 // envelopes puts each call of batch in its command: the mergeable ones
 // (Takes of take.lua, the only script that merges) together, up to
@@ -352,12 +448,12 @@ func envelopes(batch []*call) []*envelope {
 	return out
 }
 
-// answer hands each call of e its answer: e's own, or, merged, its Take's
-// reply from the list take.lua answers, as a one-Take call would get it.
-func (e *envelope) answer() {
+// answer hands each call of e its answer through deliver: e's own, or,
+// merged, its Take's reply from the list take.lua answers, as a one-Take
+// call would get it.
+func (e *envelope) answer(deliver func(*call, *redis.Cmd)) {
 	if len(e.calls) == 1 {
-		e.calls[0].cmd = e.cmd
-		close(e.calls[0].done)
+		deliver(e.calls[0], e.cmd)
 		return
 	}
 	replies, err := e.cmd.Slice()
@@ -366,29 +462,22 @@ func (e *envelope) answer() {
 	}
 	for i, c := range e.calls {
 		if err != nil {
-			c.fail(err)
+			deliver(c, errCmd(c.ctx, err))
 			continue
 		}
-		c.cmd = redis.NewCmd(c.ctx)
-		c.cmd.SetVal([]any{replies[i]})
-		close(c.done)
+		cmd := redis.NewCmd(c.ctx)
+		cmd.SetVal([]any{replies[i]})
+		deliver(c, cmd)
 	}
 }
 
-// batchContext is the context a batch is sent under: no caller's
-// cancellation (the others still want their answers), and the latest of
-// their deadlines, after which nobody waits for it; none if one of them has
-// none (the client's read and write timeouts still bound it).
-func batchContext(batch []*call) (context.Context, context.CancelFunc) {
-	var latest time.Time
-	for _, c := range batch {
-		d, ok := c.ctx.Deadline()
-		if !ok {
-			return context.Background(), func() {}
-		}
-		if d.After(latest) {
-			latest = d
-		}
+// roundTripErr is the outcome of the round trip that answered cmd: nil
+// when Redis answered it, else its error (a timeout, a broken connection,
+// or an error reply such as READONLY or OOM, which say Redis cannot
+// decide).
+func roundTripErr(cmd *redis.Cmd) error {
+	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return err
 	}
-	return context.WithDeadline(context.Background(), latest)
+	return nil
 }

@@ -92,7 +92,7 @@ func TestMergedReplyOfTheWrongLength(t *testing.T) {
 	calls := []*call{{ctx: ctx, done: make(chan struct{})}, {ctx: ctx, done: make(chan struct{})}}
 	cmd := redis.NewCmd(ctx)
 	cmd.SetVal([]any{[]any{int64(1)}})
-	(&envelope{calls: calls, cmd: cmd}).answer()
+	(&envelope{calls: calls, cmd: cmd}).answer(func(c *call, cmd *redis.Cmd) { c.deliver(cmd) })
 	for i, c := range calls {
 		<-c.done
 		if err := c.cmd.Err(); err == nil || !strings.Contains(err.Error(), "returned 1 replies for 2 Takes") {

@@ -135,7 +135,8 @@ func TestNewRejectsNegativeBatchMax(t *testing.T) {
 }
 
 // TestDoneContextIsNotSent: a Take whose context is already done fails at
-// once with ErrUnavailable, and its call never reaches Redis.
+// once with a *limiter.DeadlineError of a call never sent (no backend
+// failure), and its call never reaches Redis.
 func TestDoneContextIsNotSent(t *testing.T) {
 	c := standalone(t).Client()
 	s := newStore(t, c, redisstore.CallerClock)
@@ -143,8 +144,10 @@ func TestDoneContextIsNotSent(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	for i := range 20 {
-		if _, err := s.Take(ctx, t0, []limiter.Request{{Key: "k", Limit: l, Hits: 1}}); !errors.Is(err, limiter.ErrUnavailable) {
-			t.Fatalf("Take %d with a cancelled context = %v, want an error wrapping ErrUnavailable", i, err)
+		_, err := s.Take(ctx, t0, []limiter.Request{{Key: "k", Limit: l, Hits: 1}})
+		var de *limiter.DeadlineError
+		if !errors.As(err, &de) || de.InFlight != 0 || errors.Is(err, limiter.ErrUnavailable) {
+			t.Fatalf("Take %d with a cancelled context = %v, want a *limiter.DeadlineError of an unsent call, not ErrUnavailable", i, err)
 		}
 	}
 	if st := s.Stats(); st.Calls != 0 {
@@ -390,8 +393,9 @@ func TestIdleCallsAreSentDirectly(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := s.Take(ctx, t0, []limiter.Request{{Key: "serial", Limit: l, Hits: 1}}); !errors.Is(err, limiter.ErrUnavailable) {
-		t.Errorf("Take with a done context = %v, want ErrUnavailable", err)
+	var de *limiter.DeadlineError
+	if _, err := s.Take(ctx, t0, []limiter.Request{{Key: "serial", Limit: l, Hits: 1}}); !errors.As(err, &de) || de.InFlight != 0 || !errors.Is(err, context.Canceled) {
+		t.Errorf("Take with a done context = %v, want a *limiter.DeadlineError of a call never sent, wrapping context.Canceled", err)
 	}
 	if st := s.Stats(); st.Calls != start.Calls+10 {
 		t.Errorf("a Take with a done context was sent: %+v", st)

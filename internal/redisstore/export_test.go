@@ -20,7 +20,8 @@ func fmtSscan(v string, st *limiter.State) (int, error) {
 // exec sends batch as one pipeline and hands each call its answer, as a
 // sender does, for tests that build a batch by hand.
 func (b *batcher) exec(batch []*call) {
-	answer(b.roundTrip(batch))
+	b.stats.pending.Add(int64(len(batch))) // as submit counts them
+	b.answer(b.roundTrip(batch))
 }
 
 // OnlyTakeLua makes s send every Take through take.lua, also one of one

@@ -201,18 +201,18 @@ func TestEnvelopesBoundMergedCalls(t *testing.T) {
 		return &call{scriptCall: scriptCall{script: script, keys: make([]string, keys), merge: merge}}
 	}
 	batch := []*call{
-		mk(1, true, take), mk(300, true, take), mk(300, true, take), // 301, then 300
+		mk(1, true, take), mk(75, true, take), mk(75, true, take), // 76, then 75
 		mk(1, false, other), // alone
-		mk(211, true, take), // joins the 300: 511
-		mk(2, true, take),   // 513 > 512: a new one
-		mk(600, true, take), // too large to share: alone
+		mk(52, true, take),  // joins the 75: 127
+		mk(2, true, take),   // 129 > 128: a new one
+		mk(150, true, take), // too large to share: alone
 		mk(1, true, take),   // a new one after it
 	}
 	var got []int // keys per envelope
 	for _, e := range envelopes(batch) {
 		got = append(got, len(e.keys))
 	}
-	if want := []int{301, 511, 1, 2, 600, 1}; !slices.Equal(got, want) {
+	if want := []int{76, 127, 1, 2, 150, 1}; !slices.Equal(got, want) {
 		t.Errorf("keys per command = %v, want %v", got, want)
 	}
 }

@@ -26,7 +26,7 @@
 // round trip, so that under load Redis sees far fewer round trips than
 // Takes, while a lone Take is sent at once (see Options.BatchMax). On a
 // server without hash slots the coalesced Takes travel merged, as take.lua
-// calls of at most 512 buckets each (a larger Take goes alone); each call
+// calls of at most 128 buckets each (a larger Take goes alone); each call
 // reads all its buckets with one MGET and decides its Takes one after the
 // other: one script entry and one TIME per call instead of one per Take.
 // Each Take is still decided on its own, all-or-nothing, exactly as if
@@ -112,7 +112,7 @@ type Options struct {
 
 	// BatchMax is the most script calls coalesced into one round trip (one
 	// pipeline, in which the Takes travel merged, as take.lua calls of at
-	// most 512 buckets each, where the server has no hash slots). Default
+	// most 128 buckets each, where the server has no hash slots). Default
 	// DefaultBatchMax, 64. 1 turns coalescing off: each call is then sent
 	// on its caller's goroutine. Clients without pipelines (anything but
 	// go-redis's clients) are never coalesced.
@@ -134,6 +134,27 @@ type Options struct {
 	// trip is in flight. Default DefaultBatchWait, 200µs; negative means
 	// not at all (a batch goes as soon as a sender is free).
 	BatchWait time.Duration
+
+	// QueueWait, when set, observes in seconds how long each coalesced
+	// call waited in this process, from Take to the write of its round
+	// trip; BatchCalls observes how many calls each round trip carried.
+	// A prometheus.Histogram is one. Calls sent directly are not observed.
+	QueueWait, BatchCalls Observer
+
+	// OnAbandoned, when set, learns the outcome of every coalesced call
+	// whose caller gave up on it (its deadline came) while Redis had it:
+	// nil when Redis then answered, else the error. The caller got a
+	// *limiter.DeadlineError with Pending set, which says nothing of Redis;
+	// this says what Redis did, for a circuit breaker
+	// (failover.Store.Observe). It is called on a sending goroutine and
+	// must be quick.
+	OnAbandoned func(error)
+}
+
+// Observer records one value (prometheus.Observer is one). It must be safe
+// for concurrent use.
+type Observer interface {
+	Observe(float64)
 }
 
 // Store is a limiter.Store in Redis. The zero Store is not usable; call New,
@@ -149,6 +170,8 @@ type Store struct {
 	refund   *redis.Script
 	batch    *batcher // nil: not coalescing
 	stats    counters
+	// bound limits each round trip (see roundTripBound); 0: unbounded.
+	bound time.Duration
 }
 
 // Stats counts what a Store sent to Redis, since New.
@@ -179,6 +202,14 @@ type Stats struct {
 	// slot denied while another failed: they answer the denial (see
 	// Store.Take), and the failure is counted here, not returned.
 	DeniedWithFailures int64
+	// Pending is the number of script calls asked for and not yet
+	// answered (queued or in flight), now: a gauge.
+	Pending int64
+	// Late is the number of coalesced calls answered by Redis after their
+	// caller had given up on them; LateGiveBacks those of them that were
+	// Takes Redis admitted, whose tokens were then given back (see
+	// Store.Take), and LateGiveBackFailures the give-backs that failed.
+	Late, LateGiveBacks, LateGiveBackFailures int64
 }
 
 // Stats returns the counts so far. It is safe to call concurrently with
@@ -193,6 +224,11 @@ func (s *Store) Stats() Stats {
 
 		GiveBackFailures:   s.stats.giveBackFailures.Load(),
 		DeniedWithFailures: s.stats.deniedWithFailures.Load(),
+
+		Pending:              s.stats.pending.Load(),
+		Late:                 s.stats.late.Load(),
+		LateGiveBacks:        s.stats.lateGiveBacks.Load(),
+		LateGiveBackFailures: s.stats.lateGiveBackFailures.Load(),
 	}
 }
 
@@ -304,11 +340,54 @@ func New(c Client, opts Options) (*Store, error) {
 	case batchWait == 0:
 		batchWait = DefaultBatchWait
 	}
+	s.bound = roundTripBound(c)
 	if p, ok := c.(pipeliner); ok && batchMax > 1 {
 		s.batch = newBatcher(p, batchMax, batchWait, &s.stats)
+		s.batch.bound = s.bound
 		s.batch.directWhenIdle = honorsDeadlines(c)
+		s.batch.late = s.giveBackLate
+		s.batch.abandoned = opts.OnAbandoned
+		if opts.QueueWait != nil || opts.BatchCalls != nil {
+			s.batch.observe = func(batch []*call, sentAt int64) {
+				if opts.BatchCalls != nil {
+					opts.BatchCalls.Observe(float64(len(batch)))
+				}
+				if opts.QueueWait != nil {
+					for _, c := range batch {
+						opts.QueueWait.Observe(time.Duration(sentAt - c.queuedAt).Seconds())
+					}
+				}
+			}
+		}
 	}
 	return s, nil
+}
+
+// Prepare readies Redis and the client for calls: it loads every script
+// (on every master of a Cluster), so that no call pays a NOSCRIPT retry,
+// opens a connection for each sender of batches and one for direct calls,
+// and ends with a Probe. Call it before reporting the service ready; it
+// returns the first failure.
+func (s *Store) Prepare(ctx context.Context) error {
+	for _, sc := range []*redis.Script{s.take, s.takeOne, s.giveBack, s.refund} {
+		if err := sc.Load(ctx, s.client).Err(); err != nil {
+			return fmt.Errorf("redis: load scripts: %w", err)
+		}
+	}
+	if p, ok := s.client.(interface {
+		Ping(context.Context) *redis.StatusCmd
+	}); ok {
+		errs := make([]error, senders+1)
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Go(func() { errs[i] = p.Ping(ctx).Err() })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("redis: open connections: %w", err)
+		}
+	}
+	return s.Probe(ctx)
 }
 
 // Key returns the Redis key that holds the bucket named bucket:
@@ -425,7 +504,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 	if len(groups) <= 1 {
 		res, err := s.run(ctx, now, keys, reqs, false)
 		if err != nil {
-			return nil, unavailable(err)
+			return nil, takeError(err)
 		}
 		return res.decisions, nil
 	}
@@ -434,6 +513,32 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 
 func unavailable(err error) error {
 	return fmt.Errorf("redis take: %w: %w", limiter.ErrUnavailable, err)
+}
+
+// takeError is the error of a Take that failed with err: a
+// *limiter.DeadlineError as it is (whether the backend is to blame is the
+// caller's to judge), anything else a backend failure.
+func takeError(err error) error {
+	if isDeadline(err) {
+		return fmt.Errorf("redis take: %w", err)
+	}
+	return unavailable(err)
+}
+
+// isDeadline reports whether err is a *limiter.DeadlineError, or errors
+// joined that all are.
+func isDeadline(err error) bool {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		errs := joined.Unwrap()
+		for _, e := range errs {
+			if !isDeadline(e) {
+				return false
+			}
+		}
+		return len(errs) > 0
+	}
+	var de *limiter.DeadlineError
+	return errors.As(err, &de)
 }
 
 // takeResult is the answer to one Take (or one slot's part of it): what
@@ -458,7 +563,7 @@ type giveBackRecord struct {
 // run runs take.lua on keys and their requests (all in one slot, or on a
 // server without slots).
 func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
-	c := scriptCall{script: s.take, keys: keys, args: s.takeArgs(now, reqs), merge: s.group == nil}
+	c := scriptCall{script: s.take, keys: keys, args: s.takeArgs(now, reqs), merge: s.group == nil, take: reqs, now: now}
 	if len(reqs) == 1 {
 		c.alone = s.takeOne
 	}
@@ -566,6 +671,28 @@ func (s *Store) nowArg(now time.Time) any {
 	return ""
 }
 
+// roundTripBound is how long one round trip through c may take, retries
+// included: its read and write timeouts, added (0: unbounded, a client
+// whose options are not known). go-redis retries a command that timed out
+// (MaxRetries), on a new connection whose handshake may time out too;
+// without this bound a stalled Redis held one call for several of its
+// timeouts.
+func roundTripBound(c Client) time.Duration {
+	var read, write time.Duration
+	switch c := c.(type) {
+	case *redis.Client:
+		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+	case *redis.ClusterClient:
+		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+	default:
+		return 0
+	}
+	if read <= 0 || write <= 0 {
+		return 0
+	}
+	return read + write
+}
+
 // honorsDeadlines reports whether c ends its network I/O at the context's
 // deadline (go-redis's ContextTimeoutEnabled, which Dial sets): only then
 // may a call be sent from the caller's goroutine and still return at its
@@ -592,6 +719,10 @@ type scriptCall struct {
 	// with the call (sent directly, or alone in its command of a batch):
 	// take_one.lua for a Take of one request.
 	alone *redis.Script
+	// take is the requests of a take.lua call, decided at now, and nil for
+	// other scripts: what giveBackLate needs.
+	take []limiter.Request
+	now  time.Time
 }
 
 // script runs c: through the batcher when coalescing, else directly.
@@ -611,8 +742,67 @@ func (s *Store) script(ctx context.Context, c scriptCall) *redis.Cmd {
 	if c.alone != nil {
 		c.script = c.alone
 	}
-	return s.direct(ctx, c)
+	return s.directTimed(ctx, c)
 }
+
+// directTimed runs c as direct does, and when ctx ends before the answer,
+// fails it with a *limiter.DeadlineError. Its answer is lost with the
+// connection it was read from: a Take Redis ran stays charged, as when a
+// reply is lost on the wire (this errs toward denying). A call goes
+// directly only when nothing else is in flight, so this happens only when
+// Redis is slow or the caller's deadline very short.
+func (s *Store) directTimed(ctx context.Context, c scriptCall) *redis.Cmd {
+	s.stats.pending.Add(1)
+	defer s.stats.pending.Add(-1)
+	sent := time.Now()
+	callCtx := ctx
+	if s.bound > 0 {
+		var cancel context.CancelFunc
+		callCtx, cancel = context.WithTimeout(ctx, s.bound)
+		defer cancel()
+	}
+	cmd := s.direct(callCtx, c)
+	if cmd.Err() != nil {
+		if err := ctx.Err(); err != nil {
+			return errCmd(ctx, &limiter.DeadlineError{InFlight: max(time.Since(sent), 1), Err: err})
+		}
+	}
+	return cmd
+}
+
+// giveBackLate gives back what c took, a Take its caller gave up on after
+// it was sent: the caller was told it failed (or answered per the failure
+// mode), so it must not also have spent tokens. Post-paid charges stay, as
+// they are recorded whatever the answer; a Take that was denied took
+// nothing. The refund runs under a context of its own; if it fails, the
+// tokens stay spent until they refill (stricter, never more lenient).
+func (s *Store) giveBackLate(c *call) {
+	if c.take == nil {
+		return
+	}
+	res, err := decodeTakeCmd(c.cmd, c.take, false)
+	if err != nil || !res.allowed {
+		return
+	}
+	var back []limiter.Request
+	for i, r := range c.take {
+		if r.Hits > 0 && !r.Charge() && res.decisions[i].Allowed {
+			back = append(back, r)
+		}
+	}
+	if len(back) == 0 {
+		return
+	}
+	s.stats.lateGiveBacks.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), lateGiveBackTimeout)
+	defer cancel()
+	if err := s.Refund(ctx, c.now, back); err != nil {
+		s.stats.lateGiveBackFailures.Add(1)
+	}
+}
+
+// lateGiveBackTimeout bounds a give-back of giveBackLate.
+const lateGiveBackTimeout = time.Second
 
 // scripts runs calls concurrently and returns their answers in order:
 // through the batcher when coalescing (they may share a round trip), else
@@ -631,7 +821,7 @@ func (s *Store) scripts(ctx context.Context, calls []scriptCall) []*redis.Cmd {
 	}
 	var wg sync.WaitGroup
 	for i, c := range calls {
-		wg.Go(func() { cmds[i] = s.direct(ctx, c) })
+		wg.Go(func() { cmds[i] = s.directTimed(ctx, c) })
 	}
 	wg.Wait()
 	return cmds
@@ -710,7 +900,7 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 	for g, idx := range groups {
 		var gkeys []string
 		gkeys, greqs[g] = groupOf(keys, reqs, idx)
-		calls[g] = scriptCall{script: s.take, keys: gkeys, args: s.takeArgs(now, greqs[g])}
+		calls[g] = scriptCall{script: s.take, keys: gkeys, args: s.takeArgs(now, greqs[g]), take: greqs[g], now: now}
 	}
 	for g, cmd := range s.scripts(ctx, calls) {
 		results[g], errs[g] = decodeTakeCmd(cmd, greqs[g], true)
@@ -763,7 +953,7 @@ func (s *Store) takeGroups(ctx context.Context, now time.Time, keys []string, re
 	if gerr != nil {
 		failed = append(failed, gerr)
 	}
-	return nil, unavailable(errors.Join(failed...))
+	return nil, takeError(errors.Join(failed...))
 }
 
 // giveBackGroups runs giveback.lua on every group that admitted, for the
@@ -841,10 +1031,13 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 		}
 		err = errors.Join(errs...)
 	}
-	if err != nil {
-		return fmt.Errorf("redis refund: %w: %w", limiter.ErrUnavailable, err)
+	switch {
+	case err == nil:
+		return nil
+	case isDeadline(err):
+		return fmt.Errorf("redis refund: %w", err)
 	}
-	return nil
+	return fmt.Errorf("redis refund: %w: %w", limiter.ErrUnavailable, err)
 }
 
 // refundArgs are refund.lua's ARGV for reqs.

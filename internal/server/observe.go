@@ -75,6 +75,11 @@ const (
 	// request is admitted and charged all or nothing), unless it is a
 	// post-paid charge, which is recorded all the same (Charged).
 	DeniedByOther
+	// FailureMode: no bucket decided; the store answered per its failure
+	// mode (--on-backend-failure allow, deny or local), because its backend
+	// failed or the call's deadline came first (Decision.Fallback says
+	// which). Not the rule's over_limit, whatever the answer.
+	FailureMode
 )
 
 // String names the outcome as metrics label it.
@@ -94,6 +99,8 @@ func (o Outcome) String() string {
 		return "shadow_over_limit"
 	case DeniedByOther:
 		return "denied_by_other"
+	case FailureMode:
+		return "failure_mode"
 	}
 	return "invalid"
 }
@@ -166,6 +173,8 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 			o.Outcome = Replaced
 		case it.rule.Unlimited && !it.limited:
 			o.Outcome = Unlimited
+		case it.limited && o.Decision.Fallback != limiter.FallbackNone:
+			o.Outcome = FailureMode
 		case st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
 			o.Outcome = OverLimit
 		case it.rule.ShadowMode && (it.denyAll || it.limited && !o.Decision.Allowed):

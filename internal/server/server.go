@@ -261,6 +261,9 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 		s.logFailure(ctx, now, req.GetDomain(), err)
 		return p, nil, nil, statusFromError(err)
 	}
+	if cause := decisions[0].Fallback; cause != limiter.FallbackNone {
+		s.logFallback(ctx, now, req.GetDomain(), cause)
+	}
 	resp := buildResponse(p, decisions, full, s.answer, cur.cache)
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && waits(decisions) {
 		if left, err := s.hold(ctx, p, decisions, s.now()); err != nil {
@@ -342,18 +345,36 @@ func (s *Server) refund(p plan, decisions []limiter.Decision, now time.Time) boo
 	return true
 }
 
-// logFailure logs a backend failure, at most once a second, with the number
-// of failures not logged since the last line.
+// logFailure logs a backend failure (or a call whose deadline came before
+// the backend could answer it), through logThrottled.
 func (s *Server) logFailure(ctx context.Context, now time.Time, domain string, err error) {
 	if errors.Is(err, limiter.ErrInvalidRequest) || errors.Is(err, context.Canceled) {
 		return
 	}
+	msg := "backend failed"
+	if errors.Is(err, limiter.ErrOverloaded) {
+		msg = "deadline reached before the backend could answer"
+	}
+	s.logThrottled(ctx, now, msg, "domain", domain, "err", err)
+}
+
+// logFallback logs a call answered per the store's failure mode (a store
+// answers a Take that way as a whole, so its first decision tells), through
+// logThrottled.
+func (s *Server) logFallback(ctx context.Context, now time.Time, domain string, cause limiter.Fallback) {
+	s.logThrottled(ctx, now, "answered per the failure mode", "domain", domain, "cause", cause.String())
+}
+
+// logThrottled logs a warning at most once a second (failures and
+// fallbacks share the second), with the number of lines not logged since
+// the last.
+func (s *Server) logThrottled(ctx context.Context, now time.Time, msg string, attrs ...any) {
 	last := s.lastFailureLog.Load()
 	if now.UnixNano()-last < int64(time.Second) || !s.lastFailureLog.CompareAndSwap(last, now.UnixNano()) {
 		s.quietFailures.Add(1)
 		return
 	}
-	s.log.WarnContext(ctx, "backend failed", "domain", domain, "err", err, "unlogged_since_last", s.quietFailures.Swap(0))
+	s.log.WarnContext(ctx, msg, append(attrs, "unlogged_since_last", s.quietFailures.Swap(0))...)
 }
 
 // ErrNoConfig is the cause of the UNAVAILABLE answered before any config
