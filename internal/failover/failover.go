@@ -5,7 +5,7 @@
 // allow, deny, or local buckets).
 //
 // A call's budget is its caller's deadline less a margin for the answer to
-// travel back (Options.DefaultDeadline when it has none): the backend
+// travel back (a twentieth of the time left, at most 5ms) (Options.DefaultDeadline when it has none): the backend
 // decides whenever it answers within it. Only a call the backend failed
 // (an error, or no answer within Options.Timeout of being sent) counts
 // against the backend; a call whose budget ran out while it waited in this
@@ -71,8 +71,12 @@ const (
 )
 
 // Margins kept between a call's budget and its caller's deadline, for the
-// answer to reach the caller: a tenth of the time left, at most maxMargin.
-const maxMargin = 5 * time.Millisecond
+// failure mode's answer to reach the caller: a twentieth of the time left
+// (1ms of Envoy's 20ms), at most maxMargin.
+const (
+	marginDivisor = 20
+	maxMargin     = 5 * time.Millisecond
+)
 
 // Options configures a Store. Zero fields take the defaults.
 type Options struct {
@@ -294,15 +298,15 @@ func (s *Store) Observe(err error) {
 }
 
 // budget returns the context a backend call runs under: ctx, ending a
-// margin before its deadline (a tenth of the time left, at most 5ms), or
-// DefaultDeadline from now if it has none.
+// margin before its deadline (a twentieth of the time left, at most 5ms),
+// or DefaultDeadline from now if it has none.
 func (s *Store) budget(ctx context.Context) (context.Context, context.CancelFunc) {
 	dl, ok := ctx.Deadline()
 	if !ok {
 		return context.WithTimeout(ctx, s.opts.DefaultDeadline)
 	}
 	left := time.Until(dl)
-	return context.WithDeadline(ctx, dl.Add(-min(maxMargin, max(left, 0)/10)))
+	return context.WithDeadline(ctx, dl.Add(-min(maxMargin, max(left, 0)/marginDivisor)))
 }
 
 // judge returns err, a backend call's, wrapped in limiter.ErrOverloaded if
