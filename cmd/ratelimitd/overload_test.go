@@ -183,7 +183,7 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 		batchWait    = 20 * time.Millisecond
 		timeout      = 5 * time.Millisecond // --backend-timeout
 		pause        = 1500 * time.Millisecond
-		readTimeout  = 100 * time.Millisecond // redisstore.DefaultReadTimeout
+		readTimeout  = 100 * time.Millisecond // --redis-read-timeout, given
 		writeTimeout = 100 * time.Millisecond // redisstore.DefaultWriteTimeout
 		failures     = 3                      // --breaker-failures' default
 		failingFor   = 2 * timeout            // --breaker-failing-for's default
@@ -191,7 +191,7 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := writeConfig(t, map[string]string{"mesh.yaml": wideConfig})
 	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "deny",
-		"--redis-batch-wait", batchWait.String(), "--backend-timeout", timeout.String())
+		"--redis-batch-wait", batchWait.String(), "--backend-timeout", timeout.String(), "--redis-read-timeout", readTimeout.String())
 	rule := []string{"domain", "mesh", "rule", "wide"}
 
 	// Queueing.

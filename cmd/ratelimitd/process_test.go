@@ -262,7 +262,7 @@ func checkMeshLimit(t *testing.T, backendArgs ...string) {
 	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
 	var addrs []string
 	for range 3 {
-		args := append([]string{"--config", dir, "--backend-timeout", "1s"}, backendArgs...)
+		args := append([]string{"--config", dir}, backendArgs...)
 		addrs = append(addrs, startProc(t, args...).grpcAddr)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -277,10 +277,9 @@ func checkMeshLimit(t *testing.T, backendArgs ...string) {
 	for _, n := range res.errs {
 		failed += n
 	}
-	// The bound is on admissions; a rare call lost to an overloaded test
-	// machine is reported, many are a failure.
-	if calls := int(admitted) + int(res.denied.Load()) + failed; failed*100 > calls {
-		t.Errorf("%d of %d calls failed: %v", failed, calls, res.errs)
+	// Redis is healthy: every call is decided, however busy the machine.
+	if calls := int(admitted) + int(res.denied.Load()) + failed; failed > 0 {
+		t.Errorf("%d of %d calls failed with Redis healthy: %v", failed, calls, res.errs)
 	}
 	if admitted > upper*1.01 {
 		t.Errorf("over-admitted: %.0f > %.0f (+1%%)", admitted, upper)
@@ -384,13 +383,13 @@ func goroutines(t *testing.T, httpAddr string) int {
 // TestSlowRedisAnswersWithinTheDeadline stalls Redis (CLIENT PAUSE) for
 // 1.5 s under calls with 1 s deadlines: in error mode they answer
 // UNAVAILABLE well within their deadline, none waits for the stall. Until
-// the breaker opens, a call costs at most a read timeout (100ms by
-// default: the bound of every round trip) or, on a new connection, a dial
-// and its handshake's read; after, it is answered at once.
+// the breaker opens, a call costs at most a read timeout (100ms here: the
+// bound of every round trip) or, on a new connection, a dial and its
+// handshake's read; after, it is answered at once.
 func TestSlowRedisAnswersWithinTheDeadline(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
-	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--backend-timeout", "20ms")
+	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--backend-timeout", "20ms", "--redis-read-timeout", "100ms")
 	if err := srv.Client().Do(context.Background(), "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
 		t.Fatalf("CLIENT PAUSE: %v", err)
 	}
