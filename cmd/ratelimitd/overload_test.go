@@ -178,12 +178,16 @@ func loadErrors(res *loadResult) int {
 // rule's over_limit.
 func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 	const (
-		callers      = 64
-		callTimeout  = 2 * time.Second
-		batchWait    = 20 * time.Millisecond
-		timeout      = 5 * time.Millisecond // --backend-timeout
-		pause        = 1500 * time.Millisecond
-		readTimeout  = 100 * time.Millisecond // --redis-read-timeout, given
+		callers     = 64
+		callTimeout = 2 * time.Second
+		batchWait   = 20 * time.Millisecond
+		timeout     = 5 * time.Millisecond // --backend-timeout
+		pause       = 2500 * time.Millisecond
+		// --redis-read-timeout, given: shorter than its default for a
+		// shorter test, long enough that the queueing phase's round trips,
+		// on a busy machine under the race detector (seen: 160 ms), do not
+		// reach it.
+		readTimeout  = 250 * time.Millisecond
 		writeTimeout = 100 * time.Millisecond // redisstore.DefaultWriteTimeout
 		failures     = 3                      // --breaker-failures' default
 		failingFor   = 2 * timeout            // --breaker-failing-for's default
@@ -256,7 +260,7 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 	// and is probed again within half of that: under a second, three on a
 	// busy machine.
 	recoverWithin := 3 * time.Second
-	ctx, cancel = context.WithTimeout(context.Background(), 2500*time.Millisecond)
+	ctx, cancel = context.WithTimeout(context.Background(), pause+time.Second)
 	defer cancel()
 	after := rlsv3.NewRateLimitServiceClient(openConn(t, p.grpcAddr))
 	done := make(chan pauseResult, 1)
