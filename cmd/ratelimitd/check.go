@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
 )
 
 // requestFlags are the flags check and explain share: a request's domain
@@ -253,7 +255,7 @@ func checkCredentials(caFile, certFile, keyFile string) (credentials.TransportCr
 		}
 		return insecure.NewCredentials(), nil
 	}
-	cfg, err := clientTLS("--tls", caFile, certFile, keyFile)
+	cfg, err := tlsreload.ClientConfig("--tls", caFile, certFile, keyFile)
 	if err != nil {
 		return nil, err
 	}

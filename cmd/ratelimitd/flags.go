@@ -10,8 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/gctune"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
@@ -86,29 +89,30 @@ func envName(name string) string {
 
 func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer) (serveConfig, error) {
 	var c serveConfig
+	defLimits := server.DefaultRequestLimits()
 	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.configPath, "config", "", "descriptor file, or directory of *.yaml files (required)")
-	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
-	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (/healthz, /readyz, /metrics, /limits, /limits.json, and /debug/pprof/ with --pprof)")
+	fs.StringVar(&c.grpcAddr, "grpc-addr", daemon.DefaultGRPCAddr, "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
+	fs.StringVar(&c.httpAddr, "http-addr", daemon.DefaultHTTPAddr, "HTTP listen address (/healthz, /readyz, /metrics, /limits, /limits.json, and /debug/pprof/ with --pprof)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long to drain in-flight calls on SIGTERM")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long to drain in-flight calls on SIGTERM")
 	retryAfter := fs.String("retry-after", "send", "Retry-After on OVER_LIMIT answers: send, or omit (for Envoys with enable_retry_after_header)")
 	rlHeaders := fs.String("ratelimit-headers", "off", "X-RateLimit-* headers computed by the service: off (leave them to Envoy) or draft03")
 	metadata := fs.String("dynamic-metadata", "all", "which answers name their rules in dynamic_metadata (for access logs): all, notable (denials, shadow denials, above burst, waits, full queues) or off")
-	fs.IntVar(&c.limits.MaxDescriptors, "max-descriptors", 64, "most descriptors in one request")
-	fs.IntVar(&c.limits.MaxEntries, "max-entries", 32, "most entries in one descriptor")
-	fs.IntVar(&c.limits.MaxKeyBytes, "max-key-bytes", 256, "longest descriptor entry key")
-	fs.IntVar(&c.limits.MaxValueBytes, "max-value-bytes", 4096, "longest descriptor entry value kept as it is; a longer one is limited under a stand-in (its first bytes, length and SHA-256)")
-	fs.IntVar(&c.limits.MaxDomainBytes, "max-domain-bytes", 256, "longest domain")
-	fs.Uint64Var(&c.limits.MaxHits, "max-hits", 1_000_000_000, "largest hits_addend")
-	fs.IntVar(&c.maxMessageBytes, "max-message-bytes", 1<<20, "largest gRPC request message")
-	fs.IntVar(&c.streamWorkers, "grpc-stream-workers", 128, "goroutines kept to handle gRPC calls, so that their grown stacks are reused; calls beyond them get their own goroutine (0: none kept)")
-	fs.DurationVar(&c.maxWait, "max-wait", 5*time.Second, "cap on every limit's max_wait: the longest a call is held for reserved tokens")
+	fs.IntVar(&c.limits.MaxDescriptors, "max-descriptors", defLimits.MaxDescriptors, "most descriptors in one request")
+	fs.IntVar(&c.limits.MaxEntries, "max-entries", defLimits.MaxEntries, "most entries in one descriptor")
+	fs.IntVar(&c.limits.MaxKeyBytes, "max-key-bytes", defLimits.MaxKeyBytes, "longest descriptor entry key")
+	fs.IntVar(&c.limits.MaxValueBytes, "max-value-bytes", defLimits.MaxValueBytes, "longest descriptor entry value kept as it is; a longer one is limited under a stand-in (its first bytes, length and SHA-256)")
+	fs.IntVar(&c.limits.MaxDomainBytes, "max-domain-bytes", defLimits.MaxDomainBytes, "longest domain")
+	fs.Uint64Var(&c.limits.MaxHits, "max-hits", defLimits.MaxHits, "largest hits_addend")
+	fs.IntVar(&c.maxMessageBytes, "max-message-bytes", daemon.DefaultMaxMessageBytes, "largest gRPC request message")
+	fs.IntVar(&c.streamWorkers, "grpc-stream-workers", daemon.DefaultStreamWorkers, "goroutines kept to handle gRPC calls, so that their grown stacks are reused; calls beyond them get their own goroutine (0: none kept)")
+	fs.DurationVar(&c.maxWait, "max-wait", daemon.DefaultMaxWait, "cap on every limit's max_wait: the longest a call is held for reserved tokens")
 	fs.BoolVar(&c.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
-	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", 0.8, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use (1 turns near_limit off)")
-	fs.IntVar(&c.maxMetricValues, "metrics-max-values", 100, "metrics: distinct values labelled per detailed_metric rule; the rest count as _other")
+	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", daemon.DefaultNearLimitRatio, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use (1 turns near_limit off)")
+	fs.IntVar(&c.maxMetricValues, "metrics-max-values", daemon.DefaultMaxMetricValues, "metrics: distinct values labelled per detailed_metric rule; the rest count as _other")
 	fs.StringVar(&c.redis.url, "redis-url", "", "Redis backend: redis:// or rediss:// URL (user, password, db); empty means in-memory")
 	fs.StringVar(&c.redis.sentinelMaster, "redis-sentinel-master", "", "Redis backend through Sentinel: the master's name")
 	fs.StringVar(&c.redis.sentinelAddrs, "redis-sentinel-addrs", "", "comma-separated Sentinel addresses, with --redis-sentinel-master")
@@ -118,16 +122,16 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&c.redis.tlsCA, "redis-tls-ca", "", "PEM file of the CA that signed the Redis servers' certificates (TLS: rediss:// URL, or any Sentinel/Cluster address)")
 	fs.StringVar(&c.redis.tlsCert, "redis-tls-cert", "", "PEM client certificate for Redis servers that require one (with --redis-tls-key)")
 	fs.StringVar(&c.redis.tlsKey, "redis-tls-key", "", "PEM key of --redis-tls-cert")
-	fs.StringVar(&c.redis.prefix, "redis-prefix", "ratelimitd:", "prefix of every Redis key")
+	fs.StringVar(&c.redis.prefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key")
 	fs.IntVar(&c.redis.poolSize, "redis-pool-size", 0, "connections per Redis node (0: 10 per CPU)")
-	fs.DurationVar(&c.redis.dialTimeout, "redis-dial-timeout", 0, "Redis dial timeout (0: the backend's default)")
-	fs.DurationVar(&c.redis.readTimeout, "redis-read-timeout", 0, "Redis read timeout (0: the backend's default)")
-	fs.DurationVar(&c.redis.writeTimeout, "redis-write-timeout", 0, "Redis write timeout (0: the backend's default)")
-	fs.DurationVar(&c.redis.poolTimeout, "redis-pool-timeout", 0, "how long a call waits for a free Redis connection (0: the backend's default)")
-	fs.IntVar(&c.redis.batchMax, "redis-batch-max", 0, "most Redis calls coalesced into one round trip (0: 64; 1: no coalescing)")
-	fs.DurationVar(&c.redis.batchWait, "redis-batch-wait", 0, "how long a batch collects calls while another round trip is in flight (0: 200µs; negative: not at all)")
+	fs.DurationVar(&c.redis.dialTimeout, "redis-dial-timeout", 0, fmt.Sprintf("Redis dial timeout (0: %v)", redisstore.DefaultDialTimeout))
+	fs.DurationVar(&c.redis.readTimeout, "redis-read-timeout", 0, fmt.Sprintf("how long Redis may hold a round trip before it has failed it (0: %v)", redisstore.DefaultReadTimeout))
+	fs.DurationVar(&c.redis.writeTimeout, "redis-write-timeout", 0, fmt.Sprintf("Redis write timeout (0: %v)", redisstore.DefaultWriteTimeout))
+	fs.DurationVar(&c.redis.poolTimeout, "redis-pool-timeout", 0, fmt.Sprintf("how long a call waits for a free Redis connection (0: %v)", redisstore.DefaultPoolTimeout))
+	fs.IntVar(&c.redis.batchMax, "redis-batch-max", 0, fmt.Sprintf("most Redis calls coalesced into one round trip (0: %d; 1: no coalescing)", redisstore.DefaultBatchMax))
+	fs.DurationVar(&c.redis.batchWait, "redis-batch-wait", 0, fmt.Sprintf("how long a batch collects calls while another round trip is in flight (0: %v; negative: not at all)", redisstore.DefaultBatchWait))
 	fs.BoolVar(&c.redis.denialCache, "denial-cache", true, "deny locally, until Redis's own retry-after, single-descriptor requests for buckets Redis just denied")
-	fs.IntVar(&c.redis.denialEntries, "denial-cache-size", 0, "most buckets the denial cache remembers (0: 65536)")
+	fs.IntVar(&c.redis.denialEntries, "denial-cache-size", 0, fmt.Sprintf("most buckets the denial cache remembers (0: %d)", denialcache.DefaultMaxEntries))
 	onFailure := fs.String("on-backend-failure", "error", "answer while Redis fails: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow, deny, or local (in-process buckets)")
 	fs.DurationVar(&c.failure.Timeout, "backend-timeout", failover.DefaultTimeout, "how long Redis has a call, from when it is sent, before a call still unanswered when its deadline comes counts as a Redis failure (a call is decided by Redis whenever it answers within the caller's deadline; time spent queued here never counts against Redis)")
 	fs.DurationVar(&c.failure.DefaultDeadline, "default-deadline", failover.DefaultDeadline, "the deadline of a call that comes without one (Envoy sends its ratelimit filter's timeout, 20ms by default, unless it is 0)")

@@ -79,6 +79,9 @@ type RequestLimits struct {
 	MaxHits        uint64 // per descriptor; default 1e9
 }
 
+// DefaultRequestLimits are the bounds of a zero RequestLimits.
+func DefaultRequestLimits() RequestLimits { return RequestLimits{}.withDefaults() }
+
 func (l RequestLimits) withDefaults() RequestLimits {
 	def := func(v *int, d int) {
 		if *v <= 0 {

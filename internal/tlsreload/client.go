@@ -1,4 +1,4 @@
-package main
+package tlsreload
 
 import (
 	"crypto/tls"
@@ -7,12 +7,12 @@ import (
 	"os"
 )
 
-// clientTLS is the TLS a client speaks: trusting the CAs of the PEM file
-// caFile (empty: the system's), and presenting the certificate certFile
-// with its key keyFile when given (both or neither). flag is the common
-// prefix of the three flags, for errors ("--tls" for --tls-ca, --tls-cert
-// and --tls-key).
-func clientTLS(flag, caFile, certFile, keyFile string) (*tls.Config, error) {
+// ClientConfig is the TLS a client speaks, read once: trusting the CAs of
+// the PEM file caFile (empty: the system's), and presenting the
+// certificate certFile with its key keyFile when given (both or neither).
+// flag is the common prefix of the three flags that name the files, for
+// errors ("--tls" for --tls-ca, --tls-cert and --tls-key).
+func ClientConfig(flag, caFile, certFile, keyFile string) (*tls.Config, error) {
 	if (certFile == "") != (keyFile == "") {
 		return nil, fmt.Errorf("%s-cert and %s-key go together", flag, flag)
 	}

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
 
-// observability is what serve adds for operators: Prometheus metrics, the
+// observability is what the daemon adds for operators: Prometheus metrics, the
 // /limits page's tracker, and tracing's gRPC options.
 type observability struct {
 	metrics     *metrics.Metrics
@@ -26,19 +26,19 @@ type observability struct {
 	pprof       bool
 }
 
-// newObservability builds them from the serve flags; backend labels the
-// latency histogram and backend errors.
-func newObservability(ctx context.Context, c serveConfig, backend string) (*observability, error) {
+// newObservability builds them from c; backend labels the latency
+// histogram and backend errors.
+func newObservability(ctx context.Context, c Config, backend string) (*observability, error) {
 	m, err := metrics.New(metrics.Options{
-		NearLimitRatio:   c.nearLimitRatio,
-		MaxValuesPerRule: c.maxMetricValues,
+		NearLimitRatio:   c.NearLimitRatio,
+		MaxValuesPerRule: c.MaxMetricValues,
 		Backend:          backend,
 		ProcessMetrics:   true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	opts, stop, err := tracing.Setup(ctx, c.tracing)
+	opts, stop, err := tracing.Setup(ctx, c.Tracing)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
@@ -47,7 +47,7 @@ func newObservability(ctx context.Context, c serveConfig, backend string) (*obse
 		tracker:     limitspage.NewTracker(limitspage.TrackerOptions{}),
 		grpcOptions: opts,
 		stopTracing: stop,
-		pprof:       c.pprof,
+		pprof:       c.Pprof,
 	}, nil
 }
 

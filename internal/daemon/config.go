@@ -1,0 +1,124 @@
+package daemon
+
+import (
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/tracing"
+)
+
+// Defaults of Config, for the zero value of each field and for the flags
+// and help text that describe them.
+const (
+	DefaultGRPCAddr        = "127.0.0.1:8081"
+	DefaultHTTPAddr        = "127.0.0.1:8080"
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultMaxMessageBytes = 1 << 20
+	// DefaultStreamWorkers covers the concurrency of a busy replica: the
+	// goroutines kept to handle gRPC calls, whose grown stacks are reused
+	// (runtime.newstack was 7% of the CPU under load without them).
+	DefaultStreamWorkers = 128
+	DefaultMaxWait       = 5 * time.Second
+	// DefaultNearLimitRatio and DefaultMaxMetricValues are the metrics'.
+	DefaultNearLimitRatio  = 0.8
+	DefaultMaxMetricValues = 100
+)
+
+// Config is what a Daemon runs with: everything the serve command reads
+// from its flags and environment, and nothing of how they were spelled.
+// The zero value of each field means its documented default, except
+// ConfigPath, which is required.
+type Config struct {
+	// ConfigPath is the descriptor file, or directory of *.yaml files.
+	ConfigPath string
+	// WatchConfig reloads the config when its files change (SIGHUP, sent
+	// to the process, reloads it in any case; see Daemon.Reload).
+	WatchConfig bool
+
+	// GRPCAddr and HTTPAddr are the listen addresses; default
+	// DefaultGRPCAddr and DefaultHTTPAddr. Port 0 picks a free one.
+	GRPCAddr, HTTPAddr string
+	// GRPCTLS, when CertFile is set, serves gRPC over TLS.
+	GRPCTLS TLSFiles
+	// MaxMessageBytes bounds a gRPC request; default DefaultMaxMessageBytes.
+	MaxMessageBytes int
+	// StreamWorkers is how many goroutines are kept to handle gRPC calls;
+	// default DefaultStreamWorkers; negative keeps none.
+	StreamWorkers int
+	// ShutdownTimeout bounds the drain of calls in flight once Run's
+	// context is done; default DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+
+	// RetryAfter, RateLimitHeaders, DynamicMetadata and Limits shape the
+	// answers (see server.Options; zero means its default).
+	RetryAfter       server.RetryAfter
+	RateLimitHeaders server.RateLimitHeaders
+	DynamicMetadata  server.DynamicMetadata
+	Limits           server.RequestLimits
+	// MaxWait caps every limit's max_wait; default DefaultMaxWait.
+	MaxWait time.Duration
+
+	// Redis selects the Redis backend; its zero value (Redis.Enabled
+	// false) keeps buckets in this process's memory.
+	Redis Redis
+	// Failure is what the Redis backend does when Redis fails (the memory
+	// backend never does); OnChange, Check, OnBackendFailure and OnFallback
+	// are the daemon's own and must be nil.
+	Failure failover.Options
+
+	// NearLimitRatio and MaxMetricValues tune the metrics; default
+	// DefaultNearLimitRatio and DefaultMaxMetricValues.
+	NearLimitRatio  float64
+	MaxMetricValues int
+	// Tracing exports spans (tracing.ConfigFromEnv reads it).
+	Tracing tracing.Config
+	// Pprof serves Go's profiler at /debug/pprof/ on the HTTP port.
+	Pprof bool
+
+	// GCHeapFloor is the heap, in bytes, the collector lets grow between
+	// collections while the live heap is smaller; 0 leaves GOGC alone.
+	GCHeapFloor uint64
+	// AdaptiveProcs runs on one P while goroutines seldom wait for one
+	// (see internal/proctune).
+	AdaptiveProcs bool
+}
+
+// TLSFiles name the PEM files of a TLS server: certificate chain and key,
+// and, for mutual TLS, the CAs whose client certificates are accepted. They
+// are re-read when they change.
+type TLSFiles struct {
+	CertFile, KeyFile, ClientCAFile string
+}
+
+// withDefaults is c with each zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.GRPCAddr == "" {
+		c.GRPCAddr = DefaultGRPCAddr
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = DefaultHTTPAddr
+	}
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	switch {
+	case c.StreamWorkers == 0:
+		c.StreamWorkers = DefaultStreamWorkers
+	case c.StreamWorkers < 0:
+		c.StreamWorkers = 0
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = DefaultMaxWait
+	}
+	if c.NearLimitRatio == 0 {
+		c.NearLimitRatio = DefaultNearLimitRatio
+	}
+	if c.MaxMetricValues <= 0 {
+		c.MaxMetricValues = DefaultMaxMetricValues
+	}
+	return c
+}

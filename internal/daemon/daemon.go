@@ -1,0 +1,526 @@
+// Package daemon is ratelimitd's composition root: from a Config (no
+// flags, no environment) it builds the rate-limit service, the backend it
+// decides with, the listeners and what operators observe, and runs them
+// until told to stop, in the shape of net/http.Server.
+//
+// cmd/ratelimitd turns its flags and environment into a Config; the
+// descriptor config comes from a source (the files under Config.ConfigPath,
+// watched or reloaded by Daemon.Reload) whose configs are applied as a
+// whole, a bad one leaving the one in force.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/gctune"
+	"github.com/ratelimitd/ratelimitd/internal/proctune"
+	"github.com/ratelimitd/ratelimitd/internal/reload"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
+)
+
+// HealthNames are the gRPC health service names ratelimitd answers for: the
+// whole server, the name envoyproxy/ratelimit deployments probe, and the
+// service's full name.
+var HealthNames = []string{"", "ratelimit", rlsv3.RateLimitService_ServiceDesc.ServiceName}
+
+// Daemon is one ratelimitd: its listeners are open from New; Run serves
+// them until its context is done, then drains and releases everything.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	backend  backend
+	obs      *observability
+	srv      *server.Server
+	health   *health.Server
+	watcher  *reload.Watcher
+	grpc     *grpc.Server
+	http     *http.Server
+	grpcLis  net.Listener
+	httpLis  net.Listener
+	tlsMode  string
+	stopping context.Context // done when shutdown begins
+	stop     context.CancelFunc
+
+	shuttingDown atomic.Bool
+}
+
+// New builds the daemon cfg describes and opens its listeners: it loads
+// the config, connects the backend (a Redis that is down is no error:
+// calls are answered per the failure mode until it answers) and listens.
+// Call Run to serve; Run releases what New opened. log receives every log
+// line.
+func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
+	cfg = cfg.withDefaults()
+	if cfg.ConfigPath == "" {
+		return nil, errors.New("daemon: Config.ConfigPath is required")
+	}
+	set, err := config.Load(cfg.ConfigPath)
+	if err != nil {
+		return nil, fmt.Errorf("load config %s:\n%w", cfg.ConfigPath, err)
+	}
+	d := &Daemon{cfg: cfg, log: log, health: health.NewServer()}
+	d.stopping, d.stop = context.WithCancel(context.Background())
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	backendName := "memory"
+	if cfg.Redis.Enabled() {
+		backendName = "redis"
+	}
+	if d.obs, err = newObservability(context.Background(), cfg, backendName); err != nil {
+		return nil, err
+	}
+	undo = append(undo, d.obs.close)
+	if d.backend, err = d.openBackend(); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { d.backend.Close() })
+	for _, col := range d.backend.Collectors() {
+		if err := d.obs.metrics.Registry().Register(col); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+	}
+	d.srv, err = server.New(server.Options{
+		MaxWait:          cfg.MaxWait,
+		Store:            d.backend.Store(),
+		Logger:           log,
+		Limits:           cfg.Limits,
+		RetryAfter:       cfg.RetryAfter,
+		RateLimitHeaders: cfg.RateLimitHeaders,
+		DynamicMetadata:  cfg.DynamicMetadata,
+		Observer:         d.obs.observer(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.obs.metrics.ConfigLoaded(set)
+	d.srv.SetConfig(set)
+	grpcOpts, err := d.grpcTLS()
+	if err != nil {
+		return nil, err
+	}
+	if d.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("listen for gRPC: %w", err)
+	}
+	undo = append(undo, func() { d.grpcLis.Close() })
+	if d.httpLis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		return nil, fmt.Errorf("listen for HTTP: %w", err)
+	}
+	undo = append(undo, func() { d.httpLis.Close() })
+	// The watcher last: with WatchFiles it holds a file watch (an inotify
+	// descriptor and a goroutine) that only its Run releases, so nothing
+	// may fail between it and Run.
+	if d.watcher, err = d.newWatcher(set); err != nil {
+		return nil, err
+	}
+
+	sopts := append(append(grpcOpts, d.obs.grpcOptions...), grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), server.Codec())
+	if cfg.StreamWorkers > 0 {
+		// Calls beyond the workers get goroutines of their own.
+		sopts = append(sopts, grpc.NumStreamWorkers(uint32(cfg.StreamWorkers)))
+	}
+	d.grpc = grpc.NewServer(sopts...)
+	rlsv3.RegisterRateLimitServiceServer(d.grpc, d.srv)
+	if cfg.Redis.Enabled() {
+		// NOT_SERVING (health.NewServer says SERVING for "") until the
+		// backend is ready, so that Envoy sends no call that would pay for
+		// a dial, a TLS handshake and the scripts' first load.
+		d.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	} else {
+		d.setHealth(healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(d.grpc, healthService{Server: d.health, stopping: d.stopping})
+	d.http = &http.Server{
+		Handler:           d.obs.handler(d.probes(), d.srv),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	return d, nil
+}
+
+// GRPCAddr and HTTPAddr are the addresses the daemon listens on.
+func (d *Daemon) GRPCAddr() net.Addr { return d.grpcLis.Addr() }
+func (d *Daemon) HTTPAddr() net.Addr { return d.httpLis.Addr() }
+
+// Reload reloads the config now (what SIGHUP asks for); a config that fails
+// validation leaves the one in force. After shutdown has begun it does
+// nothing. It is safe to call from any goroutine, before Run too.
+func (d *Daemon) Reload() {
+	if d.stopping.Err() != nil {
+		return
+	}
+	d.log.Info("reloading config", "config", d.cfg.ConfigPath)
+	d.watcher.Reload()
+}
+
+// Run serves until ctx is done, then shuts down gracefully: health says
+// NOT_SERVING first, calls in flight are answered (for at most
+// Config.ShutdownTimeout), and everything New opened is released. It
+// returns the error of a server that failed, nil after a shutdown asked
+// for by ctx. Call it once.
+func (d *Daemon) Run(ctx context.Context) error {
+	defer d.obs.close()
+	defer d.backend.Close()
+	defer d.stop()
+	// GOGC unset (see Config.GCHeapFloor): the runtime's default, 100.
+	defer gctune.Start(d.cfg.GCHeapFloor, 100).Stop()
+	if d.cfg.AdaptiveProcs {
+		defer proctune.Start(proctune.Options{OnChange: func(procs int, wait time.Duration) {
+			d.log.Debug("GOMAXPROCS changed", "procs", procs, "mean_sched_wait", wait)
+		}}).Stop()
+	}
+	set := d.srv.Config()
+	domains := set.Domains()
+	rules := 0
+	for _, dom := range domains {
+		rules += len(dom.Rules)
+	}
+	d.log.Info("ratelimitd started",
+		"config", d.cfg.ConfigPath, "config_hash", set.Hash(), "domains", len(domains), "rules", rules,
+		"backend", d.backend.Name(), "grpc_addr", d.grpcLis.Addr().String(), "http_addr", d.httpLis.Addr().String(),
+		"grpc_tls", d.tlsMode, "watch", d.cfg.WatchConfig)
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	wg.Go(func() {
+		if err := d.grpc.Serve(d.grpcLis); err != nil {
+			errc <- fmt.Errorf("gRPC server: %w", err)
+		}
+	})
+	wg.Go(func() {
+		if err := d.http.Serve(d.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("HTTP server: %w", err)
+		}
+	})
+	if d.cfg.Redis.Enabled() {
+		wg.Go(d.awaitBackend)
+		// Half the open time (a due probe comes at most half of it late),
+		// and at least a millisecond.
+		openFor := d.cfg.Failure.OpenFor
+		if openFor <= 0 {
+			openFor = failover.DefaultOpenFor
+		}
+		wg.Go(func() {
+			every(d.stopping, max(openFor/2, time.Millisecond), func(time.Time) {
+				if err := d.backend.Probe(d.stopping); err != nil {
+					d.log.Debug("backend probe failed", "backend", d.backend.Name(), "err", err)
+				}
+			})
+		})
+	}
+	wg.Go(func() { every(d.stopping, time.Minute, d.backend.Sweep) })
+	// Reload on file changes (unless WatchConfig is false) and on Reload.
+	wg.Go(func() { d.watcher.Run(d.stopping) })
+	d.watcher.Reload() // a change made between the first load and the watch
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		d.log.Info("shutting down", "timeout", d.cfg.ShutdownTimeout)
+	case runErr = <-errc:
+		d.log.Error("server failed, shutting down", "err", runErr)
+	}
+	// Tell health checkers first, so Envoy stops sending new calls here:
+	// /readyz, gRPC health, then the Watch streams, which end (after their
+	// NOT_SERVING) so that GracefulStop waits only for real calls.
+	d.shuttingDown.Store(true)
+	d.health.Shutdown()
+	d.stop()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownTimeout)
+	defer cancel()
+	drained := make(chan struct{})
+	go func() {
+		d.grpc.GracefulStop()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-shutdownCtx.Done():
+		d.log.Warn("in-flight calls did not finish in time; closing them")
+		d.grpc.Stop()
+		<-drained
+	}
+	if err := d.http.Shutdown(shutdownCtx); err != nil {
+		d.http.Close()
+	}
+	wg.Wait()
+	d.log.Info("stopped")
+	return runErr
+}
+
+// setHealth sets every name of HealthNames to st.
+func (d *Daemon) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
+	for _, name := range HealthNames {
+		d.health.SetServingStatus(name, st)
+	}
+}
+
+// onHealth follows the backend's health (its circuit breaker): only with
+// failure mode error does a failing backend make this replica unable to
+// answer, which gRPC health then says.
+func (d *Daemon) onHealth(healthy bool) {
+	if !healthy {
+		d.obs.metrics.FailureModeActivated(d.cfg.Failure.Mode.String())
+	}
+	if d.cfg.Failure.Mode == failover.Error || d.cfg.Failure.Mode == 0 {
+		st := healthpb.HealthCheckResponse_SERVING
+		if !healthy {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		d.setHealth(st)
+	}
+}
+
+// openBackend returns the backend cfg selects.
+func (d *Daemon) openBackend() (backend, error) {
+	if !d.cfg.Redis.Enabled() {
+		return newMemoryBackend(), nil
+	}
+	return openRedis(d.cfg.Redis, d.cfg.Failure, d.log, d.obs.metrics, d.onHealth)
+}
+
+// Attempts of awaitBackend: each bounded, then retried after a pause.
+const (
+	prepareTimeout = 2 * time.Second
+	prepareRetry   = 250 * time.Millisecond
+)
+
+// awaitBackend prepares the backend until it succeeds or shutdown begins,
+// and says SERVING once it has (it logs the first failure, and each later
+// one at debug level). In a failure mode other than error, it says
+// SERVING after the first failure too: the replica then answers per that
+// mode, which is what the operator chose for a backend that is down,
+// rather than staying out of rotation until Redis is up.
+func (d *Daemon) awaitBackend() {
+	serving := func() {
+		if d.backend.Healthy() && d.stopping.Err() == nil {
+			d.setHealth(healthpb.HealthCheckResponse_SERVING)
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(d.stopping, prepareTimeout)
+		err := d.backend.Prepare(ctx)
+		cancel()
+		if err == nil {
+			d.log.Info("backend ready", "backend", d.backend.Name())
+			serving()
+			return
+		}
+		if attempt == 0 {
+			d.log.Warn("backend not ready; answering per --on-backend-failure until it is", "backend", d.backend.Name(),
+				"mode", d.backend.FailureMode().String(), "err", err)
+			if d.backend.FailureMode() != failover.Error {
+				serving()
+			}
+		} else {
+			d.log.Debug("backend still not ready", "backend", d.backend.Name(), "err", err)
+		}
+		select {
+		case <-d.stopping.Done():
+			return
+		case <-time.After(prepareRetry):
+		}
+	}
+}
+
+// probes serves liveness (/healthz) and readiness (/readyz): readiness
+// fails while shutting down, without a config, and, in failure mode error,
+// while the backend fails (else it says degraded).
+func (d *Daemon) probes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if d.shuttingDown.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		if d.srv.Config() == nil {
+			http.Error(w, "no config loaded", http.StatusServiceUnavailable)
+			return
+		}
+		var failing error
+		if !d.backend.Healthy() {
+			failing = errors.New("its circuit breaker is open: calls to it failed")
+		} else {
+			ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+			failing = d.backend.Ready(ctx)
+			cancel()
+		}
+		if failing != nil {
+			// Only in error mode does a failing backend stop this replica
+			// from answering; otherwise it answers, degraded.
+			mode := d.backend.FailureMode()
+			msg := fmt.Sprintf("degraded: backend %s: %v; answering per --on-backend-failure %s", d.backend.Name(), failing, mode)
+			if mode == failover.Error {
+				http.Error(w, msg, http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, msg)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+// every calls f with the time every period until ctx is done.
+func every(ctx context.Context, period time.Duration, f func(time.Time)) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			f(now)
+		}
+	}
+}
+
+// healthService is the gRPC health service whose Watch streams end once
+// stopping is done (shutdown began), after telling the watcher the status
+// then in force (NOT_SERVING: health.Server.Shutdown is called first).
+// GracefulStop waits for every open stream, and a health checker's Watch
+// would otherwise hold the shutdown for all of --shutdown-timeout.
+type healthService struct {
+	*health.Server
+	stopping context.Context
+}
+
+// Watch implements healthpb.HealthServer.
+func (h healthService) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	defer context.AfterFunc(h.stopping, cancel)()
+	ws := &watchStream{Health_WatchServer: stream, ctx: ctx, last: -1}
+	err := h.Server.Watch(req, ws)
+	if h.stopping.Err() == nil || stream.Context().Err() != nil {
+		return err // the watcher left, or could not be sent to
+	}
+	// The inner Watch may have seen the end before the last change: send
+	// the status in force unless it was the last one sent.
+	st := healthpb.HealthCheckResponse_SERVICE_UNKNOWN
+	if resp, err := h.Server.Check(stream.Context(), req); err == nil {
+		st = resp.GetStatus()
+	}
+	if st != ws.last {
+		if err := stream.Send(&healthpb.HealthCheckResponse{Status: st}); err != nil {
+			return err
+		}
+	}
+	return status.Error(codes.Unavailable, "ratelimitd is shutting down")
+}
+
+// watchStream is a Watch stream whose context ends at shutdown too, and
+// which remembers the last status sent. It is used by one goroutine.
+type watchStream struct {
+	healthpb.Health_WatchServer
+	ctx  context.Context
+	last healthpb.HealthCheckResponse_ServingStatus // -1: none yet
+}
+
+func (s *watchStream) Context() context.Context { return s.ctx }
+
+func (s *watchStream) Send(resp *healthpb.HealthCheckResponse) error {
+	if err := s.Health_WatchServer.Send(resp); err != nil {
+		return err
+	}
+	s.last = resp.GetStatus()
+	return nil
+}
+
+// newWatcher returns the watcher that reloads the config into the server,
+// logging each reload (at info the new hash and domains, at error the full
+// validation message of a rejected config, the one in force staying) and
+// counting it in the metrics.
+func (d *Daemon) newWatcher(current *config.Set) (*reload.Watcher, error) {
+	mode := reload.WatchFiles
+	if !d.cfg.WatchConfig {
+		mode = reload.WatchReloadOnly
+	}
+	m, srv, log, path := d.obs.metrics, d.srv, d.log, d.cfg.ConfigPath
+	w, err := reload.New(reload.Options{
+		Path:    path,
+		Current: current,
+		Watch:   mode,
+		OnLoad: func(set *config.Set) {
+			// Metrics first: a call decided on the new config must find
+			// its rules' counters ready.
+			m.ConfigLoaded(set)
+			srv.SetConfig(set)
+			var names []string
+			for _, d := range set.Domains() {
+				names = append(names, d.Name)
+			}
+			log.Info("config reloaded", "config", path, "config_hash", set.Hash(), "domains", names)
+		},
+		OnError: func(err error) {
+			if errors.Is(err, reload.ErrWatch) {
+				log.Warn("watching the config failed; reloading to be sure", "err", err)
+				return
+			}
+			log.Error("config rejected; the previous config stays in force",
+				"config", path, "config_hash", srv.Config().Hash(), "err", err)
+			m.ConfigRejected(err)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w (--watch=false turns file watching off; SIGHUP still reloads)", err)
+	}
+	return w, nil
+}
+
+// grpcTLS returns the gRPC server options Config.GRPCTLS calls for, and
+// sets the mode for the start line: off, tls or mtls. The files are re-read
+// when they change.
+func (d *Daemon) grpcTLS() ([]grpc.ServerOption, error) {
+	f, log := d.cfg.GRPCTLS, d.log
+	d.tlsMode = "off"
+	if f.CertFile == "" {
+		return nil, nil
+	}
+	r, err := tlsreload.New(tlsreload.Options{
+		CertFile:     f.CertFile,
+		KeyFile:      f.KeyFile,
+		ClientCAFile: f.ClientCAFile,
+		OnReload: func() {
+			log.Info("gRPC TLS files reloaded", "cert", f.CertFile, "client_ca", f.ClientCAFile)
+		},
+		OnError: func(err error) {
+			log.Error("gRPC TLS files changed but cannot be used; the previous ones stay in use", "err", err)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gRPC TLS: %w", err)
+	}
+	d.tlsMode = "tls"
+	if f.ClientCAFile != "" {
+		d.tlsMode = "mtls"
+	}
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(r.ServerConfig()))}, nil
+}

@@ -1,0 +1,257 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimitd/ratelimitd/internal/denialcache"
+	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// Redis selects the Redis backend and tunes it: exactly one of URL,
+// SentinelMaster (with SentinelAddrs) or ClusterAddrs; none keeps buckets
+// in memory. Zero sizes and durations mean the defaults of
+// redisstore.ClientOptions, redisstore.Options and denialcache.Options.
+type Redis struct {
+	URL            string
+	SentinelMaster string
+	SentinelAddrs  []string
+	ClusterAddrs   []string
+	// Username and Password authenticate to Sentinel-managed or Cluster
+	// nodes (a URL carries its own); with Sentinels, Password is theirs too.
+	Username, Password string
+	// TLSCAFile, TLSCertFile and TLSKeyFile: the CA of the servers'
+	// certificates and a client certificate (TLS: a rediss:// URL, or any
+	// Sentinel or Cluster address).
+	TLSCAFile, TLSCertFile, TLSKeyFile string
+	Prefix                             string
+	PoolSize                           int
+	DialTimeout, ReadTimeout           time.Duration
+	WriteTimeout, PoolTimeout          time.Duration
+	BatchMax                           int
+	BatchWait                          time.Duration
+	// DenialCache denies locally what Redis just denied; DenialCacheSize
+	// bounds the buckets it remembers.
+	DenialCache     bool
+	DenialCacheSize int
+}
+
+// Enabled reports whether r selects a Redis backend.
+func (r Redis) Enabled() bool {
+	return r.URL != "" || r.SentinelMaster != "" || len(r.ClusterAddrs) > 0
+}
+
+// redisBackend keeps buckets in Redis, shared by every replica. The chain
+// of stores is: denial cache (front) → failover → denial cache (learning)
+// → Redis store (coalescing). The cache learns only from Redis's own
+// answers, never from the failure mode's, and answers before the failover
+// layer, so that local denials neither reach nor count for the breaker.
+type redisBackend struct {
+	name       string
+	front      limiter.Store
+	failover   *failover.Store
+	store      *redisstore.Store
+	closeAll   func() error
+	collectors []prometheus.Collector
+}
+
+// openRedis connects the Redis backend r describes, behind the failure
+// handling of failure. It does not fail when Redis is down at start: calls
+// are answered per the failure mode until it answers. onHealth is called
+// each time Redis is found failing or working again; m counts every backend
+// failure and failure-mode answer.
+func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.Metrics, onHealth func(healthy bool)) (*redisBackend, error) {
+	opts := redisstore.ClientOptions{
+		URL:            r.URL,
+		SentinelMaster: r.SentinelMaster,
+		SentinelAddrs:  r.SentinelAddrs,
+		ClusterAddrs:   r.ClusterAddrs,
+		PoolSize:       r.PoolSize,
+		DialTimeout:    r.DialTimeout,
+		ReadTimeout:    r.ReadTimeout,
+		WriteTimeout:   r.WriteTimeout,
+		PoolTimeout:    r.PoolTimeout,
+	}
+	if r.URL == "" { // a URL carries its own
+		opts.Username, opts.Password = r.Username, r.Password
+	}
+	if r.SentinelMaster != "" {
+		opts.SentinelPassword = r.Password
+	}
+	if r.TLSCAFile != "" || r.TLSCertFile != "" || r.TLSKeyFile != "" {
+		tc, err := tlsreload.ClientConfig("--redis-tls", r.TLSCAFile, r.TLSCertFile, r.TLSKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		opts.TLSConfig = tc
+	}
+	var cache *denialcache.Cache
+	if r.DenialCache {
+		var err error
+		if cache, err = denialcache.New(denialcache.Options{MaxEntries: r.DenialCacheSize}); err != nil {
+			return nil, fmt.Errorf("denial cache: %w", err)
+		}
+	}
+	client, err := redisstore.Dial(opts)
+	if err != nil {
+		return nil, fmt.Errorf("open the Redis backend: %w", err)
+	}
+	queue := newQueueMetrics()
+	// The failover Store, made below, hears what Redis did with the calls
+	// their callers gave up on.
+	var breaker atomic.Pointer[failover.Store]
+	store, err := redisstore.New(client, redisstore.Options{Prefix: r.Prefix, BatchMax: r.BatchMax, BatchWait: r.BatchWait,
+		QueueWait: queue.wait, BatchCalls: queue.batch,
+		OnAbandoned: func(err error) {
+			if fs := breaker.Load(); fs != nil {
+				fs.Observe(err)
+			}
+		}})
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("open the Redis backend: %w", err)
+	}
+	b := &redisBackend{name: "redis", store: store, closeAll: func() error {
+		store.Close()
+		return client.Close()
+	}}
+	switch {
+	case len(r.ClusterAddrs) > 0:
+		b.name = "redis-cluster"
+	case r.SentinelMaster != "":
+		b.name = "redis-sentinel"
+	}
+	var shared limiter.Store = store
+	if cache != nil {
+		shared = cache.Learn(store)
+	}
+	failure.OnChange = func(healthy bool, err error) {
+		if healthy {
+			log.Info("backend answers again", "backend", b.name)
+		} else {
+			log.Error("backend failing; answering per --on-backend-failure", "backend", b.name, "mode", failure.Mode.String(), "err", err)
+		}
+		onHealth(healthy)
+	}
+	// The open breaker probes Redis in the background (Probe), so that a
+	// replica no call reaches still finds it back; the probe decides on a
+	// bucket of its own, so that a Redis that answers PING but cannot
+	// decide (a read-only replica) keeps it open.
+	failure.Check = store.Probe
+	failure.OnBackendFailure = m.BackendFailure
+	mode := failure.Mode.String()
+	failure.OnFallback = func(cause limiter.Fallback) { m.FailureModeAnswer(mode, cause) }
+	fs, err := failover.New(shared, failure)
+	if err != nil {
+		b.closeAll()
+		return nil, err
+	}
+	breaker.Store(fs)
+	b.failover, b.front = fs, fs
+	if cache != nil {
+		b.front = cache.Front(fs)
+	}
+	var cacheStats func() denialcache.Stats // nil: no cache
+	if cache != nil {
+		cacheStats = cache.Stats
+	}
+	b.collectors = append(redisCollectors(store.Stats, cacheStats), queue.wait, queue.batch)
+	return b, nil
+}
+
+func (b *redisBackend) Store() limiter.Store               { return b.front }
+func (b *redisBackend) Name() string                       { return b.name }
+func (b *redisBackend) Prepare(ctx context.Context) error  { return b.store.Prepare(ctx) }
+func (b *redisBackend) Ready(ctx context.Context) error    { return b.store.Probe(ctx) }
+func (b *redisBackend) Healthy() bool                      { return b.failover.Healthy() }
+func (b *redisBackend) FailureMode() failover.Mode         { return b.failover.Mode() }
+func (b *redisBackend) Probe(ctx context.Context) error    { return b.failover.Probe(ctx) }
+func (b *redisBackend) Sweep(now time.Time)                { b.failover.Sweep(now) }
+func (b *redisBackend) Collectors() []prometheus.Collector { return b.collectors }
+func (b *redisBackend) Close() error                       { return b.closeAll() }
+
+// queueMetrics are the histograms of how coalesced calls queue in this
+// process before Redis has them: the first sign of a saturated replica,
+// before any deadline is missed.
+type queueMetrics struct {
+	wait, batch prometheus.Histogram
+}
+
+func newQueueMetrics() queueMetrics {
+	return queueMetrics{
+		wait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimitd_redis_queue_wait_seconds",
+			Help:    "How long each coalesced Redis call waited in this process, from its request to the write of its round trip (time Redis is not to blame for).",
+			Buckets: []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5},
+		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimitd_redis_batch_calls",
+			Help:    "Script calls carried by each coalesced round trip to Redis.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+		}),
+	}
+}
+
+// redisCollectors are the counters of the Redis store (how well calls
+// coalesce) and of the denial cache (nil: off), read from their Stats when
+// scraped.
+func redisCollectors(store func() redisstore.Stats, cache func() denialcache.Stats) []prometheus.Collector {
+	counter := func(name, help string, value func() int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(value()) })
+	}
+	cs := []prometheus.Collector{
+		counter("ratelimitd_redis_takes_total",
+			"Takes sent to Redis: the buckets of one request, taken all-or-nothing.",
+			func() int64 { return store().Takes }),
+		counter("ratelimitd_redis_script_calls_total",
+			"Script runs asked of Redis: one per Take (per hash slot on a Cluster), plus Cluster give-backs and refunds.",
+			func() int64 { return store().Calls }),
+		counter("ratelimitd_redis_scripts_total",
+			"Script commands sent: script calls, less those that travelled merged into one command with others.",
+			func() int64 { return store().Scripts }),
+		counter("ratelimitd_redis_round_trips_total",
+			"Round trips to Redis (one pipeline, to each node it names on a Cluster, counts once).",
+			func() int64 { return store().RoundTrips }),
+		counter("ratelimitd_redis_direct_calls_total",
+			"Script calls sent at once from their caller's goroutine because no round trip was in flight.",
+			func() int64 { return store().Direct }),
+		counter("ratelimitd_redis_give_back_failures_total",
+			"Cluster give-backs (a request across hash slots that one slot denied) that failed or missed the request's deadline: their tokens stay spent until they refill.",
+			func() int64 { return store().GiveBackFailures }),
+		counter("ratelimitd_redis_denied_with_failures_total",
+			"Requests across hash slots that one slot denied while another failed: answered OVER_LIMIT, the failure counted here.",
+			func() int64 { return store().DeniedWithFailures }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ratelimitd_redis_pending_calls",
+			Help: "Redis script calls asked for and not yet answered (queued in this process or in flight), now."},
+			func() float64 { return float64(store().Pending) }),
+		counter("ratelimitd_redis_late_answers_total",
+			"Coalesced calls Redis answered after their caller had given up on them (its deadline came first).",
+			func() int64 { return store().Late }),
+		counter("ratelimitd_redis_late_give_backs_total",
+			"Late answers that admitted a Take, whose tokens were then given back: a caller told it failed spends nothing.",
+			func() int64 { return store().LateGiveBacks }),
+		counter("ratelimitd_redis_late_give_back_failures_total",
+			"Give-backs of late answers that failed: those tokens stay spent until they refill.",
+			func() int64 { return store().LateGiveBackFailures }),
+	}
+	if cache != nil {
+		cs = append(cs,
+			counter("ratelimitd_denial_cache_denials_total",
+				"Descriptors denied by the local denial cache without asking Redis.",
+				func() int64 { return cache().LocalDenials }),
+			counter("ratelimitd_denial_cache_learned_total",
+				"Denials from Redis the local denial cache remembered.",
+				func() int64 { return cache().Learned }))
+	}
+	return cs
+}
