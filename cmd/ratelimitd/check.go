@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -17,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/ratelimitd/ratelimitd/internal/answer"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
 )
 
@@ -53,7 +52,7 @@ type descriptorFlags [][]*ratelimitv3.RateLimitDescriptor_Entry
 func (d *descriptorFlags) String() string {
 	parts := make([]string, len(*d))
 	for i, entries := range *d {
-		parts[i] = entriesString(entries)
+		parts[i] = answer.Entries(entries)
 	}
 	return strings.Join(parts, " ")
 }
@@ -71,14 +70,6 @@ func (d *descriptorFlags) Set(s string) error {
 	}
 	*d = append(*d, entries)
 	return nil
-}
-
-func entriesString(entries []*ratelimitv3.RateLimitDescriptor_Entry) string {
-	parts := make([]string, len(entries))
-	for i, e := range entries {
-		parts[i] = e.GetKey() + "=" + e.GetValue()
-	}
-	return strings.Join(parts, ",")
 }
 
 // runCheck sends one ShouldRateLimit to a running server and prints the
@@ -128,122 +119,14 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("check: ShouldRateLimit at %s: %w", *addr, err)
 	}
-	ans := newCheckAnswer(req, resp)
+	ans := answer.Of(req, resp)
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false) // rule paths hold '>'
-		return enc.Encode(ans)
+		return ans.WriteJSON(stdout)
 	}
-	return ans.writeTable(stdout)
-}
-
-// checkAnswer is the answer as check prints it; its JSON form is stable.
-type checkAnswer struct {
-	OverallCode          string         `json:"overall_code"`
-	Statuses             []checkStatus  `json:"statuses"`
-	ResponseHeadersToAdd []checkHeader  `json:"response_headers_to_add,omitempty"`
-	RequestHeadersToAdd  []checkHeader  `json:"request_headers_to_add,omitempty"`
-	DynamicMetadata      map[string]any `json:"dynamic_metadata,omitempty"`
-}
-
-type checkStatus struct {
-	Descriptor   string      `json:"descriptor"`
-	Code         string      `json:"code"`
-	Limit        *checkLimit `json:"limit,omitempty"`
-	Remaining    uint32      `json:"remaining"`
-	ResetSeconds int64       `json:"reset_seconds"`
-}
-
-type checkLimit struct {
-	Name            string `json:"name,omitempty"`
-	RequestsPerUnit uint32 `json:"requests_per_unit"`
-	Unit            string `json:"unit"`
-	UnitMultiplier  uint32 `json:"unit_multiplier,omitempty"`
-}
-
-type checkHeader struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
-}
-
-func newCheckAnswer(req *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse) checkAnswer {
-	a := checkAnswer{OverallCode: resp.GetOverallCode().String(), Statuses: []checkStatus{}}
-	for i, st := range resp.GetStatuses() {
-		s := checkStatus{Code: st.GetCode().String(), Remaining: st.GetLimitRemaining(), ResetSeconds: st.GetDurationUntilReset().GetSeconds()}
-		if i < len(req.GetDescriptors()) {
-			s.Descriptor = entriesString(req.GetDescriptors()[i].GetEntries())
-		}
-		if l := st.GetCurrentLimit(); l != nil {
-			s.Limit = &checkLimit{Name: l.GetName(), RequestsPerUnit: l.GetRequestsPerUnit(), Unit: strings.ToLower(l.GetUnit().String()),
-				UnitMultiplier: l.GetUnitMultiplier().GetValue()}
-		}
-		a.Statuses = append(a.Statuses, s)
+	if err := ans.WriteTable(stdout); err != nil {
+		return fmt.Errorf("check: %w", err)
 	}
-	for _, h := range resp.GetResponseHeadersToAdd() {
-		a.ResponseHeadersToAdd = append(a.ResponseHeadersToAdd, checkHeader{h.GetKey(), h.GetValue()})
-	}
-	for _, h := range resp.GetRequestHeadersToAdd() {
-		a.RequestHeadersToAdd = append(a.RequestHeadersToAdd, checkHeader{h.GetKey(), h.GetValue()})
-	}
-	if md := resp.GetDynamicMetadata(); md != nil && len(md.GetFields()) > 0 {
-		a.DynamicMetadata = md.AsMap()
-	}
-	return a
-}
-
-func (l *checkLimit) String() string {
-	if l == nil {
-		return "-"
-	}
-	per := l.Unit
-	if l.UnitMultiplier > 1 {
-		per = fmt.Sprintf("%d %ss", l.UnitMultiplier, l.Unit)
-	}
-	s := fmt.Sprintf("%d/%s", l.RequestsPerUnit, per)
-	if l.Name != "" {
-		s += " (" + l.Name + ")"
-	}
-	return s
-}
-
-// writeTable prints the answer for people: the overall code, a table of
-// statuses, then headers and metadata.
-func (a checkAnswer) writeTable(w io.Writer) error {
-	var b strings.Builder
-	fmt.Fprintf(&b, "overall: %s\n\n", a.OverallCode)
-	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DESCRIPTOR\tCODE\tLIMIT\tREMAINING\tRESET")
-	for _, s := range a.Statuses {
-		remaining := "-"
-		if s.Limit != nil {
-			remaining = fmt.Sprint(s.Remaining)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%ds\n", s.Descriptor, s.Code, s.Limit, remaining, s.ResetSeconds)
-	}
-	tw.Flush()
-	headers := func(title string, hs []checkHeader) {
-		if len(hs) == 0 {
-			return
-		}
-		fmt.Fprintf(&b, "\n%s:\n", title)
-		for _, h := range hs {
-			fmt.Fprintf(&b, "  %s: %s\n", h.Key, h.Value)
-		}
-	}
-	headers("response headers", a.ResponseHeadersToAdd)
-	headers("request headers", a.RequestHeadersToAdd)
-	if len(a.DynamicMetadata) > 0 {
-		var md strings.Builder
-		enc := json.NewEncoder(&md)
-		enc.SetEscapeHTML(false) // rule paths hold '>'
-		if err := enc.Encode(a.DynamicMetadata); err != nil {
-			return fmt.Errorf("check: metadata: %w", err)
-		}
-		fmt.Fprintf(&b, "\ndynamic metadata: %s", md.String())
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	return nil
 }
 
 // checkCredentials is plaintext without a CA, else TLS trusting it, with a

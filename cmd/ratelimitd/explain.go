@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/answer"
 )
 
 // runExplain loads descriptor files and prints, for each -d descriptor,
@@ -46,7 +47,7 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 		if i > 0 {
 			b.WriteByte('\n')
 		}
-		fmt.Fprintf(&b, "descriptor %d: %s\n", i+1, entriesString(d))
+		fmt.Fprintf(&b, "descriptor %d: %s\n", i+1, answer.Entries(d))
 		for _, line := range set.Explain(rf.domain, entries) {
 			fmt.Fprintf(&b, "  %s\n", line)
 		}

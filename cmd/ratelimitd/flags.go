@@ -20,39 +20,16 @@ import (
 )
 
 // serveConfig is everything the serve command reads from flags and the
-// environment, once, at start.
+// environment, once, at start: the daemon's Config (its Redis is set from
+// redis once the flags are checked), and what only the command uses.
 type serveConfig struct {
+	daemon.Config
+	redis     redisFlags
+	logLevel  slog.Level
+	logFormat string
 	// ignoredFlags are flags given (as given spells them) that only the
 	// Redis backend reads, while the memory backend is in use: serve warns.
-	ignoredFlags    []string
-	configPath      string
-	grpcAddr        string
-	httpAddr        string
-	logLevel        slog.Level
-	logFormat       string
-	shutdownTimeout time.Duration
-	retryAfter      server.RetryAfter
-	rateLimitHeader server.RateLimitHeaders
-	dynamicMetadata server.DynamicMetadata
-	limits          server.RequestLimits
-	maxMessageBytes int
-	streamWorkers   int // gRPC goroutines kept for handling calls
-	maxWait         time.Duration
-	redis           redisFlags
-	pprof           bool           // serve /debug/pprof/ on the HTTP port
-	nearLimitRatio  float64        // metrics: share of burst in use that is near_limit
-	maxMetricValues int            // metrics: values labelled per detailed_metric rule
-	tracing         tracing.Config // from the OTEL_* variables
-	failure         failover.Options
-	watch           bool     // reload the config when its files change
-	tls             tlsFlags // gRPC over TLS when certFile is set
-	gcHeapFloor     uint64   // bytes the heap may grow to between collections; 0: GOGC alone
-	adaptiveProcs   bool     // GOMAXPROCS=1 while goroutines seldom wait for a P (proctune)
-}
-
-// tlsFlags select TLS, and with clientCA mutual TLS, for the gRPC port.
-type tlsFlags struct {
-	certFile, keyFile, clientCA string
+	ignoredFlags []string
 }
 
 // redisFlags select and tune the Redis backend; all empty means in-memory.
@@ -92,27 +69,27 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	defLimits := server.DefaultRequestLimits()
 	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.configPath, "config", "", "descriptor file, or directory of *.yaml files (required)")
-	fs.StringVar(&c.grpcAddr, "grpc-addr", daemon.DefaultGRPCAddr, "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
-	fs.StringVar(&c.httpAddr, "http-addr", daemon.DefaultHTTPAddr, "HTTP listen address (/healthz, /readyz, /metrics, /limits, /limits.json, and /debug/pprof/ with --pprof)")
+	fs.StringVar(&c.ConfigPath, "config", "", "descriptor file, or directory of *.yaml files (required)")
+	fs.StringVar(&c.GRPCAddr, "grpc-addr", daemon.DefaultGRPCAddr, "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
+	fs.StringVar(&c.HTTPAddr, "http-addr", daemon.DefaultHTTPAddr, "HTTP listen address (/healthz, /readyz, /metrics, /limits, /limits.json, and /debug/pprof/ with --pprof)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long to drain in-flight calls on SIGTERM")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long to drain in-flight calls on SIGTERM")
 	retryAfter := fs.String("retry-after", "send", "Retry-After on OVER_LIMIT answers: send, or omit (for Envoys with enable_retry_after_header)")
 	rlHeaders := fs.String("ratelimit-headers", "off", "X-RateLimit-* headers computed by the service: off (leave them to Envoy) or draft03")
 	metadata := fs.String("dynamic-metadata", "all", "which answers name their rules in dynamic_metadata (for access logs): all, notable (denials, shadow denials, above burst, waits, full queues) or off")
-	fs.IntVar(&c.limits.MaxDescriptors, "max-descriptors", defLimits.MaxDescriptors, "most descriptors in one request")
-	fs.IntVar(&c.limits.MaxEntries, "max-entries", defLimits.MaxEntries, "most entries in one descriptor")
-	fs.IntVar(&c.limits.MaxKeyBytes, "max-key-bytes", defLimits.MaxKeyBytes, "longest descriptor entry key")
-	fs.IntVar(&c.limits.MaxValueBytes, "max-value-bytes", defLimits.MaxValueBytes, "longest descriptor entry value kept as it is; a longer one is limited under a stand-in (its first bytes, length and SHA-256)")
-	fs.IntVar(&c.limits.MaxDomainBytes, "max-domain-bytes", defLimits.MaxDomainBytes, "longest domain")
-	fs.Uint64Var(&c.limits.MaxHits, "max-hits", defLimits.MaxHits, "largest hits_addend")
-	fs.IntVar(&c.maxMessageBytes, "max-message-bytes", daemon.DefaultMaxMessageBytes, "largest gRPC request message")
-	fs.IntVar(&c.streamWorkers, "grpc-stream-workers", daemon.DefaultStreamWorkers, "goroutines kept to handle gRPC calls, so that their grown stacks are reused; calls beyond them get their own goroutine (0: none kept)")
-	fs.DurationVar(&c.maxWait, "max-wait", daemon.DefaultMaxWait, "cap on every limit's max_wait: the longest a call is held for reserved tokens")
-	fs.BoolVar(&c.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
-	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", daemon.DefaultNearLimitRatio, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use (1 turns near_limit off)")
-	fs.IntVar(&c.maxMetricValues, "metrics-max-values", daemon.DefaultMaxMetricValues, "metrics: distinct values labelled per detailed_metric rule; the rest count as _other")
+	fs.IntVar(&c.Limits.MaxDescriptors, "max-descriptors", defLimits.MaxDescriptors, "most descriptors in one request")
+	fs.IntVar(&c.Limits.MaxEntries, "max-entries", defLimits.MaxEntries, "most entries in one descriptor")
+	fs.IntVar(&c.Limits.MaxKeyBytes, "max-key-bytes", defLimits.MaxKeyBytes, "longest descriptor entry key")
+	fs.IntVar(&c.Limits.MaxValueBytes, "max-value-bytes", defLimits.MaxValueBytes, "longest descriptor entry value kept as it is; a longer one is limited under a stand-in (its first bytes, length and SHA-256)")
+	fs.IntVar(&c.Limits.MaxDomainBytes, "max-domain-bytes", defLimits.MaxDomainBytes, "longest domain")
+	fs.Uint64Var(&c.Limits.MaxHits, "max-hits", defLimits.MaxHits, "largest hits_addend")
+	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", daemon.DefaultMaxMessageBytes, "largest gRPC request message")
+	fs.IntVar(&c.StreamWorkers, "grpc-stream-workers", daemon.DefaultStreamWorkers, "goroutines kept to handle gRPC calls, so that their grown stacks are reused; calls beyond them get their own goroutine (0: none kept)")
+	fs.DurationVar(&c.MaxWait, "max-wait", daemon.DefaultMaxWait, "cap on every limit's max_wait: the longest a call is held for reserved tokens")
+	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
+	fs.Float64Var(&c.NearLimitRatio, "near-limit-ratio", daemon.DefaultNearLimitRatio, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use (1 turns near_limit off)")
+	fs.IntVar(&c.MaxMetricValues, "metrics-max-values", daemon.DefaultMaxMetricValues, "metrics: distinct values labelled per detailed_metric rule; the rest count as _other")
 	fs.StringVar(&c.redis.url, "redis-url", "", "Redis backend: redis:// or rediss:// URL (user, password, db); empty means in-memory")
 	fs.StringVar(&c.redis.sentinelMaster, "redis-sentinel-master", "", "Redis backend through Sentinel: the master's name")
 	fs.StringVar(&c.redis.sentinelAddrs, "redis-sentinel-addrs", "", "comma-separated Sentinel addresses, with --redis-sentinel-master")
@@ -133,18 +110,18 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.BoolVar(&c.redis.denialCache, "denial-cache", true, "deny locally, until Redis's own retry-after, single-descriptor requests for buckets Redis just denied")
 	fs.IntVar(&c.redis.denialEntries, "denial-cache-size", 0, fmt.Sprintf("most buckets the denial cache remembers (0: %d)", denialcache.DefaultMaxEntries))
 	onFailure := fs.String("on-backend-failure", "error", "answer while Redis fails: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow, deny, or local (in-process buckets)")
-	fs.DurationVar(&c.failure.Timeout, "backend-timeout", failover.DefaultTimeout, "how long Redis has a call, from when it is sent, before a call still unanswered when its deadline comes counts as a Redis failure (a call is decided by Redis whenever it answers within the caller's deadline; time spent queued here never counts against Redis)")
-	fs.DurationVar(&c.failure.DefaultDeadline, "default-deadline", failover.DefaultDeadline, "the deadline of a call that comes without one (Envoy sends its ratelimit filter's timeout, 20ms by default, unless it is 0)")
-	fs.IntVar(&c.failure.FailureThreshold, "breaker-failures", failover.DefaultFailureThreshold, "consecutive Redis failures that open the circuit breaker")
-	fs.DurationVar(&c.failure.FailingFor, "breaker-failing-for", 0, "how long Redis must keep failing, with no call succeeding, before the breaker opens (0: twice --backend-timeout; negative: no minimum)")
-	fs.DurationVar(&c.failure.OpenFor, "breaker-open-for", failover.DefaultOpenFor, "how long the open breaker answers without Redis before one call probes it")
-	fs.Int64Var(&c.failure.ReplicasHint, "replicas-hint", 1, "local mode: each rate and burst is divided by this (the number of replicas)")
-	fs.DurationVar(&c.failure.Grace, "failure-grace", 0, "local mode: how long an outage is answered per --failure-grace-mode before limiting locally")
-	fs.BoolVar(&c.watch, "watch", true, "reload the config when its files change (SIGHUP reloads it in any case)")
-	fs.StringVar(&c.tls.certFile, "grpc-tls-cert", "", "gRPC over TLS: PEM certificate chain file, re-read when it changes (with --grpc-tls-key)")
-	fs.StringVar(&c.tls.keyFile, "grpc-tls-key", "", "gRPC over TLS: PEM private key file, re-read when it changes")
-	fs.StringVar(&c.tls.clientCA, "grpc-client-ca", "", "mutual TLS: PEM file of the CAs whose client certificates are accepted; clients without one are refused")
-	fs.BoolVar(&c.adaptiveProcs, "adaptive-procs", true, "run on one P (GOMAXPROCS=1) while goroutines seldom wait for one, on all of them as soon as they do: less CPU and latency under light load. Ignored when GOMAXPROCS is set")
+	fs.DurationVar(&c.Failure.Timeout, "backend-timeout", failover.DefaultTimeout, "how long Redis has a call, from when it is sent, before a call still unanswered when its deadline comes counts as a Redis failure (a call is decided by Redis whenever it answers within the caller's deadline; time spent queued here never counts against Redis)")
+	fs.DurationVar(&c.Failure.DefaultDeadline, "default-deadline", failover.DefaultDeadline, "the deadline of a call that comes without one (Envoy sends its ratelimit filter's timeout, 20ms by default, unless it is 0)")
+	fs.IntVar(&c.Failure.FailureThreshold, "breaker-failures", failover.DefaultFailureThreshold, "consecutive Redis failures that open the circuit breaker")
+	fs.DurationVar(&c.Failure.FailingFor, "breaker-failing-for", 0, "how long Redis must keep failing, with no call succeeding, before the breaker opens (0: twice --backend-timeout; negative: no minimum)")
+	fs.DurationVar(&c.Failure.OpenFor, "breaker-open-for", failover.DefaultOpenFor, "how long the open breaker answers without Redis before one call probes it")
+	fs.Int64Var(&c.Failure.ReplicasHint, "replicas-hint", 1, "local mode: each rate and burst is divided by this (the number of replicas)")
+	fs.DurationVar(&c.Failure.Grace, "failure-grace", 0, "local mode: how long an outage is answered per --failure-grace-mode before limiting locally")
+	fs.BoolVar(&c.WatchConfig, "watch", true, "reload the config when its files change (SIGHUP reloads it in any case)")
+	fs.StringVar(&c.GRPCTLS.CertFile, "grpc-tls-cert", "", "gRPC over TLS: PEM certificate chain file, re-read when it changes (with --grpc-tls-key)")
+	fs.StringVar(&c.GRPCTLS.KeyFile, "grpc-tls-key", "", "gRPC over TLS: PEM private key file, re-read when it changes")
+	fs.StringVar(&c.GRPCTLS.ClientCAFile, "grpc-client-ca", "", "mutual TLS: PEM file of the CAs whose client certificates are accepted; clients without one are refused")
+	fs.BoolVar(&c.AdaptiveProcs, "adaptive-procs", true, "run on one P (GOMAXPROCS=1) while goroutines seldom wait for one, on all of them as soon as they do: less CPU and latency under light load. Ignored when GOMAXPROCS is set")
 	gcFloorMiB := fs.Int("gc-heap-floor-mib", gctune.DefaultFloor>>20, "let the heap grow to this many MiB between garbage collections while the live heap is smaller (fewer collections under load); 0: GOGC alone. Ignored when GOGC is set")
 	graceMode := fs.String("failure-grace-mode", "error", "local mode: the answer during --failure-grace: error, allow or deny")
 
@@ -163,19 +140,19 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if terr != nil {
 		return c, usageError{terr}
 	}
-	c.tracing = tc
-	if c.nearLimitRatio <= 0 || c.nearLimitRatio > 1 {
-		return c, usageError{fmt.Errorf("--near-limit-ratio %v: want more than 0 and at most 1", c.nearLimitRatio)}
+	c.Tracing = tc
+	if c.NearLimitRatio <= 0 || c.NearLimitRatio > 1 {
+		return c, usageError{fmt.Errorf("--near-limit-ratio %v: want more than 0 and at most 1", c.NearLimitRatio)}
 	}
-	if c.configPath == "" {
+	if c.ConfigPath == "" {
 		return c, usageError{fmt.Errorf("--config is required (or %s)", envName("config"))}
 	}
-	if c.streamWorkers < 0 || c.streamWorkers > 1<<16 {
-		return c, usageError{fmt.Errorf("--grpc-stream-workers %d: want 0 to 65536", c.streamWorkers)}
+	if c.StreamWorkers < 0 || c.StreamWorkers > 1<<16 {
+		return c, usageError{fmt.Errorf("--grpc-stream-workers %d: want 0 to 65536", c.StreamWorkers)}
 	}
-	if c.shutdownTimeout <= 0 {
+	if c.ShutdownTimeout <= 0 {
 		// Zero would end every call in flight at once on SIGTERM.
-		return c, usageError{fmt.Errorf("--shutdown-timeout %v: want more than 0 (how long SIGTERM waits for calls in flight)", c.shutdownTimeout)}
+		return c, usageError{fmt.Errorf("--shutdown-timeout %v: want more than 0 (how long SIGTERM waits for calls in flight)", c.ShutdownTimeout)}
 	}
 	if err := c.redis.check(given); err != nil {
 		return c, usageError{err}
@@ -183,17 +160,21 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if !c.redis.enabled() {
 		c.ignoredFlags = redisOnlyGiven(given)
 	}
-	if c.retryAfter, err = choose("retry-after", *retryAfter,
+	c.Redis = c.redis.config()
+	if c.StreamWorkers == 0 {
+		c.StreamWorkers = -1 // none kept (0 is the daemon's default)
+	}
+	if c.RetryAfter, err = choose("retry-after", *retryAfter,
 		[]string{"send", "omit"},
 		[]server.RetryAfter{server.RetryAfterSend, server.RetryAfterOmit}); err != nil {
 		return c, usageError{err}
 	}
-	if c.rateLimitHeader, err = choose("ratelimit-headers", *rlHeaders,
+	if c.RateLimitHeaders, err = choose("ratelimit-headers", *rlHeaders,
 		[]string{"off", "draft03"},
 		[]server.RateLimitHeaders{server.RateLimitHeadersOff, server.RateLimitHeadersDraft03}); err != nil {
 		return c, usageError{err}
 	}
-	if c.dynamicMetadata, err = choose("dynamic-metadata", *metadata,
+	if c.DynamicMetadata, err = choose("dynamic-metadata", *metadata,
 		[]string{"all", "notable", "off"},
 		[]server.DynamicMetadata{server.DynamicMetadataAll, server.DynamicMetadataNotable, server.DynamicMetadataOff}); err != nil {
 		return c, usageError{err}
@@ -207,23 +188,23 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	for i, m := range modes {
 		modeNames[i] = m.String()
 	}
-	if c.failure.Mode, err = choose("on-backend-failure", *onFailure, modeNames, modes); err != nil {
+	if c.Failure.Mode, err = choose("on-backend-failure", *onFailure, modeNames, modes); err != nil {
 		return c, usageError{err}
 	}
 	// The grace before local mode answers as one of the others.
-	if c.failure.GraceMode, err = choose("failure-grace-mode", *graceMode, modeNames[:3], modes[:3]); err != nil {
+	if c.Failure.GraceMode, err = choose("failure-grace-mode", *graceMode, modeNames[:3], modes[:3]); err != nil {
 		return c, usageError{err}
 	}
 	if *gcFloorMiB < 0 || *gcFloorMiB > gctune.MaxFloor>>20 {
 		return c, usageError{fmt.Errorf("--gc-heap-floor-mib %d: want 0 to %d", *gcFloorMiB, gctune.MaxFloor>>20)}
 	}
 	if getenv("GOGC") == "" { // the runtime read it; an operator's GOGC wins
-		c.gcHeapFloor = uint64(*gcFloorMiB) << 20
+		c.GCHeapFloor = uint64(*gcFloorMiB) << 20
 	}
-	if (c.tls.certFile == "") != (c.tls.keyFile == "") {
+	if (c.GRPCTLS.CertFile == "") != (c.GRPCTLS.KeyFile == "") {
 		return c, usageError{errors.New("--grpc-tls-cert and --grpc-tls-key go together")}
 	}
-	if c.tls.clientCA != "" && c.tls.certFile == "" {
+	if c.GRPCTLS.ClientCAFile != "" && c.GRPCTLS.CertFile == "" {
 		return c, usageError{errors.New("--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key")}
 	}
 	return c, nil

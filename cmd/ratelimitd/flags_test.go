@@ -23,23 +23,23 @@ func TestParseServeFlagsChoices(t *testing.T) {
 		field       func(serveConfig) any
 		want        any
 	}{
-		{"retry-after", "send", func(c serveConfig) any { return c.retryAfter }, server.RetryAfterSend},
-		{"retry-after", "omit", func(c serveConfig) any { return c.retryAfter }, server.RetryAfterOmit},
-		{"ratelimit-headers", "off", func(c serveConfig) any { return c.rateLimitHeader }, server.RateLimitHeadersOff},
-		{"ratelimit-headers", "draft03", func(c serveConfig) any { return c.rateLimitHeader }, server.RateLimitHeadersDraft03},
-		{"dynamic-metadata", "all", func(c serveConfig) any { return c.dynamicMetadata }, server.DynamicMetadataAll},
-		{"dynamic-metadata", "notable", func(c serveConfig) any { return c.dynamicMetadata }, server.DynamicMetadataNotable},
-		{"dynamic-metadata", "off", func(c serveConfig) any { return c.dynamicMetadata }, server.DynamicMetadataOff},
+		{"retry-after", "send", func(c serveConfig) any { return c.RetryAfter }, server.RetryAfterSend},
+		{"retry-after", "omit", func(c serveConfig) any { return c.RetryAfter }, server.RetryAfterOmit},
+		{"ratelimit-headers", "off", func(c serveConfig) any { return c.RateLimitHeaders }, server.RateLimitHeadersOff},
+		{"ratelimit-headers", "draft03", func(c serveConfig) any { return c.RateLimitHeaders }, server.RateLimitHeadersDraft03},
+		{"dynamic-metadata", "all", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataAll},
+		{"dynamic-metadata", "notable", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataNotable},
+		{"dynamic-metadata", "off", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataOff},
 		{"log-format", "text", func(c serveConfig) any { return c.logFormat }, "text"},
 		{"log-format", "json", func(c serveConfig) any { return c.logFormat }, "json"},
-		{"on-backend-failure", "error", func(c serveConfig) any { return c.failure.Mode }, failover.Error},
-		{"on-backend-failure", "allow", func(c serveConfig) any { return c.failure.Mode }, failover.Allow},
-		{"on-backend-failure", "deny", func(c serveConfig) any { return c.failure.Mode }, failover.Deny},
-		{"on-backend-failure", "local", func(c serveConfig) any { return c.failure.Mode }, failover.Local},
-		{"failure-grace-mode", "error", func(c serveConfig) any { return c.failure.GraceMode }, failover.Error},
-		{"failure-grace-mode", "allow", func(c serveConfig) any { return c.failure.GraceMode }, failover.Allow},
-		{"failure-grace-mode", "deny", func(c serveConfig) any { return c.failure.GraceMode }, failover.Deny},
-		{"breaker-failing-for", "30ms", func(c serveConfig) any { return c.failure.FailingFor }, 30 * time.Millisecond},
+		{"on-backend-failure", "error", func(c serveConfig) any { return c.Failure.Mode }, failover.Error},
+		{"on-backend-failure", "allow", func(c serveConfig) any { return c.Failure.Mode }, failover.Allow},
+		{"on-backend-failure", "deny", func(c serveConfig) any { return c.Failure.Mode }, failover.Deny},
+		{"on-backend-failure", "local", func(c serveConfig) any { return c.Failure.Mode }, failover.Local},
+		{"failure-grace-mode", "error", func(c serveConfig) any { return c.Failure.GraceMode }, failover.Error},
+		{"failure-grace-mode", "allow", func(c serveConfig) any { return c.Failure.GraceMode }, failover.Allow},
+		{"failure-grace-mode", "deny", func(c serveConfig) any { return c.Failure.GraceMode }, failover.Deny},
+		{"breaker-failing-for", "30ms", func(c serveConfig) any { return c.Failure.FailingFor }, 30 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.flag+"="+tt.value, func(t *testing.T) {
@@ -65,16 +65,16 @@ func TestParseServeFlagsDefaults(t *testing.T) {
 		flag      string
 		got, want any
 	}{
-		{"retry-after", c.retryAfter, server.RetryAfterSend},
-		{"ratelimit-headers", c.rateLimitHeader, server.RateLimitHeadersOff},
-		{"dynamic-metadata", c.dynamicMetadata, server.DynamicMetadataAll},
+		{"retry-after", c.RetryAfter, server.RetryAfterSend},
+		{"ratelimit-headers", c.RateLimitHeaders, server.RateLimitHeadersOff},
+		{"dynamic-metadata", c.DynamicMetadata, server.DynamicMetadataAll},
 		{"log-format", c.logFormat, "text"},
-		{"on-backend-failure", c.failure.Mode, failover.Error},
-		{"failure-grace", c.failure.Grace, time.Duration(0)},
-		{"failure-grace-mode", c.failure.GraceMode, failover.Error},
-		{"replicas-hint", c.failure.ReplicasHint, int64(1)},
-		{"grpc-stream-workers", c.streamWorkers, 128},
-		{"gc-heap-floor-mib", c.gcHeapFloor, uint64(64 << 20)},
+		{"on-backend-failure", c.Failure.Mode, failover.Error},
+		{"failure-grace", c.Failure.Grace, time.Duration(0)},
+		{"failure-grace-mode", c.Failure.GraceMode, failover.Error},
+		{"replicas-hint", c.Failure.ReplicasHint, int64(1)},
+		{"grpc-stream-workers", c.StreamWorkers, 128},
+		{"gc-heap-floor-mib", c.GCHeapFloor, uint64(64 << 20)},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {
@@ -107,8 +107,8 @@ func TestGOGCWinsOverTheHeapFloor(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.gcHeapFloor != tt.want {
-			t.Errorf("GOGC=%q %q: heap floor %d, want %d", tt.gogc, tt.args, c.gcHeapFloor, tt.want)
+		if c.GCHeapFloor != tt.want {
+			t.Errorf("GOGC=%q %q: heap floor %d, want %d", tt.gogc, tt.args, c.GCHeapFloor, tt.want)
 		}
 	}
 }

@@ -25,6 +25,8 @@ import (
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 )
 
 func main() {
@@ -32,9 +34,9 @@ func main() {
 	// go-redis logs through one hook for the whole process: it is set here,
 	// once, and nowhere else, so that its lines go through the serve
 	// command's logger (at debug level) rather than straight to stderr.
-	redisLog := &redisLogger{}
+	redisLog := &redisstore.Logger{}
 	redis.SetLogger(redisLog)
-	err := runWith(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, redisLog.use)
+	err := runWith(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, redisLog.Use)
 	stop()
 	var usage usageError
 	switch {

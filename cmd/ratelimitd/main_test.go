@@ -215,9 +215,9 @@ func TestEnvironmentSetsFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.configPath != "/etc/rl" || c.grpcAddr != "127.0.0.1:7777" || c.limits.MaxDescriptors != 7 {
+	if c.ConfigPath != "/etc/rl" || c.GRPCAddr != "127.0.0.1:7777" || c.Limits.MaxDescriptors != 7 {
 		t.Errorf("config %q, grpc %q, max descriptors %d; want /etc/rl, the flag's 127.0.0.1:7777, 7",
-			c.configPath, c.grpcAddr, c.limits.MaxDescriptors)
+			c.ConfigPath, c.GRPCAddr, c.Limits.MaxDescriptors)
 	}
 }
 

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
-	"sync/atomic"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
@@ -153,35 +150,4 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-// redisLogger carries go-redis's own log lines (a dial that failed, a
-// connection found broken) into the process's slog logger, at debug level:
-// failover already logs an outage once, at error, when Redis starts failing
-// and again when it answers, so these per-connection lines are detail for
-// whoever asks for --log-level debug, in the --log-format of the rest.
-// go-redis has one logger per process (redis.SetLogger): main installs one
-// redisLogger, once, and the serve command hands it its logger with use.
-// Until then lines go to slog.Default(). It is safe for concurrent use.
-type redisLogger struct {
-	log atomic.Pointer[slog.Logger]
-}
-
-// use makes l the logger lines are written through from now on.
-func (r *redisLogger) use(l *slog.Logger) { r.log.Store(l) }
-
-// Printf implements go-redis's logging interface: it logs the formatted
-// line, without its trailing newline, at debug level.
-func (r *redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l := r.log.Load()
-	if l == nil {
-		l = slog.Default()
-	}
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	if !l.Enabled(ctx, slog.LevelDebug) {
-		return // do not format what is not written
-	}
-	l.DebugContext(ctx, strings.TrimRight(fmt.Sprintf(format, v...), "\n"), "logger", "go-redis")
 }

@@ -13,6 +13,8 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 )
 
 // TestRedisLoggerWritesThroughSlog: a go-redis line comes out as one record
@@ -51,8 +53,8 @@ func TestRedisLoggerWritesThroughSlog(t *testing.T) {
 			if tt.format == "json" {
 				log = slog.New(slog.NewJSONHandler(&buf, opts))
 			}
-			var r redisLogger
-			r.use(log)
+			var r redisstore.Logger
+			r.Use(log)
 			r.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v\n", 1, dialErr)
 			got := buf.String()
 			if tt.wantRec != nil {

@@ -20,37 +20,6 @@ func newLogger(c serveConfig, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// daemonConfig is the daemon's Config for the flags.
-func (c serveConfig) daemonConfig() daemon.Config {
-	workers := c.streamWorkers
-	if workers == 0 {
-		workers = -1 // --grpc-stream-workers 0: none kept
-	}
-	return daemon.Config{
-		ConfigPath:       c.configPath,
-		WatchConfig:      c.watch,
-		GRPCAddr:         c.grpcAddr,
-		HTTPAddr:         c.httpAddr,
-		GRPCTLS:          daemon.TLSFiles{CertFile: c.tls.certFile, KeyFile: c.tls.keyFile, ClientCAFile: c.tls.clientCA},
-		MaxMessageBytes:  c.maxMessageBytes,
-		StreamWorkers:    workers,
-		ShutdownTimeout:  c.shutdownTimeout,
-		RetryAfter:       c.retryAfter,
-		RateLimitHeaders: c.rateLimitHeader,
-		DynamicMetadata:  c.dynamicMetadata,
-		Limits:           c.limits,
-		MaxWait:          c.maxWait,
-		Redis:            c.redis.config(),
-		Failure:          c.failure,
-		NearLimitRatio:   c.nearLimitRatio,
-		MaxMetricValues:  c.maxMetricValues,
-		Tracing:          c.tracing,
-		Pprof:            c.pprof,
-		GCHeapFloor:      c.gcHeapFloor,
-		AdaptiveProcs:    c.adaptiveProcs,
-	}
-}
-
 // serve runs the service until ctx is done, then shuts down gracefully.
 // SIGHUP reloads the config.
 func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
@@ -64,7 +33,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Ignore(syscall.SIGHUP)
 	log := newLogger(c, logw)
-	d, err := daemon.New(c.daemonConfig(), log)
+	d, err := daemon.New(c.Config, log)
 	if err != nil {
 		return err
 	}
@@ -79,7 +48,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 			case <-done:
 				return
 			case <-hup:
-				log.Info("SIGHUP: reloading config", "config", c.configPath)
+				log.Info("SIGHUP: reloading config", "config", c.ConfigPath)
 				d.Reload()
 			}
 		}
