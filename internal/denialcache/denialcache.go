@@ -3,62 +3,36 @@
 // buckets locally, without asking the store, for as long as the store's own
 // answer proves they must be denied, with the answer the store would give.
 //
-// The proof: when the store denies n tokens of a bucket, it decided at some
-// instant at or after the call was sent, and its answer places the
-// bucket's theoretical arrival time (TAT) then: ResetAfter is the time to
-// the TAT rounded up to the microsecond, and RetryAfter, set against the
-// limiter arithmetic for n tokens (Limit.Span), tells which side of some
-// fraction of a microsecond the rounding hid. Tokens only arrive with
-// time, and other replicas only take them, so measured on the local
-// monotonic clock from the instant the call was sent, the TAT is at least
-// that late. A request for m ≥ n tokens of the same bucket, under the same
-// Limit, is then denied locally while n tokens cannot have arrived, with
-// the Decision limiter.Decide gives for m on that TAT: m's own RetryAfter,
-// the ResetAfter, or ExceedsBurst above the burst. When that Decision
-// depends on a fraction the answer did not tell (only with a Period that
-// is not a whole number of microseconds per token, and m ≠ n), the store
-// is asked. The cache only ever denies, never admits.
+// A Cache is shared by two layers: Learn, below it, fills it from the
+// store's answers; Front, above it, answers from it (Wrap stacks both).
+// What it guarantees:
 //
-// A denial is trusted for at most MaxAge after the call that learned it
-// was sent (and never past the instant n tokens may have arrived); then the
-// store is asked again. This bounds what it costs when tokens come back
-// though nothing on this replica gave them: on Redis Cluster, a Take
-// spanning hash slots that one slot denies gives back what the others took
-// about a round trip later, and a single-request denial learned in between
-// would otherwise stand for its whole RetryAfter (an hour on a limit of 1
-// an hour); a refund through another replica; a Redis that lost its data.
-// In each case this replica denies a bucket that has room for at most
-// MaxAge.
+//   - It never admits. It learns only from the store's own denials, never
+//     from an answer that was on its way while a refund, admission or
+//     charge of that bucket went through this replica's layers.
+//   - A denial of n tokens answers locally only requests for m ≥ n tokens
+//     of the same bucket under the same Limit, while n tokens cannot have
+//     arrived, and for at most MaxAge after the call that learned it was
+//     sent. The answer is the Decision limiter.Decide gives for m on the
+//     bucket's state (m's own RetryAfter, the ResetAfter, or ExceedsBurst);
+//     when that hangs on a fraction of a microsecond the store's answer did
+//     not tell, the store is asked.
+//   - Only single-request Takes are cached. Checks (Hits 0), reservations
+//     (MaxWait) and requests on post-paid buckets (Limit.MaxDebt) always go
+//     to the store. A Take or Refund through Learn that spends from or
+//     refills a bucket makes the cache forget it.
+//   - Other replicas' takes since a denial make its RetryAfter and
+//     ResetAfter shorter than the store's by what they took; tokens that
+//     come back unseen (another replica's refund, a Cluster give-back, a
+//     store that lost its data) make it deny for at most MaxAge longer.
 //
-// It assumes the store's clock runs at the rate of the local one (Redis
-// TIME, on a host kept by NTP: errors of parts per million), and reads it
-// to the microsecond: Redis truncates TIME to the µs, so the instant it
-// decided at can read up to a µs before the call was sent, and a denial
-// can stand up to a µs longer than the store's would. Other
-// replicas' takes make the bucket emptier than the cache knows, so its
-// RetryAfter and ResetAfter are shorter than the store's would be by what
-// they took since. This replica's own takes do not: every Take through the
-// Learn layer that spends from a bucket (an admission with Hits, a
-// post-paid charge) forgets it when it returns (short by what a Take
-// spent only if that Take overlapped the call the denial was learned
-// from).
+// It assumes the store's clock runs at the rate of the local one and is read
+// to the microsecond (Redis TIME). Memory is bounded by MaxEntries and by
+// MaxBytes, which counts each entry's key. A Cache is safe for concurrent
+// use.
 //
-// Only single-request Takes are cached: an all-or-nothing Take of several
-// buckets says which one denied only through its decisions, and the others
-// may be admitted next time. Checks (Hits 0), reservations (MaxWait) and
-// requests on post-paid buckets (Limit.MaxDebt, whose charges must always
-// be recorded) always go to the store. Shadow requests are cached like the
-// others: their denial is the bucket's, and charges nothing.
-//
-// A refund (limiter.Refunder) makes a bucket fuller, against the proof.
-// Refunds through this replica's layers forget the buckets they name once
-// the store has them, and a denial answered to a Take sent before such a
-// refund returned is not learned (the store may have decided it before the
-// refund): each refund starts a new epoch of its bucket's shard.
-//
-// Memory is bounded by MaxEntries and by MaxBytes, which counts each
-// entry's key: descriptors with long values make the cache hold fewer
-// buckets, not more memory.
+// The argument that a local denial is one the store would give, and its
+// bounds, is in docs/design/denial-cache.md.
 package denialcache
 
 import (

@@ -1,21 +1,17 @@
 // Package gctune keeps the Go garbage collector from running every few
 // megabytes while the live heap is small.
 //
-// With GOGC=100 the runtime collects when the heap reaches twice what the
-// last collection found live (and at least 4 MiB). ratelimitd's live heap is
-// a few megabytes unless it holds many buckets, while serving a call
-// allocates a few kilobytes (most of it gRPC's): at tens of thousands of
-// calls a second the collector then runs many times a second, and its fixed
-// cost per cycle shows as throughput and tail latency. A Tuner raises the GC
-// percent while the live heap is below a floor, so that the heap may grow to
-// about the floor between collections, and gives the percent back as the live
-// heap approaches the floor: above it the collector paces as GOGC says. The
-// heap goal is at most max(floor, what GOGC alone allows) after each
-// collection (until the next one: a live heap that jumps past the floor
-// within one cycle is paced by the percent set for the smaller one), and a
-// memory limit (GOMEMLIMIT) still holds. This is the "GOGC tuner" Uber
-// described for its services (eng.uber.com, "How We Saved 70K Cores Across
-// 30 Mission-Critical Services"), in its simplest form.
+// A Tuner raises the GC percent while the live heap is below a floor, so
+// that the heap may grow to about the floor between collections, and gives
+// the percent back (the base, GOGC) as the live heap approaches the floor:
+// above it the collector paces as GOGC says. After each collection the heap
+// goal is at most max(floor, what GOGC alone allows), until the next one;
+// a memory limit (GOMEMLIMIT) still holds. The GC percent is the
+// process's: a Tuner assumes nothing else sets it. Its methods are safe
+// for concurrent use.
+//
+// Why ratelimitd needs it, and how Percent follows the runtime's pacer, is
+// in docs/design/gc-tuning.md.
 package gctune
 
 import (

@@ -2,18 +2,17 @@
 // goroutines seldom wait for one, and on every P the runtime would give it
 // otherwise as soon as they do.
 //
-// A lightly loaded server that answers each call by handing it between
-// goroutines (gRPC's reader, a handler, a Redis client, gRPC's writer) pays,
-// with several Ps, for waking an idle thread on another CPU at each
-// hand-off, and for the threads that spin looking for work in between: on
-// the development machine, one caller against the Redis backend cost
-// ratelimitd 300 µs of CPU a call with two Ps and 200 µs with one, and 90
-// µs more of median latency. Under load the one P is too few: goroutines
-// queue for it, and throughput at 64 callers was 8–15% lower. So a Tuner
-// watches how long runnable goroutines wait for a P (the runtime's
-// /sched/latencies histogram, the Go counterpart of Linux's CPU pressure)
-// and moves between the two: up at once when, on one P, they wait long;
-// down only after they have waited very little for a while on all of them.
+// A Tuner measures how long runnable goroutines wait for a P (the
+// runtime's /sched/latencies histogram) every Options.Interval: up to every
+// P at once when, on one P, the mean wait passes Options.Up; down to one P
+// only after the mean wait has stayed below Options.Down on all of them for
+// Options.DownAfter intervals. GOMAXPROCS is the process's: a Tuner
+// assumes nothing else sets it, and does not start when the GOMAXPROCS
+// environment variable is set. Stop may be called from any goroutine, more
+// than once.
+//
+// Why one P under light load, and the measurements behind the thresholds,
+// are in docs/design/adaptive-procs.md.
 package proctune
 
 import (
