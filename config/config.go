@@ -4,8 +4,7 @@
 // The format reads envoyproxy/ratelimit's YAML files unchanged (domain,
 // nested descriptors with key, value, rate_limit, shadow_mode, replaces,
 // detailed_metric) and adds token-bucket fields (rate_limit.burst,
-// rate_limit.unit_multiplier). The README's "Configuration" section is the
-// reference.
+// rate_limit.unit_multiplier). docs/configuration.md is the reference.
 //
 // The package does no I/O beyond reading the files it is asked to load, and
 // never logs.

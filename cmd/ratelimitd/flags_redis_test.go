@@ -93,9 +93,9 @@ func TestRedisFlagsRejected(t *testing.T) {
 	}
 }
 
-// TestRedisFlagsAccepted: the ways README gives to select each backend, and
-// flags set to their defaults (as a template with an empty variable writes
-// them), are not errors.
+// TestRedisFlagsAccepted: the ways docs/redis.md gives to select each
+// backend, and flags set to their defaults (as a template with an empty
+// variable writes them), are not errors.
 func TestRedisFlagsAccepted(t *testing.T) {
 	tests := []struct {
 		name string

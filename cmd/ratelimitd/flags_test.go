@@ -55,7 +55,7 @@ func TestParseServeFlagsChoices(t *testing.T) {
 }
 
 // TestParseServeFlagsDefaults checks the defaults of the choice flags and
-// of the failure-mode flags README lists.
+// of the failure-mode flags docs/failure-modes.md lists.
 func TestParseServeFlagsDefaults(t *testing.T) {
 	c, err := parseServeFlags([]string{"--config", "x"}, noEnv, io.Discard)
 	if err != nil {
