@@ -89,21 +89,16 @@ type Rule struct {
 	Path string
 	// Name is rate_limit.name, or "" when the file gives none.
 	Name string
-	// Unlimited rules admit everything and keep no bucket.
-	Unlimited bool
-	// DenyAll rules (requests_per_unit: 0, envoyproxy/ratelimit's way to
-	// block a value) deny every request and keep no bucket. Limit is zero;
-	// Unit and UnitMultiplier are as written.
-	DenyAll bool
-	// Limits are the rule's buckets: its rate_limit, each of its
-	// rate_limits, or its quota group's. A request passes the rule only if
-	// every one has room. Empty when Unlimited or DenyAll.
+	// Kind says what the rule does with a request: take from the buckets
+	// of Limits, admit it, or deny it.
+	Kind Kind
+	// Limits are the rule's rates. For KindLimited, its buckets: its
+	// rate_limit, each of its rate_limits, or its quota group's; a request
+	// passes the rule only if every one has room. For KindDenyAll, one
+	// limit with a zero Limit (no bucket) keeping the name, unit and
+	// unit_multiplier as written, which Envoy is told (requests_per_unit 0)
+	// and retries after. Empty for KindUnlimited.
 	Limits []RateLimit
-	// Limit, Unit and UnitMultiplier are those of Limits[0] (for DenyAll,
-	// the unit as written), kept for the common single-limit rule.
-	Limit          limiter.Limit
-	Unit           Unit
-	UnitMultiplier int64
 	// ShadowMode rules are evaluated and counted but never deny. It is the
 	// shadow_mode of the rule's own descriptor: as in envoyproxy/ratelimit,
 	// shadow_mode on a descriptor without a rate limit is accepted and
@@ -122,6 +117,33 @@ type Rule struct {
 	// varies has one flag per descriptor level down to the rule: whether
 	// the level is key-only (any value matches, each with its own bucket).
 	varies []bool
+}
+
+// Kind is what a rule does with a request. The zero Kind is invalid.
+type Kind int
+
+const (
+	// KindLimited rules take from their buckets (Rule.Limits).
+	KindLimited Kind = iota + 1
+	// KindUnlimited rules (unlimited: true) admit everything and keep no
+	// bucket.
+	KindUnlimited
+	// KindDenyAll rules (requests_per_unit: 0, envoyproxy/ratelimit's way
+	// to block a value) deny every request and keep no bucket.
+	KindDenyAll
+)
+
+// String returns the kind's name: "limited", "unlimited" or "deny-all".
+func (k Kind) String() string {
+	switch k {
+	case KindLimited:
+		return "limited"
+	case KindUnlimited:
+		return "unlimited"
+	case KindDenyAll:
+		return "deny-all"
+	}
+	return "invalid"
 }
 
 // Label names r in metrics, pages, logs and Envoy's dynamic metadata: its

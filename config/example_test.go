@@ -51,7 +51,7 @@ descriptors:
 		{{Key: "user", Value: "bob"}},
 	} {
 		if r := set.Lookup("ai-gateway", entries); r != nil {
-			fmt.Printf("%v: %s, %v\n", entries, r.Path, r.Limit)
+			fmt.Printf("%v: %s, %v\n", entries, r.Path, r.Limits[0].Limit)
 		} else {
 			fmt.Printf("%v: no rule\n", entries)
 		}

@@ -54,7 +54,7 @@ func FuzzLoadConfig(f *testing.F) {
 		}
 		for _, d := range domains {
 			for _, r := range d.Rules {
-				if r.Domain != d.Name || (!r.Unlimited && !r.DenyAll && r.Limit.Validate() != nil) {
+				if r.Domain != d.Name || !validKind(r) {
 					t.Fatalf("rule %+v of domain %q is invalid", r, d.Name)
 				}
 			}

@@ -66,8 +66,11 @@ func TestSizeLimits(t *testing.T) {
 				return
 			}
 			for _, r := range s.Domains()[0].Rules {
-				if r.DenyAll && time.Duration(r.UnitMultiplier)*r.Unit.Duration() <= 0 {
-					t.Errorf("rule %s: deny-all period %d × %v overflows", r.Path, r.UnitMultiplier, r.Unit)
+				if r.Kind != KindDenyAll {
+					continue
+				}
+				if l := r.Limits[0]; time.Duration(l.UnitMultiplier)*l.Unit.Duration() <= 0 {
+					t.Errorf("rule %s: deny-all period %d × %v overflows", r.Path, l.UnitMultiplier, l.Unit)
 				}
 			}
 		})

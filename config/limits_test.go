@@ -82,8 +82,8 @@ func TestQuotaGroupsAndSeveralLimits(t *testing.T) {
 		seen[k] = true
 	}
 	gpt := s.Lookup("llm", []Entry{{"model", "gpt-4o"}})
-	if gpt.Name != "" || gpt.Limit.Count != 10 || gpt.Limits[0].Group != "openai-gpt4o" {
-		t.Errorf("gpt-4o rule: name %q, limit %v, group %q", gpt.Name, gpt.Limit, gpt.Limits[0].Group)
+	if gpt.Name != "" || gpt.Limits[0].Limit.Count != 10 || gpt.Limits[0].Group != "openai-gpt4o" {
+		t.Errorf("gpt-4o rule: name %q, limit %v, group %q", gpt.Name, gpt.Limits[0].Limit, gpt.Limits[0].Group)
 	}
 }
 

@@ -31,24 +31,24 @@ func TestIncumbentExamples(t *testing.T) {
 		want    string // Rule.Path, "" for none
 		check   func(*Rule) bool
 	}{
-		{"edge_proxy_per_ip", e("remote_address", "50.0.0.5"), "edge_proxy_per_ip > remote_address=50.0.0.5", func(r *Rule) bool { return r.DenyAll && r.Unit == Second }},
-		{"edge_proxy_per_ip", e("remote_address", "10.0.0.1"), "edge_proxy_per_ip > remote_address", func(r *Rule) bool { return !r.DenyAll && r.Limit.Count == 10 }},
-		{"mongo_cps", e("database", "users"), "mongo_cps > database=users", func(r *Rule) bool { return r.Limit.Count == 500 && r.Unit == Second }},
+		{"edge_proxy_per_ip", e("remote_address", "50.0.0.5"), "edge_proxy_per_ip > remote_address=50.0.0.5", func(r *Rule) bool { return r.Kind == KindDenyAll && validKind(r) && r.Limits[0].Unit == Second }},
+		{"edge_proxy_per_ip", e("remote_address", "10.0.0.1"), "edge_proxy_per_ip > remote_address", func(r *Rule) bool { return r.Kind == KindLimited && r.Limits[0].Limit.Count == 10 }},
+		{"mongo_cps", e("database", "users"), "mongo_cps > database=users", func(r *Rule) bool { return r.Limits[0].Limit.Count == 500 && r.Limits[0].Unit == Second }},
 		{"mongo_cps", e("database", "other"), "", nil},
-		{"messaging", e("message_type", "marketing", "to_number", "2061111111"), "messaging > message_type=marketing > to_number", func(r *Rule) bool { return r.Limit.Count == 5 && r.Unit == Day }},
-		{"messaging", e("to_number", "2061111111"), "messaging > to_number", func(r *Rule) bool { return r.Limit.Count == 100 }},
+		{"messaging", e("message_type", "marketing", "to_number", "2061111111"), "messaging > message_type=marketing > to_number", func(r *Rule) bool { return r.Limits[0].Limit.Count == 5 && r.Limits[0].Unit == Day }},
+		{"messaging", e("to_number", "2061111111"), "messaging > to_number", func(r *Rule) bool { return r.Limits[0].Limit.Count == 100 }},
 		{"messaging", e("message_type", "marketing"), "", nil},
 		{"example4", e("key", "value"), "", nil},
-		{"example4", e("key", "value", "subkey", "subvalue"), "example4 > key=value > subkey", func(r *Rule) bool { return r.Limit.Count == 300 }},
-		{"internal", e("ldap", "x"), "internal > ldap", func(r *Rule) bool { return r.Unlimited }},
-		{"internal", e("azure", "x"), "internal > azure", func(r *Rule) bool { return !r.Unlimited && r.Limit.Count == 100 }},
-		{"example6", e("service", "auth-service", "user", "user-a"), "example6 > service > user=user-a", func(r *Rule) bool { return r.ShadowMode && r.Limit.Count == 10 }},
-		{"example6", e("service", "auth-service", "user", "user-b"), "example6 > service > user=user-b", func(r *Rule) bool { return !r.ShadowMode && r.Limit.Count == 20 }},
+		{"example4", e("key", "value", "subkey", "subvalue"), "example4 > key=value > subkey", func(r *Rule) bool { return r.Limits[0].Limit.Count == 300 }},
+		{"internal", e("ldap", "x"), "internal > ldap", func(r *Rule) bool { return r.Kind == KindUnlimited && len(r.Limits) == 0 }},
+		{"internal", e("azure", "x"), "internal > azure", func(r *Rule) bool { return r.Kind == KindLimited && r.Limits[0].Limit.Count == 100 }},
+		{"example6", e("service", "auth-service", "user", "user-a"), "example6 > service > user=user-a", func(r *Rule) bool { return r.ShadowMode && r.Limits[0].Limit.Count == 10 }},
+		{"example6", e("service", "auth-service", "user", "user-b"), "example6 > service > user=user-b", func(r *Rule) bool { return !r.ShadowMode && r.Limits[0].Limit.Count == 20 }},
 		{"example7", e("key_1", "value_1", "user", "bkthomps"), "example7 > key_1=value_1 > user=bkthomps", func(r *Rule) bool { return r.Name == "specific_limit" }},
 		{"example7", e("key_2", "value_2", "user", "bkthomps"), "example7 > key_2=value_2 > user=bkthomps", func(r *Rule) bool { return slices.Equal(r.Replaces, []string{"specific_limit"}) }},
-		{"example8", e("key1", "anything"), "example8 > key1", func(r *Rule) bool { return r.DetailedMetric && r.Limit.Count == 10 }},
-		{"example8", e("key1", "value1"), "example8 > key1=value1", func(r *Rule) bool { return !r.DetailedMetric && r.Limit.Count == 20 }},
-		{"example9", e("key1", "value_1"), "example9 > key1=value*", func(r *Rule) bool { return r.Limit.Count == 20 && r.Unit == Minute }},
+		{"example8", e("key1", "anything"), "example8 > key1", func(r *Rule) bool { return r.DetailedMetric && r.Limits[0].Limit.Count == 10 }},
+		{"example8", e("key1", "value1"), "example8 > key1=value1", func(r *Rule) bool { return !r.DetailedMetric && r.Limits[0].Limit.Count == 20 }},
+		{"example9", e("key1", "value_1"), "example9 > key1=value*", func(r *Rule) bool { return r.Limits[0].Limit.Count == 20 && r.Limits[0].Unit == Minute }},
 		{"example9", e("key1", "other"), "", nil},
 	}
 	for _, tt := range tests {
@@ -274,9 +274,9 @@ func TestUnits(t *testing.T) {
 			t.Errorf("unit %s: %v", u, err)
 			continue
 		}
-		r := s.Lookup("d", e("k", "v"))
-		if !strings.EqualFold(r.Unit.String(), u) || r.Limit.Period != r.Unit.Duration() {
-			t.Errorf("unit %s read as %v, period %v", u, r.Unit, r.Limit.Period)
+		l := s.Lookup("d", e("k", "v")).Limits[0]
+		if !strings.EqualFold(l.Unit.String(), u) || l.Limit.Period != l.Unit.Duration() {
+			t.Errorf("unit %s read as %v, period %v", u, l.Unit, l.Limit.Period)
 		}
 	}
 }

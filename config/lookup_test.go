@@ -136,22 +136,24 @@ func TestRuleFields(t *testing.T) {
 	s := mustParse(t, File{"ai.yaml", []byte(lookupYAML)})
 	r := s.Lookup("ai", e("model", "gpt-4o"))
 	want := Rule{
-		Domain: "ai", Path: "ai > model=gpt-4o", Name: "gpt-4o-rpm",
-		Limit: limiter.Limit{Count: 500, Period: time.Minute, Burst: 50},
-		Unit:  Minute, UnitMultiplier: 1, File: "ai.yaml", Line: 4,
+		Domain: "ai", Path: "ai > model=gpt-4o", Name: "gpt-4o-rpm", Kind: KindLimited,
+		Limits: []RateLimit{{Name: "gpt-4o-rpm", Limit: limiter.Limit{Count: 500, Period: time.Minute, Burst: 50},
+			Unit: Minute, UnitMultiplier: 1, Counts: Requests}},
+		File: "ai.yaml", Line: 4,
 	}
-	if r == nil || r.Domain != want.Domain || r.Path != want.Path || r.Name != want.Name || r.Limit != want.Limit ||
-		r.Unit != want.Unit || r.UnitMultiplier != want.UnitMultiplier || r.File != want.File || r.Line != want.Line ||
-		r.Unlimited || r.ShadowMode || r.DetailedMetric || len(r.Replaces) != 0 {
+	if r == nil || r.Domain != want.Domain || r.Path != want.Path || r.Name != want.Name || r.Kind != want.Kind ||
+		len(r.Limits) != 1 || !sameLimit(r.Limits[0], want.Limits[0]) || r.File != want.File || r.Line != want.Line ||
+		r.ShadowMode || r.DetailedMetric || len(r.Replaces) != 0 {
 		t.Errorf("Lookup(model=gpt-4o) = %+v, want %+v", r, want)
 	}
 	r = s.Lookup("ai", e("model", "gpt-4o", "tier", "gold", "user", "x"))
-	if want := (limiter.Limit{Count: 1000, Period: 2 * time.Hour, Burst: 1000}); r == nil || r.Limit != want || r.Unit != Hour || r.UnitMultiplier != 2 {
+	if want := (limiter.Limit{Count: 1000, Period: 2 * time.Hour, Burst: 1000}); r == nil || r.Kind != KindLimited || len(r.Limits) != 1 ||
+		r.Limits[0].Limit != want || r.Limits[0].Unit != Hour || r.Limits[0].UnitMultiplier != 2 {
 		t.Errorf("Lookup(…tier=gold > user) = %+v, want Limit %v per 2 hours", r, want)
 	}
 	r = s.Lookup("ai", e("internal", "x"))
-	if r == nil || !r.Unlimited || r.Limit != (limiter.Limit{}) || r.Name != "internal" {
-		t.Errorf("Lookup(internal) = %+v, want an unlimited rule with a zero Limit", r)
+	if r == nil || r.Kind != KindUnlimited || len(r.Limits) != 0 || r.Name != "internal" {
+		t.Errorf("Lookup(internal) = %+v, want an unlimited rule without limits", r)
 	}
 }
 

@@ -506,13 +506,13 @@ func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
 		d.rule = p.rateLimit(rl, d)
 	case hasList:
 		if limits := p.rateLimits(rls, d); limits != nil {
-			d.rule = newRule(p, d, limits)
+			d.rule = newRule(p, d, KindLimited, limits)
 		}
 	case hasGroup:
 		if name, good := p.str(qg.val, d.path, "quota_group"); good && name != "" {
 			// The limit comes from the domain's quota_groups, resolved once
 			// every file of the domain is read.
-			d.rule = newRule(p, d, nil)
+			d.rule = newRule(p, d, KindLimited, nil)
 			d.group, d.groupAt = name, pos{qg.val.Line, qg.val.Column}
 		} else if good {
 			p.errorf(qg.val, d.path, "quota_group: must not be empty")
@@ -610,8 +610,8 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 		if !ok {
 			return nil
 		}
-		r := newRule(p, d, nil)
-		r.Unlimited, r.Replaces = true, replaces
+		r := newRule(p, d, KindUnlimited, nil)
+		r.Replaces = replaces
 		if g, has := fields["name"]; has {
 			s, good := p.str(g.val, d.path, dot(pre, "name"))
 			if good && s == "" {
@@ -632,37 +632,32 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 	if g, has := fields["name"]; has {
 		d.nameLine, d.nameCol, d.nameField = g.val.Line, g.val.Column, dot(pre, "name")
 	}
-	var r *Rule
+	kind := KindLimited
 	if denyAll {
-		r = newRule(p, d, nil)
-		r.DenyAll, r.Name, r.Unit, r.UnitMultiplier = true, rl.Name, rl.Unit, rl.UnitMultiplier
-	} else {
-		r = newRule(p, d, []RateLimit{rl})
+		kind = KindDenyAll
 	}
+	r := newRule(p, d, kind, []RateLimit{rl})
 	r.Replaces = replaces
 	return r
 }
 
-// newRule returns the rule of descriptor d with the given limits; the
-// single-limit fields mirror limits[0].
-func newRule(p *parser, d *desc, limits []RateLimit) *Rule {
-	r := &Rule{Domain: p.domain, Path: d.path, File: p.file, Line: d.line}
+// newRule returns the rule of descriptor d of the given kind, with the
+// given limits (a quota group's are set once the domain is read).
+func newRule(p *parser, d *desc, kind Kind, limits []RateLimit) *Rule {
+	r := &Rule{Domain: p.domain, Path: d.path, Kind: kind, File: p.file, Line: d.line}
 	r.setLimits(limits)
 	return r
 }
 
-// setLimits sets the rule's limits and the fields that mirror the first.
+// setLimits sets the rule's limits; an unnamed rule takes the name of its
+// first limit, unless that is a quota group's.
 func (r *Rule) setLimits(limits []RateLimit) {
 	for i := range limits {
 		limits[i].id = limits[i].identity()
 	}
 	r.Limits = limits
-	if len(limits) > 0 {
-		first := limits[0]
-		r.Limit, r.Unit, r.UnitMultiplier = first.Limit, first.Unit, first.UnitMultiplier
-		if r.Name == "" && first.Group == "" {
-			r.Name = first.Name
-		}
+	if len(limits) > 0 && r.Name == "" && limits[0].Group == "" {
+		r.Name = limits[0].Name
 	}
 }
 

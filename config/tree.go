@@ -204,10 +204,10 @@ func (r *Rule) describe() string {
 		fmt.Fprintf(&b, " (name %q)", r.Name)
 	}
 	b.WriteString(": ")
-	switch {
-	case r.Unlimited:
+	switch r.Kind {
+	case KindUnlimited:
 		b.WriteString("unlimited")
-	case r.DenyAll:
+	case KindDenyAll:
 		b.WriteString("denies every request (requests_per_unit: 0)")
 	default:
 		for i, l := range r.Limits {

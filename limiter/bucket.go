@@ -225,27 +225,31 @@ func decideAll(now time.Time, reqs []Request, stored []State, decisions []Decisi
 	if allowed {
 		return true
 	}
-	// In place: denyAll reads each first-pass decision before replacing it.
-	denyAll(now, reqs, stored, decisions, decisions, next)
+	// In place: decideDenied reads each first-pass decision before
+	// replacing it.
+	decideDenied(now, reqs, stored, decisions, decisions, next)
 	return false
 }
 
-// DenyAll returns what DecideAll answers and leaves when the Take of reqs is
-// denied, given stored as DecideAll takes it and decided, DecideAll's
-// decision for each request before the Take was known to be denied (a
-// request that was denied answers that same decision). A store that must know both outcomes
-// (one Take split over several Redis Cluster slots, which decide apart)
-// calls it when DecideAll admits.
-func DenyAll(now time.Time, reqs []Request, stored []State, decided []Decision) (decisions []Decision, next []State) {
+// DecideDenied returns the decisions and next states of a Take of reqs
+// that is denied: what DecideAll answers and leaves when it denies, given
+// stored as DecideAll takes it and decided, DecideAll's decision for each
+// request before the Take was known to be denied (a request that was denied
+// answers that same decision). Post-paid charges are decided and kept, the
+// requests that were admitted report a check (Hits 0) and leave their
+// bucket as it was. A store that must know both outcomes (one Take split
+// over several Redis Cluster slots, which decide apart) calls it when
+// DecideAll admits, to give back what an admitted slot took.
+func DecideDenied(now time.Time, reqs []Request, stored []State, decided []Decision) (decisions []Decision, next []State) {
 	decisions = make([]Decision, len(reqs))
 	next = make([]State, len(reqs))
-	denyAll(now, reqs, stored, decided, decisions, next)
+	decideDenied(now, reqs, stored, decided, decisions, next)
 	return decisions, next
 }
 
-// denyAll is DenyAll writing into decisions and next, which may be decided
-// itself: decided[i] is read before decisions[i] is written.
-func denyAll(now time.Time, reqs []Request, stored []State, decided, decisions []Decision, next []State) {
+// decideDenied is DecideDenied writing into decisions and next, which may
+// be decided itself: decided[i] is read before decisions[i] is written.
+func decideDenied(now time.Time, reqs []Request, stored []State, decided, decisions []Decision, next []State) {
 	for i, r := range reqs {
 		s := current(reqs, stored, next, i)
 		switch {

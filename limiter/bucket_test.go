@@ -28,11 +28,11 @@ func TestSpan(t *testing.T) {
 	}
 }
 
-// TestDenyAll: what DecideAll answers for a denied Take is DenyAll's, given
-// the first pass's decisions; and for an admitted Take, DenyAll says what a
-// denial would have answered and left: the charge kept, the others
-// reporting a check, the denied one its denial.
-func TestDenyAll(t *testing.T) {
+// TestDecideDenied: what DecideAll answers for a denied Take is
+// DecideDenied's, given the first pass's decisions; and for an admitted
+// Take, DecideDenied says what a denial would have answered and left: the
+// charge kept, the others reporting a check, the denied one its denial.
+func TestDecideDenied(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	perHour := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
 	debt := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2, MaxDebt: 5}
@@ -46,7 +46,7 @@ func TestDenyAll(t *testing.T) {
 	if !allowed {
 		t.Fatalf("DecideAll = %+v, want admitted", decisions)
 	}
-	denied, deniedNext := limiter.DenyAll(now, reqs, stored, decisions)
+	denied, deniedNext := limiter.DecideDenied(now, reqs, stored, decisions)
 	check := func(r limiter.Request, s limiter.State) limiter.Decision {
 		r.Hits = 0
 		_, d := limiter.Decide(r, s, now)
@@ -57,14 +57,14 @@ func TestDenyAll(t *testing.T) {
 	wantNext := []limiter.State{stored[0], charged, stored[2]}
 	for i := range reqs {
 		if denied[i] != wantDecisions[i] || deniedNext[i] != wantNext[i] {
-			t.Errorf("DenyAll[%d] = %+v, %+v; want %+v, %+v", i, denied[i], deniedNext[i], wantDecisions[i], wantNext[i])
+			t.Errorf("DecideDenied[%d] = %+v, %+v; want %+v, %+v", i, denied[i], deniedNext[i], wantDecisions[i], wantNext[i])
 		}
 	}
 	if next[2] == deniedNext[2] {
 		t.Errorf("admitted and denied states of a agree (%+v): the test shows nothing", next[2])
 	}
 
-	// A third token on a: DecideAll denies, and answers as DenyAll does.
+	// A third token on a: DecideAll denies, and answers as DecideDenied does.
 	reqs = append(reqs, limiter.Request{Key: "a", Limit: perHour, Hits: 1})
 	stored = append(stored, limiter.State{})
 	decisions, next, allowed = limiter.DecideAll(now, reqs, stored)
@@ -77,10 +77,10 @@ func TestDenyAll(t *testing.T) {
 	for i, r := range reqs {
 		states[r.Key], first[i] = limiter.Decide(r, states[r.Key], now)
 	}
-	wantD, wantN := limiter.DenyAll(now, reqs, stored, first)
+	wantD, wantN := limiter.DecideDenied(now, reqs, stored, first)
 	for i := range reqs {
 		if decisions[i] != wantD[i] || next[i] != wantN[i] {
-			t.Errorf("denied DecideAll[%d] = %+v, %+v; DenyAll gives %+v, %+v", i, decisions[i], next[i], wantD[i], wantN[i])
+			t.Errorf("denied DecideAll[%d] = %+v, %+v; DecideDenied gives %+v, %+v", i, decisions[i], next[i], wantD[i], wantN[i])
 		}
 	}
 	if decisions[3].Allowed || decisions[3].RetryAfter == 0 {

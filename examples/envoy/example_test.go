@@ -778,8 +778,8 @@ func TestDescriptorFilesLoad(t *testing.T) {
 		case want && r == nil:
 			t.Errorf("Lookup(%q, %v) = nil, want rule %q (group %q)", domain, tt.entries, tt.name, tt.group)
 		case r == nil:
-		case r.Name != tt.name || r.Unlimited != tt.unlimited:
-			t.Errorf("Lookup(%q, %v) = rule %q (unlimited %v), want %q (unlimited %v)", domain, tt.entries, r.Name, r.Unlimited, tt.name, tt.unlimited)
+		case r.Name != tt.name || (r.Kind == config.KindUnlimited) != tt.unlimited:
+			t.Errorf("Lookup(%q, %v) = rule %q (%v), want %q (unlimited %v)", domain, tt.entries, r.Name, r.Kind, tt.name, tt.unlimited)
 		case tt.group != "" && (len(r.Limits) == 0 || r.Limits[0].Group != tt.group):
 			t.Errorf("Lookup(%q, %v) = rule %s with limits %+v, want quota group %q", domain, tt.entries, r.Path, r.Limits, tt.group)
 		}
@@ -809,7 +809,7 @@ func TestAliasesShareOneBucket(t *testing.T) {
 	key := func(e []config.Entry) (string, string) {
 		t.Helper()
 		r := set.Lookup(domain, e)
-		if r == nil || len(r.Limits) == 0 {
+		if r == nil || r.Kind != config.KindLimited {
 			t.Fatalf("Lookup(%v): no limited rule", e)
 		}
 		return r.Limits[0].Group, string(r.AppendKey(nil, 0, e))

@@ -110,10 +110,14 @@ func (h *Handler) Build(now time.Time) Page {
 	for _, d := range set.Domains() {
 		dp := DomainPage{Name: d.Name, Files: d.Files, Rules: make([]RulePage, 0, len(d.Rules))}
 		for _, r := range d.Rules {
+			var first config.RateLimit // the page shows the first rate; an unlimited rule has none
+			if len(r.Limits) > 0 {
+				first = r.Limits[0]
+			}
 			dp.Rules = append(dp.Rules, RulePage{
 				Name: r.Name, Path: r.Path, Label: r.Label(), Rate: rate(r),
-				RequestsPerUnit: r.Limit.Count, Unit: r.Unit.String(), UnitMultiplier: r.UnitMultiplier, Burst: r.Limit.Burst,
-				ShadowMode: r.ShadowMode, Unlimited: r.Unlimited, DenyAll: r.DenyAll, DetailedMetric: r.DetailedMetric,
+				RequestsPerUnit: first.Limit.Count, Unit: first.Unit.String(), UnitMultiplier: first.UnitMultiplier, Burst: first.Limit.Burst,
+				ShadowMode: r.ShadowMode, Unlimited: r.Kind == config.KindUnlimited, DenyAll: r.Kind == config.KindDenyAll, DetailedMetric: r.DetailedMetric,
 				File: r.File, Line: r.Line,
 				LastMinute: h.opts.Tracker.LastMinute(r.Path, now),
 			})
@@ -127,11 +131,11 @@ func (h *Handler) Build(now time.Time) Page {
 // tokens per minute (overdraft 400000)", "500 per minute (group azure)",
 // several joined by "; ".
 func rate(r *config.Rule) string {
-	switch {
-	case r.Unlimited:
+	switch r.Kind {
+	case config.KindUnlimited:
 		return "unlimited"
-	case r.DenyAll:
-		return "denies all (0 per " + r.Unit.String() + ")"
+	case config.KindDenyAll:
+		return "denies all (0 per " + r.Limits[0].Unit.String() + ")"
 	}
 	parts := make([]string, len(r.Limits))
 	for i, l := range r.Limits {

@@ -311,7 +311,7 @@ func BenchmarkTrackerObserveCall(b *testing.B) {
 	d := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "gpt-4o"}, {Key: "client", Value: "acme"}}}
 	tr := limitspage.NewTracker(limitspage.TrackerOptions{})
 	call := server.Call{Domain: "ai-gateway", Start: f.clock.Now(), Descriptors: []server.DescriptorOutcome{
-		{Descriptor: d, Rule: rule, Outcome: server.WithinLimit, Hits: 1, Limit: rule.Limit, Decision: limiter.Decision{Allowed: true, Remaining: 4}},
+		{Descriptor: d, Rule: rule, Outcome: server.WithinLimit, Hits: 1, Limit: rule.Limits[0].Limit, Decision: limiter.Decision{Allowed: true, Remaining: 4}},
 	}}
 	b.ReportAllocs()
 	for b.Loop() {

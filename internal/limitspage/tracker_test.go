@@ -45,7 +45,10 @@ func (u use) call(tb testing.TB, set *config.Set, t0 time.Time) server.Call {
 	if rule == nil {
 		tb.Fatalf("no rule for %s=%s", u.key, u.value)
 	}
-	l := rule.Limit
+	var l limiter.Limit // the rule's first bucket; none for an unlimited rule
+	if len(rule.Limits) > 0 {
+		l = rule.Limits[0].Limit
+	}
 	if u.limit != (limiter.Limit{}) {
 		l = u.limit
 	}
@@ -311,8 +314,8 @@ func zipfCalls(tb testing.TB, n int, t0 time.Time) (prime, calls []server.Call) 
 		if rule == nil {
 			tb.Fatalf("no rule for %v", kv)
 		}
-		o := server.DescriptorOutcome{Descriptor: d, Rule: rule, Outcome: server.WithinLimit, Hits: 1, Limit: rule.Limit,
-			Decision: limiter.Decision{Allowed: true, Remaining: rule.Limit.Burst - 1}}
+		o := server.DescriptorOutcome{Descriptor: d, Rule: rule, Outcome: server.WithinLimit, Hits: 1, Limit: rule.Limits[0].Limit,
+			Decision: limiter.Decision{Allowed: true, Remaining: rule.Limits[0].Limit.Burst - 1}}
 		if !allowed {
 			o.Outcome, o.Decision = server.OverLimit, limiter.Decision{}
 		}

@@ -494,10 +494,14 @@ func (m *Metrics) countersByID(r *config.Rule) *ruleCounters {
 }
 
 // describeRule sets ratelimitd_rule_limit_info for each limit of r, if r
-// belongs to the loaded config (or none is loaded yet): the limits of a
-// rule a reload replaced, seen by a call decided before it, would leave a
-// series that no reload deletes beside those of its successor.
+// is a limited rule (a deny-all rule's one limit is no bucket) and belongs
+// to the loaded config (or none is loaded yet): the limits of a rule a
+// reload replaced, seen by a call decided before it, would leave a series
+// that no reload deletes beside those of its successor.
 func (m *Metrics) describeRule(r *config.Rule) {
+	if r.Kind != config.KindLimited {
+		return
+	}
 	m.byIDMu.Lock()
 	defer m.byIDMu.Unlock()
 	if rules := m.rules.Load(); rules.loaded != nil && !rules.rules[r] {

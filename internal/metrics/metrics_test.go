@@ -277,7 +277,7 @@ func TestRefundDoesNotPanic(t *testing.T) {
 	gpt := set.Lookup("api", []config.Entry{{Key: "model", Value: "gpt-4o"}})
 	req := request("api", []string{"model", "gpt-4o"})
 	m.ObserveCall(server.Call{Domain: "api", Code: codes.OK, Descriptors: []server.DescriptorOutcome{
-		{Descriptor: req.Descriptors[0], Rule: gpt, Outcome: server.WithinLimit, Hits: -3, Limit: gpt.Limit, Decision: limiter.Decision{Allowed: true, Remaining: 5}},
+		{Descriptor: req.Descriptors[0], Rule: gpt, Outcome: server.WithinLimit, Hits: -3, Limit: gpt.Limits[0].Limit, Decision: limiter.Decision{Allowed: true, Remaining: 5}},
 	}})
 	hits, _ := value(t, m.Registry(), "ratelimitd_descriptor_hits_total", map[string]string{"domain": "api", "rule": "gpt-4o"})
 	reqs, _ := value(t, m.Registry(), "ratelimitd_descriptor_requests_total", map[string]string{"domain": "api", "rule": "gpt-4o", "outcome": "within_limit"})
@@ -357,8 +357,8 @@ func BenchmarkObserveCall(b *testing.B) {
 	call := server.Call{
 		Domain: "api", Checked: true, Start: time.Now(), Duration: time.Millisecond, Code: codes.OK, Overall: rlsv3.RateLimitResponse_OK,
 		Descriptors: []server.DescriptorOutcome{
-			{Descriptor: req.Descriptors[0], Rule: gpt, Outcome: server.WithinLimit, Hits: 1, Limit: gpt.Limit, Decision: limiter.Decision{Allowed: true, Remaining: 3}},
-			{Descriptor: req.Descriptors[1], Rule: user, Outcome: server.WithinLimit, Hits: 1, Limit: user.Limit, Decision: limiter.Decision{Allowed: true, Remaining: 90}},
+			{Descriptor: req.Descriptors[0], Rule: gpt, Outcome: server.WithinLimit, Hits: 1, Limit: gpt.Limits[0].Limit, Decision: limiter.Decision{Allowed: true, Remaining: 3}},
+			{Descriptor: req.Descriptors[1], Rule: user, Outcome: server.WithinLimit, Hits: 1, Limit: user.Limits[0].Limit, Decision: limiter.Decision{Allowed: true, Remaining: 90}},
 		},
 	}
 	b.ReportAllocs()

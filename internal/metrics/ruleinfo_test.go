@@ -23,6 +23,10 @@ descriptors:
     rate_limits:
       - {unit: minute, requests_per_unit: 50, name: rpm}
       - {unit: minute, requests_per_unit: 8000, counts: tokens, overdraft: {max_debt: 64000}, name: tpm}
+  - key: blocked
+    rate_limit: {unit: minute, requests_per_unit: 0, name: blocked}
+  - key: free
+    rate_limit: {unlimited: true, name: free}
 `)}})
 	if err != nil {
 		t.Fatal(err)
@@ -37,11 +41,14 @@ descriptors:
 	}
 	srv.SetConfig(set)
 	m.ConfigLoaded(set)
-	req := &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "claude"}},
-	}}}
-	if _, err := srv.ShouldRateLimit(context.Background(), req); err != nil {
-		t.Fatal(err)
+	// Rules without a bucket (deny-all, unlimited) describe no limit.
+	for _, e := range []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "claude"}, {Key: "blocked", Value: "x"}, {Key: "free", Value: "x"}} {
+		req := &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{e},
+		}}}
+		if _, err := srv.ShouldRateLimit(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
 	}
 	want := `
 # HELP ratelimitd_rule_limit_info 1 for each limit of each rule that has seen traffic: what its tokens count (requests or tokens), its quota group, and its rate.

@@ -12,7 +12,7 @@
 -- ARGV[3+5(j-1)..7+5(j-1)]  for KEYS[j]: count (of the last request on it),
 --           W TAT µs, W frac, T TAT µs, T frac (the states the admitted
 --           Take left and a denied one leaves, from limiter.DecideAll and
---           DenyAll on what take.lua read).
+--           DecideDenied on what take.lua read).
 --
 -- For each key:
 --   - missing, or W already passed: the bucket is full, or would have been

@@ -78,7 +78,7 @@ local function decide_single(p, us, fr, now)
   if ok or p.shadow then -- a Shadow request's denial denies nothing
     return nus, nfr, 1
   end
-  -- mirrors DenyAll: a denied Take writes only a post-paid charge
+  -- mirrors DecideDenied: a denied Take writes only a post-paid charge
   if p.kind == 'c' then
     return nus, nfr, 0
   end

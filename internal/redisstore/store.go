@@ -871,11 +871,11 @@ func decodeTake(reply []int64, reqs []limiter.Request, extras bool) (takeResult,
 }
 
 // giveBackRecords works out, for a Take that one slot admitted, what its
-// requests answer if another slot denies it (limiter.DenyAll), and for the
+// requests answer if another slot denies it (limiter.DecideDenied), and for the
 // last request naming each key whose admitted state differs from the
 // denied one, the record giveback.lua needs.
 func giveBackRecords(now time.Time, reqs []limiter.Request, stored []limiter.State, decisions []limiter.Decision, next []limiter.State) ([]limiter.Decision, []giveBackRecord) {
-	denied, deniedNext := limiter.DenyAll(now, reqs, stored, decisions)
+	denied, deniedNext := limiter.DecideDenied(now, reqs, stored, decisions)
 	records := make([]giveBackRecord, len(reqs))
 	for i, r := range reqs {
 		last := !slices.ContainsFunc(reqs[i+1:], func(later limiter.Request) bool { return later.Key == r.Key })

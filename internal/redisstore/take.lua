@@ -171,7 +171,7 @@ local function take(k, a, n, now)
     end
   end
 
-  -- mirrors DenyAll: a denied Take applies only post-paid charges,
+  -- mirrors DecideDenied: a denied Take applies only post-paid charges,
   -- chained per key.
   if not allowed then
     out[2] = 0

@@ -27,7 +27,7 @@ func rateOf(s *config.Set) int64 {
 	if r == nil {
 		return -1
 	}
-	return r.Limit.Count
+	return r.Limits[0].Limit.Count
 }
 
 func writeFile(t *testing.T, name, data string) {

@@ -171,7 +171,7 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 			o.Outcome = NoRule
 		case it.replaced:
 			o.Outcome = Replaced
-		case it.rule.Unlimited && !it.limited:
+		case it.rule.Kind == config.KindUnlimited && !it.limited:
 			o.Outcome = Unlimited
 		case it.limited && o.Decision.Fallback != limiter.FallbackNone:
 			o.Outcome = FailureMode

@@ -89,9 +89,6 @@ func (c *protoCache) alone(r *config.Rule, denied bool) aloneMetadata {
 
 // currentLimit is currentLimit(r, l), shared.
 func (c *protoCache) currentLimit(r *config.Rule, l *config.RateLimit) *rlsv3.RateLimitResponse_RateLimit {
-	if l.Limit.Count == 0 { // a deny-all rule's limit is made per call
-		return currentLimit(r, l)
-	}
 	if v, ok := c.limits.Load(l); ok {
 		return v.(*rlsv3.RateLimitResponse_RateLimit)
 	}

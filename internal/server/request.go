@@ -83,8 +83,8 @@ type item struct {
 	// denyAll is set for a rule with requests_per_unit: 0 (and no
 	// override): the descriptor is denied without asking the store.
 	denyAll bool
-	// limits are the rule's, or the override's one; their takes start at
-	// plan.takes[first].
+	// limits are a limited rule's, or the override's one; their takes
+	// start at plan.takes[first].
 	limits []config.RateLimit
 	first  int
 	// configured is set when rule and limits come from the loaded config
@@ -116,9 +116,11 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 		}
 		it.configured = it.rule != nil
 		if it.rule != nil {
-			it.limited = !it.rule.Unlimited && !it.rule.DenyAll
-			it.denyAll = it.rule.DenyAll
-			it.limits = it.rule.Limits
+			it.limited = it.rule.Kind == config.KindLimited
+			it.denyAll = it.rule.Kind == config.KindDenyAll
+			if it.limited {
+				it.limits = it.rule.Limits
+			}
 			replacing = replacing || len(it.rule.Replaces) > 0
 		}
 		if o := d.GetLimit(); o != nil {
@@ -265,7 +267,7 @@ func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.R
 	}
 	rl := config.RateLimit{Limit: l, Unit: unit, UnitMultiplier: mult, Counts: config.Requests}
 	if it.rule == nil {
-		it.rule = &config.Rule{Domain: domain, Path: overridePath(domain, entries), Limits: []config.RateLimit{rl}}
+		it.rule = &config.Rule{Domain: domain, Path: overridePath(domain, entries), Kind: config.KindLimited, Limits: []config.RateLimit{rl}}
 	} else if len(it.limits) > 0 {
 		rl.Name = it.limits[0].Name
 	}

@@ -74,8 +74,9 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 		)
 		switch {
 		case it.denyAll:
-			limit = &config.RateLimit{Name: it.rule.Name, Unit: it.rule.Unit, UnitMultiplier: it.rule.UnitMultiplier}
-			wait = time.Duration(it.rule.UnitMultiplier) * it.rule.Unit.Duration()
+			// Its one limit has no bucket: "0 per unit", retried after a unit.
+			limit = &it.rule.Limits[0]
+			wait = time.Duration(limit.UnitMultiplier) * limit.Unit.Duration()
 		case it.limited:
 			j := pickLimit(decisions[it.first : it.first+len(it.limits)])
 			d := decisions[it.first+j]
