@@ -1,0 +1,82 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// probeLimit is the probe bucket's shape: one token a microsecond, so that
+// every Probe takes a token and writes the bucket, whose key then expires
+// within a millisecond.
+var probeLimit = limiter.Limit{Count: 1, Period: time.Microsecond, Burst: 1}
+
+// Probe asks Redis for what a Take needs of it: it takes one token, as a
+// Take of one request does (take_one.lua), from a bucket of its own, which
+// writes it. So a Redis that answers PING but cannot decide fails it,
+// where a PING would pass: a read-only replica after a failover, a user
+// whose ACL forbids scripts or the prefix's keys, a server out of memory
+// (maxmemory with noeviction). The bucket's key is the prefix, then
+// "probe" (outside every bucket's key, which holds braces after the
+// prefix). On a Cluster, Probe asks every master, one after the other, on
+// a key of a slot it serves ("probe{tag}"); it fails if one of them fails.
+// In Stats each counts as a script call and a round trip, not as a Take.
+func (s *Store) Probe(ctx context.Context) error {
+	keys := []string{s.prefix + "probe"}
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		ranges, err := cc.ClusterSlots(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("redis probe: cluster slots: %w", err)
+		}
+		keys = keys[:0]
+		var masters []string
+		for _, r := range ranges { // one range or more per master, listed first
+			if len(r.Nodes) == 0 || slices.Contains(masters, r.Nodes[0].Addr) {
+				continue
+			}
+			masters = append(masters, r.Nodes[0].Addr)
+			keys = append(keys, fmt.Sprintf("%sprobe{%s}", s.prefix, tagOfSlot(r.Start)))
+		}
+	}
+	for _, key := range keys {
+		reqs := []limiter.Request{{Key: key, Limit: probeLimit, Hits: 1}}
+		if _, err := s.run(ctx, time.Now(), []string{key}, reqs, false); err != nil {
+			return fmt.Errorf("redis probe of %s: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// Prepare readies Redis and the client for calls: it loads every script
+// (on every master of a Cluster), so that no call pays a NOSCRIPT retry,
+// opens a connection for each sender of batches and one for direct calls,
+// and ends with a Probe. Call it before reporting the service ready; it
+// returns the first failure.
+func (s *Store) Prepare(ctx context.Context) error {
+	for _, sc := range []*redis.Script{s.take, s.takeOne, s.giveBack, s.refund} {
+		if err := sc.Load(ctx, s.client).Err(); err != nil {
+			return fmt.Errorf("redis: load scripts: %w", err)
+		}
+	}
+	if p, ok := s.client.(interface {
+		Ping(context.Context) *redis.StatusCmd
+	}); ok {
+		errs := make([]error, senders+1)
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Go(func() { errs[i] = p.Ping(ctx).Err() })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("redis: open connections: %w", err)
+		}
+	}
+	return s.Probe(ctx)
+}

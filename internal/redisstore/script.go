@@ -1,0 +1,347 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// takeArgs are take.lua's ARGV for one Take of reqs: now, the number of
+// requests, then one spec per request (take.lua's header lists its
+// fields). Several Takes' ARGV concatenated are one call's (see envelopes).
+func (s *Store) takeArgs(now time.Time, reqs []limiter.Request) []any {
+	args := make([]any, 2, 2+len(reqs))
+	args[0] = s.nowArg(now)
+	args[1] = len(reqs)
+	for _, r := range reqs {
+		args = append(args, takeSpec(r))
+	}
+	return args
+}
+
+// takeSpec is take.lua's spec of r, "kind:count:h µs:h frac:f µs:f
+// frac:floor µs:floor frac", formed in one buffer: one string per request
+// instead of eight arguments, which go-redis and Redis each handle one by
+// one, and Lua converts from strings.
+func takeSpec(r limiter.Request) string {
+	l := r.Limit
+	// As limiter.Decide decides: a charge first, then hits above
+	// burst, then a check.
+	kind, hits := kindTake, r.Hits
+	var floorUS, floorFrac int64
+	switch {
+	case r.Charge():
+		kind, hits = kindCharge, min(r.Hits, l.Burst+l.MaxDebt)
+		floorUS, floorFrac = l.Span(l.Burst + l.MaxDebt)
+	case r.Hits > l.Burst:
+		kind, hits = kindAboveBurst, 0
+	case r.Hits == 0:
+		kind = kindCheck
+	default:
+		floorUS = r.MaxWait.Microseconds() // rounded down, see take.lua
+	}
+	if r.Shadow {
+		kind++
+	}
+	hitsUS, hitsFrac := l.Span(hits)
+	fillUS, fillFrac := l.Span(l.Burst)
+	var buf [8 + 7*20]byte // a kind letter, seven int64s and their colons
+	b := append(buf[:0], kinds[kind])
+	for _, v := range [...]int64{l.Count, hitsUS, hitsFrac, fillUS, fillFrac, floorUS, floorFrac} {
+		b = strconv.AppendInt(append(b, ':'), v, 10)
+	}
+	return string(b)
+}
+
+// The kinds of request take.lua tells apart; each is followed by its Shadow
+// variant.
+const (
+	kindTake = 2 * iota
+	kindCheck
+	kindAboveBurst
+	kindCharge
+)
+
+// kinds are their letters in take.lua's specs: upper case for Shadow.
+var kinds = [...]byte{'t', 'T', 'k', 'K', 'x', 'X', 'c', 'C'}
+
+// nowArg is the time argument every script reads first (ARGV[1], see
+// common.lua): now in Unix microseconds with CallerClock, else "" (the
+// script reads the server's TIME).
+func (s *Store) nowArg(now time.Time) any {
+	if s.clock == CallerClock {
+		return now.UnixMicro()
+	}
+	return ""
+}
+
+// refundArgs are refund.lua's ARGV for reqs.
+func (s *Store) refundArgs(now time.Time, reqs []limiter.Request) []any {
+	args := make([]any, 1, 1+3*len(reqs))
+	args[0] = s.nowArg(now)
+	for _, r := range reqs {
+		l := r.Limit
+		backUS, backFrac := l.Span(min(r.Hits, l.Burst+l.MaxDebt)) // as limiter.Refund
+		args = append(args, l.Count, backUS, backFrac)
+	}
+	return args
+}
+
+// takeResult is the answer to one Take (or one slot's part of it): what
+// take.lua read, decided by limiter.DecideAll.
+type takeResult struct {
+	now       int64 // the time it decided at, Unix µs
+	allowed   bool
+	decisions []limiter.Decision
+	// With extras, when this slot admitted the Take:
+	denied   []limiter.Decision // what each request answers if the Take is denied
+	giveBack []giveBackRecord   // one per request; needed false for most
+}
+
+// run runs take.lua on keys and their requests (all in one slot, or on a
+// server without slots).
+func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
+	c := scriptCall{script: s.take, keys: keys, args: s.takeArgs(now, reqs), merge: s.group == nil, take: reqs, now: now}
+	if len(reqs) == 1 {
+		c.alone = s.takeOne
+	}
+	cmd := s.script(ctx, c)
+	return decodeTakeCmd(cmd, reqs, extras)
+}
+
+// decodeTakeCmd reads the answer of a take.lua call that carried one Take of
+// reqs (the batcher hands each merged Take such an answer too). With
+// extras, it also works out what the Take answers and leaves if another
+// slot denies it.
+func decodeTakeCmd(cmd *redis.Cmd, reqs []limiter.Request, extras bool) (takeResult, error) {
+	replies, err := cmd.Slice()
+	if err != nil {
+		return takeResult{}, err
+	}
+	if len(replies) != 1 {
+		return takeResult{}, fmt.Errorf("take script returned %d replies for one Take", len(replies))
+	}
+	var buf [2 + 2*8]int64 // a Take of up to 8 requests: on the stack
+	reply := buf[:0]
+	switch r := replies[0].(type) {
+	case error:
+		return takeResult{}, r
+	case []any:
+		for _, v := range r {
+			x, ok := v.(int64)
+			if !ok {
+				return takeResult{}, fmt.Errorf("take script returned %T, not an integer", v)
+			}
+			reply = append(reply, x)
+		}
+	default:
+		return takeResult{}, fmt.Errorf("take script returned %T, not an array", r)
+	}
+	return decodeTake(reply, reqs, extras)
+}
+
+// decodeTake reads take.lua's reply to a Take of reqs (its header comment
+// gives the layout): the time it decided at and the states it read. The
+// answer is limiter.DecideAll's on them, which must agree with the script
+// on the admission. If it does not (a script and a Go side out of step),
+// the Take fails; what the script wrote stays written (on a cluster, such
+// a slot is not given back), which can only make later answers stricter.
+func decodeTake(reply []int64, reqs []limiter.Request, extras bool) (takeResult, error) {
+	n := len(reqs)
+	if len(reply) != 2+2*n {
+		return takeResult{}, fmt.Errorf("take script returned %d integers, want %d", len(reply), 2+2*n)
+	}
+	now := time.UnixMicro(reply[0])
+	stored := make([]limiter.State, n)
+	for i := range stored {
+		stored[i] = limiter.State{TAT: reply[2+2*i], Frac: reply[3+2*i]}
+	}
+	decisions, next, allowed := limiter.DecideAll(now, reqs, stored)
+	if allowed != (reply[1] == 1) {
+		// A copy, so that stored itself does not escape to the heap.
+		return takeResult{}, fmt.Errorf("take script admitted %v where limiter.DecideAll admits %v, on the states %v at %d µs",
+			reply[1] == 1, allowed, slices.Clone(stored), reply[0])
+	}
+	res := takeResult{now: reply[0], allowed: allowed, decisions: decisions}
+	if extras && allowed {
+		res.denied, res.giveBack = giveBackRecords(now, reqs, stored, decisions, next)
+	}
+	return res, nil
+}
+
+// scriptCall is one run of a script.
+type scriptCall struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	// merge says the call is one Take of take.lua that may travel in one
+	// script call with other Takes (on a server without hash slots).
+	merge bool
+	// alone, when set, is run instead of script when nothing is merged
+	// with the call (sent directly, or alone in its command of a batch):
+	// take_one.lua for a Take of one request.
+	alone *redis.Script
+	// take is the requests of a take.lua call, decided at now, and nil for
+	// other scripts: what giveBackLate needs.
+	take []limiter.Request
+	now  time.Time
+}
+
+// script runs c: through the batcher when coalescing, else directly.
+func (s *Store) script(ctx context.Context, c scriptCall) *redis.Cmd {
+	if s.batch != nil {
+		if !s.batch.claimIdle() {
+			return s.batch.await(ctx, s.batch.submit(ctx, c))
+		}
+		// Redis is idle: send at once from this goroutine, without the two
+		// hand-offs to and from a sender; calls arriving meanwhile batch up.
+		defer s.batch.inflight.Add(-1)
+		if err := s.batch.closedOr(ctx); err != nil {
+			return errCmd(ctx, err)
+		}
+		s.stats.direct.Add(1)
+	}
+	if c.alone != nil {
+		c.script = c.alone
+	}
+	return s.directTimed(ctx, c)
+}
+
+// directTimed runs c as direct does, and when ctx ends before the answer,
+// fails it with a *limiter.DeadlineError. Its answer is lost with the
+// connection it was read from: a Take Redis ran stays charged, as when a
+// reply is lost on the wire (this errs toward denying). A call goes
+// directly only when nothing else is in flight, so this happens only when
+// Redis is slow or the caller's deadline very short.
+func (s *Store) directTimed(ctx context.Context, c scriptCall) *redis.Cmd {
+	s.stats.pending.Add(1)
+	defer s.stats.pending.Add(-1)
+	sent := time.Now()
+	callCtx := ctx
+	if s.bound > 0 {
+		var cancel context.CancelFunc
+		callCtx, cancel = context.WithTimeout(ctx, s.bound)
+		defer cancel()
+	}
+	cmd := s.direct(callCtx, c)
+	if cmd.Err() != nil {
+		if err := ctx.Err(); err != nil {
+			return errCmd(ctx, &limiter.DeadlineError{InFlight: max(time.Since(sent), 1), Err: err})
+		}
+	}
+	return cmd
+}
+
+// scripts runs calls concurrently and returns their answers in order:
+// through the batcher when coalescing (they may share a round trip), else
+// one goroutine each.
+func (s *Store) scripts(ctx context.Context, calls []scriptCall) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(calls))
+	if s.batch != nil {
+		pending := make([]*call, len(calls))
+		for i, c := range calls {
+			pending[i] = s.batch.submit(ctx, c)
+		}
+		for i, p := range pending {
+			cmds[i] = s.batch.await(ctx, p)
+		}
+		return cmds
+	}
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		wg.Go(func() { cmds[i] = s.directTimed(ctx, c) })
+	}
+	wg.Wait()
+	return cmds
+}
+
+// direct runs c on its own: EVALSHA, then EVAL if the server lacks the
+// script (which caches it again).
+func (s *Store) direct(ctx context.Context, c scriptCall) *redis.Cmd {
+	s.stats.calls.Add(1)
+	s.stats.scripts.Add(1)
+	s.stats.roundTrips.Add(1)
+	cmd := c.script.EvalSha(ctx, s.client, c.keys, c.args...)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		s.stats.roundTrips.Add(1)
+		cmd = c.script.Eval(ctx, s.client, c.keys, c.args...)
+	}
+	return cmd
+}
+
+// roundTripBound is how long one round trip through c may take, retries
+// included: its read and write timeouts, added (0: unbounded, a client
+// whose options are not known). go-redis retries a command that timed out
+// (MaxRetries), on a new connection whose handshake may time out too;
+// without this bound a stalled Redis held one call for several of its
+// timeouts.
+func roundTripBound(c Client) time.Duration {
+	var read, write time.Duration
+	switch c := c.(type) {
+	case *redis.Client:
+		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+	case *redis.ClusterClient:
+		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+	default:
+		return 0
+	}
+	if read <= 0 || write <= 0 {
+		return 0
+	}
+	return read + write
+}
+
+// honorsDeadlines reports whether c ends its network I/O at the context's
+// deadline (go-redis's ContextTimeoutEnabled, which Dial sets): only then
+// may a call be sent from the caller's goroutine and still return at its
+// deadline.
+func honorsDeadlines(c Client) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// giveBackLate gives back what c took, a Take its caller gave up on after
+// it was sent: the caller was told it failed (or answered per the failure
+// mode), so it must not also have spent tokens. Post-paid charges stay, as
+// they are recorded whatever the answer; a Take that was denied took
+// nothing. The refund runs under a context of its own; if it fails, the
+// tokens stay spent until they refill (stricter, never more lenient).
+func (s *Store) giveBackLate(c *call) {
+	if c.take == nil {
+		return
+	}
+	res, err := decodeTakeCmd(c.cmd, c.take, false)
+	if err != nil || !res.allowed {
+		return
+	}
+	var back []limiter.Request
+	for i, r := range c.take {
+		if r.Hits > 0 && !r.Charge() && res.decisions[i].Allowed {
+			back = append(back, r)
+		}
+	}
+	if len(back) == 0 {
+		return
+	}
+	s.stats.lateGiveBacks.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), lateGiveBackTimeout)
+	defer cancel()
+	if err := s.Refund(ctx, c.now, back); err != nil {
+		s.stats.lateGiveBackFailures.Add(1)
+	}
+}
+
+// lateGiveBackTimeout bounds a give-back of giveBackLate.
+const lateGiveBackTimeout = time.Second
