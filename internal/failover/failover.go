@@ -147,32 +147,14 @@ type Store struct {
 	backend limiter.Store
 	local   *limiter.MemoryStore
 	opts    Options
+	breaker *breaker
 
-	mu          sync.Mutex
-	failures    int       // consecutive
-	openUntil   time.Time // zero when closed
-	probing     bool      // a half-open probe is in flight
-	outageStart time.Time // when the first of the failures failed; zero after a success
-	open        bool      // the breaker has opened since the last success (Healthy false)
-	lastErr     error
-	notified    bool // the health OnChange last reported (initially true)
-	notifying   bool // a goroutine is calling OnChange
-
-	// When (on Options.Now) the last call was answered by the backend, and
-	// from the local buckets: for Refund.
+	// mu guards when (on Options.Now) the last call was answered by the
+	// backend, and from the local buckets: for Refund.
+	mu                     sync.Mutex
 	lastBackend, lastLocal time.Time
 
 	fallbacks atomic.Int64
-}
-
-// outage is what a call that is answered per the failure mode knows of the
-// outage, read under Store.mu together with the decision not to use (or the
-// failure of) the backend, so that a success racing in between cannot
-// change it.
-type outage struct {
-	start     time.Time // the first of the consecutive failures
-	openUntil time.Time
-	err       error
 }
 
 var _ limiter.Store = (*Store)(nil)
@@ -215,7 +197,7 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 	if opts.GraceMode < Error || opts.GraceMode > Deny {
 		return nil, fmt.Errorf("failover: grace mode %v: want error, allow or deny", opts.GraceMode)
 	}
-	s := &Store{backend: backend, opts: opts, notified: true}
+	s := &Store{backend: backend, opts: opts, breaker: newBreaker(opts)}
 	if opts.Mode == Local {
 		s.local = limiter.NewMemoryStore(limiter.MemoryOptions{})
 	}
@@ -251,7 +233,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
 	}
-	probe, ok, o := s.admit()
+	probe, ok, o := s.breaker.admit()
 	if !ok {
 		return s.fallback(ctx, now, reqs, o, limiter.FallbackBreakerOpen)
 	}
@@ -263,16 +245,16 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 		return d, nil
 	}
 	if errors.Is(err, limiter.ErrInvalidRequest) {
-		s.release(probe)
+		s.breaker.release(probe)
 		return nil, err
 	}
 	cause := limiter.FallbackBackendFailed
 	if err = s.judge(err); errors.Is(err, limiter.ErrOverloaded) {
-		s.release(probe)
+		s.breaker.release(probe)
 		cause = limiter.FallbackOverloaded
 		o = outage{err: err}
 	} else {
-		o = s.failed(probe, err)
+		o = s.breaker.failed(probe, err)
 	}
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("the caller gave up: %w", err)
@@ -293,7 +275,7 @@ func (s *Store) Observe(err error) {
 		return
 	}
 	if err = s.judge(err); !errors.Is(err, limiter.ErrOverloaded) {
-		s.failed(false, err)
+		s.breaker.failed(false, err)
 	}
 }
 
@@ -344,7 +326,7 @@ func (s *Store) Probe(ctx context.Context) error {
 	if s.opts.Check == nil {
 		return nil
 	}
-	probe, _, _ := s.admit()
+	probe, _, _ := s.breaker.admit()
 	if !probe {
 		return nil // closed, within OpenFor, or a probe in flight
 	}
@@ -356,34 +338,11 @@ func (s *Store) Probe(ctx context.Context) error {
 		return nil
 	}
 	if err = s.judge(err); errors.Is(err, limiter.ErrOverloaded) {
-		s.release(true)
+		s.breaker.release(true)
 		return fmt.Errorf("probe: %w", err)
 	}
-	s.failed(true, err)
+	s.breaker.failed(true, err)
 	return fmt.Errorf("probe: %w", err)
-}
-
-// admit reports whether to call the backend now, and whether that call is
-// the one probe of a half-open breaker; when not, the outage as it is.
-func (s *Store) admit() (probe, ok bool, o outage) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.openUntil.IsZero() {
-		return false, true, outage{}
-	}
-	if s.probing || s.opts.Now().Before(s.openUntil) {
-		return false, false, outage{start: s.outageStart, openUntil: s.openUntil, err: s.lastErr}
-	}
-	s.probing = true
-	return true, true, outage{}
-}
-
-func (s *Store) release(probe bool) {
-	if probe {
-		s.mu.Lock()
-		s.probing = false
-		s.mu.Unlock()
-	}
 }
 
 // succeeded records a backend success, closing the breaker; answered says
@@ -391,78 +350,13 @@ func (s *Store) release(probe bool) {
 func (s *Store) succeeded(probe, answered bool) {
 	// lastBackend matters only beside local buckets (see Refund): other
 	// modes skip the clock read on every call.
-	answered = answered && s.local != nil
-	var now time.Time
-	if answered {
-		now = s.opts.Now()
-	}
-	s.mu.Lock()
-	recovered := s.open
-	s.failures, s.openUntil, s.outageStart, s.open, s.lastErr = 0, time.Time{}, time.Time{}, false, nil
-	if probe {
-		s.probing = false
-	}
-	if answered {
-		s.lastBackend = latest(s.lastBackend, now)
-	}
-	s.mu.Unlock()
-	if recovered {
-		s.notify()
-	}
-}
-
-// failed records a backend failure: the outage starts at the first, and
-// the breaker opens on a failed probe, or once FailureThreshold
-// consecutive failures have gone on for FailingFor since it started. The
-// first opening after a success is reported to OnChange. It returns the
-// outage as this failure left it.
-func (s *Store) failed(probe bool, err error) outage {
-	now := s.opts.Now()
-	s.mu.Lock()
-	if s.outageStart.IsZero() {
-		s.outageStart = now
-	}
-	s.failures++
-	s.lastErr = err
-	opened := false
-	if probe || (s.failures >= s.opts.FailureThreshold && now.Sub(s.outageStart) >= s.opts.FailingFor) {
-		s.openUntil = now.Add(s.opts.OpenFor)
-		opened = !s.open
-		s.open = true
-	}
-	if probe {
-		s.probing = false
-	}
-	o := outage{start: s.outageStart, openUntil: s.openUntil, err: err}
-	s.mu.Unlock()
-	if opened {
-		s.notify()
-	}
-	return o
-}
-
-// notify calls OnChange until it has reported the current health. One
-// goroutine at a time does: a change made while it calls is left to it,
-// and reported after, so calls are never out of order.
-func (s *Store) notify() {
-	if s.opts.OnChange == nil {
-		return
-	}
-	s.mu.Lock()
-	if s.notifying {
-		s.mu.Unlock()
-		return
-	}
-	s.notifying = true
-	for s.notified != !s.open {
-		healthy, err := !s.open, s.lastErr
-		s.notified = healthy
-		s.mu.Unlock()
-		s.opts.OnChange(healthy, err)
+	if answered && s.local != nil {
+		now := s.opts.Now()
 		s.mu.Lock()
+		s.lastBackend = latest(s.lastBackend, now)
+		s.mu.Unlock()
 	}
-	s.notifying = false
-	s.mu.Unlock()
+	s.breaker.succeeded(probe)
 }
 
 // fallback answers reqs per the failure mode, given the outage as the
@@ -588,11 +482,7 @@ func search(lo, hi int64, f func(int64) bool) int64 {
 // when the breaker opens until a call or a Probe succeeds again (failures
 // that do not open the breaker leave it true). It is what OnChange last
 // reported, or is about to.
-func (s *Store) Healthy() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.open
-}
+func (s *Store) Healthy() bool { return s.breaker.healthy() }
 
 // Mode returns the failure mode.
 func (s *Store) Mode() Mode { return s.opts.Mode }
@@ -646,9 +536,10 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 	}
 	w := refundWindow(reqs)
 	t := s.opts.Now()
+	closed := s.breaker.closed()
 	s.mu.Lock()
 	within := func(at time.Time) bool { return !at.IsZero() && t.Sub(at) < w }
-	toBackend := s.openUntil.IsZero() && !within(s.lastLocal)
+	toBackend := closed && !within(s.lastLocal)
 	toLocal := s.local != nil && within(s.lastLocal) && !within(s.lastBackend)
 	s.mu.Unlock()
 	switch {
