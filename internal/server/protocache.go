@@ -48,7 +48,7 @@ func (c *protoCache) list(rules []*config.Rule, configured bool) *structpb.Value
 
 // aloneMetadata is the metadata of an answer in which only one rule
 // matched: the Struct, and wire, the encoding of RateLimitResponse field
-// dynamic_metadata holding it (see buildResponse). Wire is nil if the
+// dynamic_metadata holding it (see setMetadata). Wire is nil if the
 // Struct cannot be encoded (protobuf strings must be UTF-8, which rule
 // labels from YAML always are); the answer then carries the Struct, and
 // fails to marshal as it always did.

@@ -51,21 +51,42 @@ const (
 // read-only protobuf parts of the loaded config's rules. It is pure: the
 // same inputs give the same answer. A one-rule answer carries its
 // dynamic_metadata pre-encoded in its unknown fields, not in
-// DynamicMetadata (see below); on the wire the two are the same.
+// DynamicMetadata (see setMetadata); on the wire the two are the same.
 func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts answerOptions, cache *protoCache) *rlsv3.RateLimitResponse {
 	resp := newResponse(len(p.items))
+	sum := setStatuses(resp, p, decisions, queueFull, cache)
+	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses, sum, opts)
+	setMetadata(resp, p, sum, opts.metadata, cache)
+	return resp
+}
+
+// summary is what an answer's statuses say of it as a whole, for its
+// headers and its metadata.
+type summary struct {
+	// matched and denied count the descriptors that matched a rule, and
+	// that denied the request.
+	matched, denied int
+	// denier is the status that denied with the longest wait, retry; least
+	// the enforced (not shadow) status with the least remaining. Each is
+	// -1 when there is none.
+	retry         time.Duration
+	denier, least int
+	// The rules of descriptors that would have denied in shadow mode, that
+	// asked for more than their burst, that waited for their tokens, and
+	// that were denied because too many requests waited.
+	shadow, exceeds, waited, full []*config.Rule
+}
+
+// setStatuses sets resp's overall code and one status per item of p, from
+// the store's decisions (see buildResponse), and sums them up.
+func setStatuses(resp *rlsv3.RateLimitResponse, p plan, decisions []limiter.Decision, queueFull []bool, cache *protoCache) summary {
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
-	var (
-		shadow, exceeds, waited, full []*config.Rule
-		matched, denied               int           // descriptors that matched a rule; that denied
-		retry                         time.Duration // longest wait among denials
-		denier, least                 = -1, -1      // the longest denial; the least remaining
-	)
+	sum := summary{denier: -1, least: -1}
 	for i, it := range p.items {
 		st := resp.Statuses[i]
 		st.Code = rlsv3.RateLimitResponse_OK
 		if it.rule != nil {
-			matched++
+			sum.matched++
 		}
 		var (
 			allowed bool
@@ -89,13 +110,13 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 			if d.ExceedsBurst {
 				// Retrying cannot help; say how long a full bucket takes.
 				wait = limit.Limit.FillTime()
-				exceeds = append(exceeds, it.rule)
+				sum.exceeds = append(sum.exceeds, it.rule)
 			}
 			if d.Wait > 0 {
-				waited = append(waited, it.rule)
+				sum.waited = append(sum.waited, it.rule)
 			}
 			if !d.Allowed && queueFull != nil && queueFull[it.first+j] {
-				full = append(full, it.rule)
+				sum.full = append(sum.full, it.rule)
 			}
 		default:
 			continue
@@ -108,19 +129,19 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 		st.DurationUntilReset.Seconds = ceilSeconds(wait)
 		// The headers speak for enforced rules only: a shadow rule must not
 		// change what clients see.
-		if !it.rule.ShadowMode && (least < 0 || st.LimitRemaining < resp.Statuses[least].LimitRemaining) {
-			least = i
+		if !it.rule.ShadowMode && (sum.least < 0 || st.LimitRemaining < resp.Statuses[sum.least].LimitRemaining) {
+			sum.least = i
 		}
 		switch {
 		case allowed:
 		case it.rule.ShadowMode:
-			shadow = append(shadow, it.rule)
+			sum.shadow = append(sum.shadow, it.rule)
 		default:
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-			denied++
-			if denier < 0 || wait > retry {
-				denier, retry = i, wait
+			sum.denied++
+			if sum.denier < 0 || wait > sum.retry {
+				sum.denier, sum.retry = i, wait
 			}
 		}
 	}
@@ -129,21 +150,38 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 			resp.Statuses[i].DurationUntilReset = nil
 		}
 	}
-	over := resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT
+	return sum
+}
+
+// responseHeaders are the headers an answer with these statuses adds:
+// Retry-After (and Cache-Control: no-store) when it denies and
+// opts.retryAfter says so, and the draft-03 X-RateLimit-* headers of the
+// status that denied with the longest wait, else of the enforced one with
+// the least remaining, when opts.headers says so. Nil when none.
+func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sum summary, opts answerOptions) []*corev3.HeaderValue {
+	var headers []*corev3.HeaderValue
+	over := sum.denied > 0 // the answer is OVER_LIMIT
 	if over && opts.retryAfter == RetryAfterSend {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			&corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(max(1, ceilSeconds(retry)), 10)},
+		headers = append(headers,
+			&corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(max(1, ceilSeconds(sum.retry)), 10)},
 			noStore)
 	}
-	if pick := least; opts.headers == RateLimitHeadersDraft03 && pick >= 0 {
+	if pick := sum.least; opts.headers == RateLimitHeadersDraft03 && pick >= 0 {
 		if over {
-			pick = denier
+			pick = sum.denier
 		}
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, rateLimitHeaders(resp.Statuses[pick])...)
+		headers = append(headers, rateLimitHeaders(statuses[pick])...)
 	}
-	extra := len(shadow) + len(exceeds) + len(waited) + len(full) // beyond matched and denied
+	return headers
+}
+
+// setMetadata sets the dynamic metadata of resp, an answer to p with its
+// statuses set, as mode asks: none, or the rules that matched, denied, and
+// did anything of note (see the meta… keys).
+func setMetadata(resp *rlsv3.RateLimitResponse, p plan, sum summary, mode DynamicMetadata, cache *protoCache) {
+	extra := len(sum.shadow) + len(sum.exceeds) + len(sum.waited) + len(sum.full) // beyond matched and denied
 	switch {
-	case matched == 0, opts.metadata == DynamicMetadataOff, opts.metadata == DynamicMetadataNotable && denied+extra == 0:
+	case sum.matched == 0, mode == DynamicMetadataOff, mode == DynamicMetadataNotable && sum.denied+extra == 0:
 	case len(p.items) == 1 && p.items[0].configured && extra == 0:
 		// The common answers: one rule, admitted or denied. Their metadata
 		// goes pre-encoded, as the answer's unknown fields: gRPC marshals
@@ -161,13 +199,13 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 		// only appends it to its output. Only decoding or merging into an
 		// answer (UnmarshalOptions.Merge, proto.Merge) appends to it, and
 		// the slice is clipped, so that append copies (protoCache.alone).
-		if a := cache.alone(p.items[0].rule, denied > 0); a.wire != nil {
+		if a := cache.alone(p.items[0].rule, sum.denied > 0); a.wire != nil {
 			resp.ProtoReflect().SetUnknown(a.wire)
 		} else {
 			resp.DynamicMetadata = a.meta
 		}
 	default:
-		rules := make([]*config.Rule, 0, matched)
+		rules := make([]*config.Rule, 0, sum.matched)
 		var deniedBy []*config.Rule
 		for i, it := range p.items {
 			if it.rule != nil {
@@ -183,14 +221,13 @@ func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts 
 		for _, f := range []struct {
 			key   string
 			rules []*config.Rule
-		}{{metaMatched, rules}, {metaDeniedBy, deniedBy}, {metaShadowDenied, shadow}, {metaExceedsBurst, exceeds}, {metaWaited, waited}, {metaQueueFull, full}} {
+		}{{metaMatched, rules}, {metaDeniedBy, deniedBy}, {metaShadowDenied, sum.shadow}, {metaExceedsBurst, sum.exceeds}, {metaWaited, sum.waited}, {metaQueueFull, sum.full}} {
 			if len(f.rules) > 0 {
 				fields[f.key] = cache.list(f.rules, configured)
 			}
 		}
 		resp.DynamicMetadata = &structpb.Struct{Fields: fields}
 	}
-	return resp
 }
 
 // noStore keeps caches from replaying a 429; shared, read-only.
