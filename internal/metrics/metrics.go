@@ -44,12 +44,9 @@ import (
 	"errors"
 	"math"
 	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -144,9 +141,6 @@ type Metrics struct {
 	byIDMu sync.Mutex
 	byID   map[ruleID]*ruleCounters
 }
-
-// ruleID is a rule's domain and rule labels.
-type ruleID struct{ domain, rule string }
 
 // New returns Metrics registered on a new registry.
 func New(opts Options) (*Metrics, error) {
@@ -275,19 +269,6 @@ func (m *Metrics) ConfigLoaded(set *config.Set) {
 			m.retire(id, rc)
 			delete(m.byID, id)
 		}
-	}
-}
-
-// retire deletes every series of the rule id, whose counters were rc, and
-// keeps rc from making new ones (a call that fetched rc before may still
-// count on it). m.byIDMu is held.
-func (m *Metrics) retire(id ruleID, rc *ruleCounters) {
-	rc.mu.Lock()
-	rc.retired = true
-	rc.mu.Unlock()
-	labels := prometheus.Labels{"domain": id.domain, "rule": id.rule}
-	for _, v := range []*prometheus.CounterVec{m.hits, m.within, m.near, m.over, m.shadow, m.requests} {
-		v.DeletePartialMatch(labels)
 	}
 }
 
@@ -420,220 +401,4 @@ const million = 1_000_000
 // 2^60.
 func (m *Metrics) nearLimit(remaining, burst int64) bool {
 	return burst > 0 && uint64(remaining)*million < m.nearFree*uint64(burst)
-}
-
-// ruleCounters returns the cached counters of r, creating them on first
-// use; nil for a rule of a replaced config that the loaded one lacks.
-func (m *Metrics) ruleCounters(r *config.Rule, domain string) *ruleCounters {
-	if r.File == "" {
-		// Made for a limit override: one series per domain.
-		if rc, ok := m.overrides.Load(domain); ok {
-			return rc.(*ruleCounters)
-		}
-		rc, _ := m.overrides.LoadOrStore(domain, m.newRuleCounters(domain, OverrideRule, false))
-		return rc.(*ruleCounters)
-	}
-	rules := m.rules.Load()
-	if rc, ok := rules.counters.Load(r); ok {
-		return rc.(*ruleCounters)
-	}
-	if rules.loaded != nil && !rules.loaded[ruleID{r.Domain, r.Label()}] {
-		// A call decided under a config since replaced, by a rule the new
-		// one lacks: its series were deleted with it and must not come
-		// back.
-		return nil
-	}
-	byID := m.countersByID(r)
-	if byID == nil {
-		return nil // removed by a reload since rules was loaded
-	}
-	rc, loaded := rules.counters.LoadOrStore(r, byID)
-	if !loaded {
-		m.describeRule(r)
-	}
-	return rc.(*ruleCounters)
-}
-
-// ruleCache is the counters of one loaded config's rules.
-type ruleCache struct {
-	// loaded is the config's rules, by domain and label; nil before the
-	// first ConfigLoaded, when every rule is counted.
-	loaded map[ruleID]bool
-	// rules is the config's rules themselves: a rule of an older config
-	// that a call decided before the reload counts on the counters of
-	// the rule with its label, but its limits are not described.
-	rules    map[*config.Rule]bool
-	counters sync.Map // *config.Rule → *ruleCounters
-}
-
-// countersByID returns the counters kept for r's domain and label, or new
-// ones (replacing those of a rule that was not detailed_metric and now is,
-// or the reverse).
-func (m *Metrics) countersByID(r *config.Rule) *ruleCounters {
-	id := ruleID{r.Domain, r.Label()}
-	m.byIDMu.Lock()
-	defer m.byIDMu.Unlock()
-	// ConfigLoaded deletes under this lock what the config it stored
-	// lacks: checked here, a rule it removed cannot come back.
-	if loaded := m.rules.Load().loaded; loaded != nil && !loaded[id] {
-		return nil
-	}
-	rc := m.byID[id]
-	if rc != nil && rc.detailed == r.DetailedMetric {
-		return rc
-	}
-	if rc != nil {
-		m.retire(id, rc)
-	}
-	if m.byID == nil {
-		m.byID = make(map[ruleID]*ruleCounters)
-	}
-	rc = m.newRuleCounters(r.Domain, r.Label(), r.DetailedMetric)
-	m.byID[id] = rc
-	return rc
-}
-
-// describeRule sets ratelimitd_rule_limit_info for each limit of r, if r
-// is a limited rule (a deny-all rule's one limit is no bucket) and belongs
-// to the loaded config (or none is loaded yet): the limits of a rule a
-// reload replaced, seen by a call decided before it, would leave a series
-// that no reload deletes beside those of its successor.
-func (m *Metrics) describeRule(r *config.Rule) {
-	if r.Kind != config.KindLimited {
-		return
-	}
-	m.byIDMu.Lock()
-	defer m.byIDMu.Unlock()
-	if rules := m.rules.Load(); rules.loaded != nil && !rules.rules[r] {
-		return
-	}
-	for i, l := range r.Limits {
-		name := l.Name
-		if name == "" {
-			name = strconv.Itoa(i)
-		}
-		per := l.Unit.String()
-		if l.UnitMultiplier > 1 {
-			per = strconv.FormatInt(l.UnitMultiplier, 10) + " " + per + "s"
-		}
-		rate := strconv.FormatInt(l.Limit.Count, 10) + " per " + per
-		m.ruleInfo.WithLabelValues(r.Domain, r.Label(), name, l.Counts.String(), l.Group, rate).Set(1)
-	}
-}
-
-// ruleCounters are one rule's resolved counters.
-type ruleCounters struct {
-	m            *Metrics
-	domain, rule string
-	detailed     bool
-	all          valueCounters // value "" (every value, for rules without detailed_metric)
-
-	mu      sync.Mutex
-	values  map[string]*valueCounters // detailed_metric: at most MaxValuesPerRule + 1
-	retired bool                      // its series are deleted: make no more
-}
-
-// valueCounters are the counters of one (domain, rule, value).
-type valueCounters struct {
-	hits, within, near, over, shadow prometheus.Counter
-	requests                         [server.FailureMode + 1]prometheus.Counter
-}
-
-func (m *Metrics) newRuleCounters(domain, rule string, detailed bool) *ruleCounters {
-	rc := &ruleCounters{m: m, domain: domain, rule: rule, detailed: detailed}
-	if detailed {
-		rc.values = make(map[string]*valueCounters)
-	} else {
-		rc.all = m.newValueCounters(domain, rule, "")
-	}
-	return rc
-}
-
-func (m *Metrics) newValueCounters(domain, rule, value string) valueCounters {
-	vc := valueCounters{
-		hits:   m.hits.WithLabelValues(domain, rule, value),
-		within: m.within.WithLabelValues(domain, rule, value),
-		near:   m.near.WithLabelValues(domain, rule, value),
-		over:   m.over.WithLabelValues(domain, rule, value),
-		shadow: m.shadow.WithLabelValues(domain, rule, value),
-	}
-	for _, o := range []server.Outcome{server.WithinLimit, server.OverLimit, server.ShadowOverLimit, server.DeniedByOther, server.Unlimited, server.Replaced, server.FailureMode} {
-		vc.requests[o] = m.requests.WithLabelValues(domain, rule, value, o.String())
-	}
-	return vc
-}
-
-// value returns the counters for a detailed_metric descriptor's values,
-// or those of "_other" once the rule has MaxValuesPerRule values; nil for
-// a value new to a retired rule.
-func (rc *ruleCounters) value(entries []*ratelimitv3.RateLimitDescriptor_Entry) *valueCounters {
-	var buf [128]byte
-	v := appendValues(buf[:0], entries)
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	if vc := rc.values[string(v)]; vc != nil {
-		return vc
-	}
-	if rc.retired {
-		return nil
-	}
-	label := string(v)
-	if len(rc.values) >= rc.m.opts.MaxValuesPerRule {
-		label = OtherValue
-		if vc := rc.values[label]; vc != nil {
-			return vc
-		}
-	}
-	vc := rc.m.newValueCounters(rc.domain, rc.rule, label)
-	rc.values[label] = &vc
-	return &vc
-}
-
-// appendValues appends a descriptor's entry values to b, separated by ","
-// with "," and "%" in values percent-escaped, so that distinct descriptors
-// give distinct labels.
-func appendValues(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry) []byte {
-	for i, e := range entries {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		for _, c := range []byte(e.GetValue()) {
-			switch c {
-			case ',':
-				b = append(b, "%2C"...)
-			case '%':
-				b = append(b, "%25"...)
-			default:
-				b = append(b, c)
-			}
-		}
-	}
-	return b
-}
-
-// boundedSet maps the first max distinct strings to themselves and every
-// later one to OtherValue.
-type boundedSet struct {
-	max  int
-	seen sync.Map // string → struct{}
-	n    atomic.Int64
-	mu   sync.Mutex
-}
-
-func (s *boundedSet) get(v string) string {
-	if _, ok := s.seen.Load(v); ok {
-		return v
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.seen.Load(v); ok {
-		return v
-	}
-	if s.n.Load() >= int64(s.max) {
-		return OtherValue
-	}
-	v = strings.Clone(v)
-	s.seen.Store(v, struct{}{})
-	s.n.Add(1)
-	return v
 }
