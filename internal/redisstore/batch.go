@@ -95,8 +95,6 @@ type batcher struct {
 	// abandoned, when set, learns the outcome of each such call: nil when
 	// Redis answered, else the round trip's error.
 	abandoned func(error)
-	// bound, when positive, limits each round trip (see roundTripBound).
-	bound time.Duration
 	// observe, when set, learns each round trip's calls as it is written.
 	observe func(batch []*call, sentAt int64)
 }
@@ -340,12 +338,8 @@ func (b *batcher) roundTrip(batch []*call) []*envelope {
 	// client's read and write timeouts alone, so that Redis is judged by
 	// its own answer (see Options.OnAbandoned) even when every caller in it
 	// has given up, and an answer that comes late can still be given back.
+	// (Dial's client never retries, so those bound the round trip whole.)
 	ctx := context.Background()
-	if b.bound > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, b.bound)
-		defer cancel()
-	}
 	cmds := envelopes(live)
 	// From here the time is Redis's, not the queue's (see
 	// limiter.DeadlineError): written now, answered when Exec returns.

@@ -224,13 +224,7 @@ func (s *Store) directTimed(ctx context.Context, c scriptCall) *redis.Cmd {
 	s.stats.pending.Add(1)
 	defer s.stats.pending.Add(-1)
 	sent := time.Now()
-	callCtx := ctx
-	if s.bound > 0 {
-		var cancel context.CancelFunc
-		callCtx, cancel = context.WithTimeout(ctx, s.bound)
-		defer cancel()
-	}
-	cmd := s.direct(callCtx, c)
+	cmd := s.direct(ctx, c)
 	if cmd.Err() != nil {
 		if err := ctx.Err(); err != nil {
 			return errCmd(ctx, &limiter.DeadlineError{InFlight: max(time.Since(sent), 1), Err: err})
@@ -274,28 +268,6 @@ func (s *Store) direct(ctx context.Context, c scriptCall) *redis.Cmd {
 		cmd = c.script.Eval(ctx, s.client, c.keys, c.args...)
 	}
 	return cmd
-}
-
-// roundTripBound is how long one round trip through c may take, retries
-// included: its read and write timeouts, added (0: unbounded, a client
-// whose options are not known). go-redis retries a command that timed out
-// (MaxRetries), on a new connection whose handshake may time out too;
-// without this bound a stalled Redis held one call for several of its
-// timeouts.
-func roundTripBound(c Client) time.Duration {
-	var read, write time.Duration
-	switch c := c.(type) {
-	case *redis.Client:
-		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
-	case *redis.ClusterClient:
-		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
-	default:
-		return 0
-	}
-	if read <= 0 || write <= 0 {
-		return 0
-	}
-	return read + write
 }
 
 // honorsDeadlines reports whether c ends its network I/O at the context's

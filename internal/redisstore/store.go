@@ -167,8 +167,6 @@ type Store struct {
 	refund   *redis.Script
 	batch    *batcher // nil: not coalescing
 	stats    counters
-	// bound limits each round trip (see roundTripBound); 0: unbounded.
-	bound time.Duration
 }
 
 // Stats counts what a Store sent to Redis, since New.
@@ -296,10 +294,8 @@ func New(c Client, opts Options) (*Store, error) {
 	case batchWait == 0:
 		batchWait = DefaultBatchWait
 	}
-	s.bound = roundTripBound(c)
 	if p, ok := c.(pipeliner); ok && batchMax > 1 {
 		s.batch = newBatcher(p, batchMax, batchWait, &s.stats)
-		s.batch.bound = s.bound
 		s.batch.directWhenIdle = honorsDeadlines(c)
 		s.batch.late = s.giveBackLate
 		s.batch.abandoned = opts.OnAbandoned
