@@ -20,7 +20,7 @@ run: build
 ## deadline exceeded" failure when a -fuzztime duration expires on a busy
 ## machine (go.dev/issue/75804, fixed in Go 1.27).
 test: vet check
-	$(GO) test -race -count=1 -timeout 8m ./...
+	RATELIMITD_HEAVY_TESTS=1 $(GO) test -race -count=1 -timeout 8m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_BRIEF)
 
 ## fuzz: each fuzz target (FUZZ_TARGETS, name:package) for FUZZTIME (default

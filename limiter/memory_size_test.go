@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"testing"
@@ -37,6 +38,10 @@ func heapInuse() uint64 {
 // bytesPerMillion is the heap a million idle buckets may take (issue 4).
 const bytesPerMillion = 200 << 20
 
+// heavyTests names the environment variable that runs the tests too slow
+// for a plain `go test ./limiter` (make test sets it to 1).
+const heavyTests = "RATELIMITD_HEAVY_TESTS"
+
 // TestMemoryStoreMillionBuckets fills a MemoryStore with a million distinct
 // buckets that are not full, checks their heap against the budget of 200 MB
 // per million, then lets the clock pass the time they are full again and
@@ -46,7 +51,13 @@ const bytesPerMillion = 200 << 20
 // Under -race or -short it uses 200,000 buckets and the proportional bound
 // (40 MB): map writes under the race detector are several times slower, and
 // the bound is linear in the number of buckets.
+//
+// It takes seconds (ten on a busy machine), so it runs only with
+// RATELIMITD_HEAVY_TESTS=1, as make test runs it.
 func TestMemoryStoreMillionBuckets(t *testing.T) {
+	if os.Getenv(heavyTests) != "1" {
+		t.Skipf("a million buckets take seconds: set %s=1 to run this test (make test does)", heavyTests)
+	}
 	n := 1_000_000
 	if raceEnabled() || testing.Short() {
 		n = 200_000
