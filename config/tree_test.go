@@ -1,7 +1,11 @@
 package config
 
 import (
+	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -141,22 +145,96 @@ func BenchmarkLookup(b *testing.B) {
 	}
 }
 
-// TestConcurrentUse shares one Set between goroutines (run with -race).
+// pathOf names a rule Lookup returned, nil included.
+func pathOf(r *Rule) string {
+	if r == nil {
+		return "<nil>"
+	}
+	return r.Path
+}
+
+// TestConcurrentUse shares one Set between goroutines: each asks it what a
+// sequential run asked first, in its own order, and every answer must be
+// the sequential one (the same *Rule, the same lines), counted so that a
+// goroutine that stopped early shows. Run with -race, it also shows that
+// reading a Set writes nothing.
 func TestConcurrentUse(t *testing.T) {
 	s := mustParse(t, File{"ai.yaml", []byte(lookupYAML)})
-	done := make(chan struct{})
-	for range 4 {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			for range 100 {
-				s.Lookup("ai", e("model", "gpt-4o-mini"))
-				s.Explain("ai", e("team", "a", "model", "o3"))
-				_ = s.Domains()[0].Rules[0].Path
-				_ = s.Hash()
-			}
-		}()
+	queries := []struct {
+		domain  string
+		entries []Entry
+	}{
+		{"ai", e("model", "gpt-4o")},
+		{"ai", e("model", "gpt-4o-mini")},
+		{"ai", e("model", "gpt-4.1")},
+		{"ai", e("model", "o4-mini")},
+		{"ai", e("model", "claude")},
+		{"ai", e("model", "gpt-4o", "user", "bob")},
+		{"ai", e("model", "gpt-4o", "user", "alice")},
+		{"ai", e("model", "gpt-4o", "tier", "gold", "user", "x")},
+		{"ai", e("team", "a", "model", "o3")},
+		{"ai", e("internal", "svc")},
+		{"ai", e("region", "eu")},
+		{"other", e("model", "gpt-4o")},
 	}
-	for range 4 {
-		<-done
+	want := make([]*Rule, len(queries))
+	explained := make([]string, len(queries))
+	found := 0
+	for i, q := range queries {
+		want[i] = s.Lookup(q.domain, q.entries)
+		explained[i] = strings.Join(s.Explain(q.domain, q.entries), "\n")
+		if want[i] != nil {
+			found++
+		}
+	}
+	if found < len(queries)/2 || found == len(queries) {
+		t.Fatalf("sequentially, %d of %d queries find a rule: want most, not all", found, len(queries))
+	}
+	wantDomains, wantHash := slices.Clone(s.Domains()), s.Hash()
+
+	const goroutines, rounds = 8, 4000
+	var answered, wrong atomic.Int64
+	mismatch := func(format string, args ...any) {
+		if wrong.Add(1) <= 5 {
+			t.Errorf(format, args...)
+		}
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{}) // all at once, not one after the other
+	for g := range goroutines {
+		order := rand.New(rand.NewPCG(uint64(g), 0)).Perm(len(queries)) // this goroutine's own
+		wg.Go(func() {
+			<-start
+			for round := range rounds {
+				for j := range queries {
+					i := order[(j+round)%len(queries)]
+					q := queries[i]
+					if r := s.Lookup(q.domain, q.entries); r != want[i] {
+						mismatch("goroutine %d: Lookup(%q, %v) = rule %s; sequentially %s", g, q.domain, q.entries, pathOf(r), pathOf(want[i]))
+					}
+					answered.Add(1)
+				}
+				if round%4 != 0 {
+					continue
+				}
+				i := (round/4 + g) % len(queries)
+				if got := strings.Join(s.Explain(queries[i].domain, queries[i].entries), "\n"); got != explained[i] {
+					mismatch("goroutine %d: Explain(%q, %v) = %q; sequentially %q", g, queries[i].domain, queries[i].entries, got, explained[i])
+				}
+				// Domains hands out a slice of the caller's: scribbling on
+				// it changes what no one else sees.
+				d := s.Domains()
+				if !slices.Equal(d, wantDomains) || s.Hash() != wantHash {
+					mismatch("goroutine %d: Domains() = %v, Hash() = %s; sequentially %v, %s", g, d, s.Hash(), wantDomains, wantHash)
+				}
+				clear(d)
+				answered.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if n, want := answered.Load(), int64(goroutines*rounds*len(queries)+goroutines*rounds/4); n != want || wrong.Load() != 0 {
+		t.Errorf("%d queries answered concurrently, %d of them differently from the sequential run; want %d, all the same", n, wrong.Load(), want)
 	}
 }
