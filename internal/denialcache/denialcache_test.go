@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -386,16 +387,19 @@ func TestMemoryIsBounded(t *testing.T) {
 }
 
 // TestConcurrentHotKey: many goroutines on one denied key, with the clock
-// moving; run with -race.
+// moving, admit what the bucket holds, no more and no less, and the store
+// is asked far less often than it is called; run with -race.
 func TestConcurrentHotKey(t *testing.T) {
 	clk := clockAt(t0)
 	be := newBackend(clk)
 	c := newCache(t, denialcache.Options{Now: clk.Now})
 	s := c.Wrap(be)
+	const goroutines, takes = 16, 500
+	var answered, admitted atomic.Int64
 	var wg sync.WaitGroup
-	for g := range 16 {
+	for g := range goroutines {
 		wg.Go(func() {
-			for i := range 500 {
+			for i := range takes {
 				if g == 0 && i%50 == 0 {
 					clk.Advance(100 * ms)
 				}
@@ -404,14 +408,47 @@ func TestConcurrentHotKey(t *testing.T) {
 					t.Errorf("Take = %v, %v", d, err)
 					return
 				}
+				answered.Add(1)
+				if d[0].Allowed {
+					admitted.Add(1)
+				}
+				if g == 0 && i%50 == 49 && !d[0].Allowed {
+					// The last of goroutine 0's Takes before its next step
+					// was denied, by the store or with its proof, so the
+					// bucket holds no token until that step: a denial that
+					// outlived its token would leave one here.
+					check, err := be.mem.Take(context.Background(), clk.Now(), []limiter.Request{req("hot", tenPerSec, 0)})
+					if err != nil || check[0].Remaining != 0 {
+						t.Errorf("at t0+%v, after a Take denied %+v, the bucket holds %+v, %v; want no token left",
+							clk.Now().Sub(t0), d[0], check, err)
+					}
+				}
 			}
 		})
 	}
 	wg.Wait()
-	// The clock moved 1s in all: at most 10 + 10 admitted, each a store
-	// call, and a store call per deadline that passed.
-	if calls := be.Calls(); calls > 500 {
-		t.Errorf("%d store calls for 8000 Takes on one hot key, want far fewer", calls)
+	if n := answered.Load(); n != goroutines*takes {
+		t.Fatalf("%d Takes answered, want %d", n, goroutines*takes)
+	}
+	// The clock moved 1 s in all, in ten steps of 100 ms, each bringing one
+	// token of ten a second: at most 10 + 10 admitted. And at least 19:
+	// goroutine 0 takes 50 times after each step, and the cache denies only
+	// while it has the store's proof that no token can have arrived, so
+	// every token that arrives is taken before the next step; only the
+	// first step, if it came before any Take, adds to a full bucket.
+	if n := admitted.Load(); n < 19 || n > 20 {
+		t.Errorf("%d of %d Takes admitted, want 19 or 20 (burst 10, and 10 a second for 1 s)", n, goroutines*takes)
+	}
+	// Each admission is a store call, and each Take either one or a local
+	// denial; there is a store call per deadline that passed and per
+	// goroutine racing to it, not per Take.
+	calls, st := be.Calls(), c.Stats()
+	if int64(calls)+st.LocalDenials != goroutines*takes || int64(calls) < admitted.Load() {
+		t.Errorf("%d store calls and %d local denials (%+v) for %d Takes, %d admitted; want a call or a local denial for each, a call for each admission",
+			calls, st.LocalDenials, st, goroutines*takes, admitted.Load())
+	}
+	if calls > 500 {
+		t.Errorf("%d store calls for %d Takes on one hot key, want far fewer", calls, goroutines*takes)
 	}
 }
 
