@@ -3,19 +3,18 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"net"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -60,24 +59,15 @@ func TestRequestsThatAreNotUTF8AreLimited(t *testing.T) {
 				t.Fatal(err)
 			}
 			srv.SetConfig(mustParse(t, testConfig))
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
 			var opts []grpc.ServerOption
 			if tc.codec {
 				opts = append(opts, server.Codec())
 			}
-			gs := grpc.NewServer(opts...)
-			rlsv3.RegisterRateLimitServiceServer(gs, srv)
-			go gs.Serve(lis)
-			t.Cleanup(gs.Stop)
-			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close() })
+			conn := servertest.Start(t, servertest.Options{
+				RateLimit:     srv,
+				ServerOptions: opts,
+				DialOptions:   []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}))},
+			}).Conn
 			send := func(wire []byte) (*rlsv3.RateLimitResponse, error) {
 				resp := &rlsv3.RateLimitResponse{}
 				err := conn.Invoke(context.Background(), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", wire, resp)

@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"encoding/binary"
-	"net"
 	"sync/atomic"
 	"testing"
 
@@ -12,13 +11,13 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -169,20 +168,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 	limits := server.RequestLimits{MaxDescriptors: 8, MaxEntries: 4, MaxKeyBytes: 100, MaxValueBytes: 150, MaxDomainBytes: 64, MaxHits: 1 << 20}
 
 	sw := &switchable{}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		f.Fatal(err)
-	}
-	gs := grpc.NewServer(server.Codec())
-	rlsv3.RegisterRateLimitServiceServer(gs, sw)
-	go gs.Serve(lis)
-	f.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { conn.Close() })
-	client := rlsv3.NewRateLimitServiceClient(conn)
+	client := servertest.Start(f, servertest.Options{RateLimit: sw, ServerOptions: []grpc.ServerOption{server.Codec()}}).Client()
 
 	f.Add("api", fuzzEncode([]string{"model", "gpt-4o"}), uint32(0))
 	f.Add("api", fuzzEncode([]string{"model", "gpt-4o"}, []string{"model", "gpt-4o", "client", "acme"}, []string{"plan", "free"}), uint32(1))

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
 )
 
@@ -160,15 +161,10 @@ func start(t *testing.T, mtls bool) *setup {
 		t.Fatalf("tlsreload.New: %v", err)
 	}
 	s.reloader = r
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(r.ServerConfig())))
-	healthpb.RegisterHealthServer(gs, health.NewServer())
-	go gs.Serve(lis)
-	t.Cleanup(gs.Stop)
-	s.addr = lis.Addr().String()
+	s.addr = servertest.Start(t, servertest.Options{
+		Register:      func(gs *grpc.Server) { healthpb.RegisterHealthServer(gs, health.NewServer()) },
+		ServerOptions: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(r.ServerConfig()))},
+	}).Addr
 	return s
 }
 

@@ -2,9 +2,7 @@ package tracing_test
 
 import (
 	"context"
-	"net"
 	"slices"
-	"sync"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -13,12 +11,11 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -96,24 +93,9 @@ descriptors:
 		t.Fatal(err)
 	}
 	srv.SetConfig(set)
-	gs := grpc.NewServer(tracing.ServerOptions(tp)...)
-	rlsv3.RegisterRateLimitServiceServer(gs, srv)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(lis)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		gs.Stop()
-		t.Fatal(err)
-	}
-	stop := sync.OnceFunc(func() {
-		conn.Close()
-		gs.GracefulStop()
-	})
-	t.Cleanup(stop)
-	return rlsv3.NewRateLimitServiceClient(conn), stop
+	s := servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: tracing.ServerOptions(tp)})
+	t.Cleanup(s.GracefulStop)
+	return s.Client(), s.GracefulStop
 }
 
 func TestSpanHasDomainAndCode(t *testing.T) {
