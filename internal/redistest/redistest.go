@@ -7,10 +7,10 @@
 //
 // It needs redis-server (and redis-cli for clusters) on PATH; without them
 // the test fails loudly with the install hint rather than being skipped.
+// The processes are started by internal/redisproc, which the bench shares.
 package redistest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,14 +26,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redisproc"
 )
 
 // startTimeout bounds how long a server may take to answer PING.
-const startTimeout = 10 * time.Second
-
-// bindAttempts is how many free ports are tried before giving up: a port
-// found free may be taken by another process before the server binds it.
-const bindAttempts = 5
+const startTimeout = redisproc.DefaultReadyTimeout
 
 // Server is one redis-server process on 127.0.0.1. Its methods are safe for
 // concurrent use.
@@ -43,15 +41,10 @@ type Server struct {
 	// Port is the port of Addr.
 	Port int
 
-	dir  string   // temporary directory, the server's working dir
-	conf string   // config file given first, or ""
-	args []string // arguments after --port
-	bin  string
+	dir  string // temporary directory, the server's working dir
+	proc *redisproc.Server
 
 	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed when cmd has been waited for
-	stderr  *bytes.Buffer
 	clients []*redis.Client
 }
 
@@ -83,143 +76,15 @@ func NewServer() (*Server, error) {
 	return s, nil
 }
 
-// lookPath finds a Redis binary or explains how to install it.
-func lookPath(name string) (string, error) {
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("%s not found: install it (apt-get install -y redis-server)", name)
-	}
-	return p, nil
-}
-
 // startServer starts redis-server in dir with an optional config file and
 // extra arguments; extra may contain "{bus}", replaced by a second free port
 // (the cluster bus).
 func startServer(dir, conf string, extra []string) (*Server, error) {
-	bin, err := lookPath("redis-server")
+	p, err := redisproc.Start(context.Background(), redisproc.Options{Dir: dir, Conf: conf, Args: extra})
 	if err != nil {
 		return nil, err
 	}
-	var lastErr error
-	for range bindAttempts {
-		ports, err := freePorts(2)
-		if err != nil {
-			return nil, err
-		}
-		args := []string{
-			"--bind", "127.0.0.1",
-			"--save", "",
-			"--appendonly", "no",
-			"--dir", dir,
-			"--daemonize", "no",
-			"--protected-mode", "no",
-		}
-		for _, a := range extra {
-			args = append(args, strings.ReplaceAll(a, "{bus}", strconv.Itoa(ports[1])))
-		}
-		s := &Server{
-			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
-			Port: ports[0],
-			dir:  dir,
-			conf: conf,
-			args: args,
-			bin:  bin,
-		}
-		if lastErr = s.start(); lastErr == nil {
-			return s, nil
-		}
-	}
-	return nil, fmt.Errorf("redistest: redis-server did not start after %d attempts: %w", bindAttempts, lastErr)
-}
-
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("redistest: find a free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-// start runs the process on s.Port and waits until it answers PING.
-func (s *Server) start() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		return fmt.Errorf("redistest: server %s already running", s.Addr)
-	}
-	var args []string
-	if s.conf != "" {
-		args = append(args, s.conf) // redis-server wants the config file first
-	}
-	args = append(args, "--port", strconv.Itoa(s.Port))
-	args = append(args, s.args...)
-	cmd := exec.Command(s.bin, args...)
-	cmd.Dir = s.dir
-	var stderr bytes.Buffer
-	cmd.Stdout = &stderr // redis-server logs to stdout
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("redistest: start redis-server: %w", err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(exited)
-	}()
-	s.cmd, s.exited, s.stderr = cmd, exited, &stderr
-
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: 100 * time.Millisecond})
-	defer c.Close()
-	for {
-		select {
-		case <-exited:
-			s.cmd = nil
-			return fmt.Errorf("redistest: redis-server on %s exited: %s", s.Addr, lastLines(stderr.String()))
-		default:
-		}
-		if err := c.Ping(ctx).Err(); err == nil {
-			return nil
-		} else if ctx.Err() != nil {
-			s.killLocked()
-			return fmt.Errorf("redistest: redis-server on %s did not answer PING within %v: %w", s.Addr, startTimeout, err)
-		}
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
-
-func lastLines(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > 5 {
-		lines = lines[len(lines)-5:]
-	}
-	return strings.Join(lines, " | ")
-}
-
-// killLocked kills the process and waits for it; s.mu is held.
-func (s *Server) killLocked() {
-	if s.cmd == nil {
-		return
-	}
-	s.cmd.Process.Kill()
-	<-s.exited
-	s.cmd = nil
+	return &Server{Addr: p.Addr, Port: p.Port, dir: dir, proc: p}, nil
 }
 
 // Client returns a new client of the server, closed when the server is.
@@ -234,24 +99,14 @@ func (s *Server) Client() *redis.Client {
 // Stop kills the server (SIGKILL: no shutdown save, like a crash). Its data
 // is lost. Stop on a stopped server does nothing.
 func (s *Server) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
+	s.proc.Kill()
 }
 
 // Restart starts a stopped server again on the same port, empty, and waits
 // until it answers PING. A cluster node keeps its identity and slots (they
 // live in nodes.conf). Restart on a running server stops it first.
 func (s *Server) Restart() error {
-	s.Stop()
-	var err error
-	for range bindAttempts { // the port may linger briefly
-		if err = s.start(); err == nil {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return err
+	return s.proc.Restart(context.Background())
 }
 
 // Close stops the server, closes the clients handed out, and removes its
@@ -260,8 +115,8 @@ func (s *Server) Close() error {
 	s.mu.Lock()
 	clients := s.clients
 	s.clients = nil
-	s.killLocked()
 	s.mu.Unlock()
+	s.proc.Kill()
 	var errs []error
 	for _, c := range clients {
 		if err := c.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {
@@ -270,6 +125,14 @@ func (s *Server) Close() error {
 	}
 	errs = append(errs, os.RemoveAll(s.dir))
 	return errors.Join(errs...)
+}
+
+func lastLines(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, " | ")
 }
 
 // Cluster is a Redis Cluster of masters without replicas, all on 127.0.0.1.
@@ -301,7 +164,7 @@ func NewCluster(masters int) (*Cluster, error) {
 	if masters < 3 {
 		return nil, fmt.Errorf("redistest: cluster of %d masters: redis-cli --cluster create needs at least 3", masters)
 	}
-	cli, err := lookPath("redis-cli")
+	cli, err := redisproc.LookPath("redis-cli")
 	if err != nil {
 		return nil, err
 	}
