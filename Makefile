@@ -65,7 +65,7 @@ check:
 BENCH_DURATION ?= 10s
 BENCH_FLAGS ?=
 bench: build
-	$(GO) build -o $(BIN)/ratelimit-bench ./cmd/ratelimit-bench
+	$(GO) build -o $(BIN)/ratelimit-bench ./bench
 	$(BIN)/ratelimit-bench run --ratelimitd $(BIN)/ratelimitd --duration $(BENCH_DURATION) $(BENCH_FLAGS)
 
 clean:

@@ -2,6 +2,7 @@ package limitspage_test
 
 import (
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -264,22 +265,9 @@ func TestTrackerBusiestWhileObserving(t *testing.T) {
 	}
 }
 
-// zipfConfig holds the rules of ratelimit-bench's mixed load: generous
+// benchConfig is the descriptor file of ratelimit-bench's load: generous
 // per-client rules that always admit, and abuser buckets of one per hour.
-const zipfConfig = `
-domain: bench
-descriptors:
-  - key: client
-    rate_limit: {unit: second, requests_per_unit: 1000000, name: client}
-    descriptors:
-      - key: route
-        rate_limit: {unit: second, requests_per_unit: 1000000, name: client-route}
-        descriptors:
-          - key: method
-            rate_limit: {unit: second, requests_per_unit: 1000000, name: client-route-method}
-  - key: abuser
-    rate_limit: {unit: hour, requests_per_unit: 1, name: abuser}
-`
+const benchConfig = "../../bench/config/bench.yaml"
 
 // zipfCalls returns n calls shaped like ratelimit-bench's mixed load, one
 // descriptor each, 20 µs apart from t0: a client value drawn Zipf-like
@@ -289,7 +277,11 @@ descriptors:
 // priming does.
 func zipfCalls(tb testing.TB, n int, t0 time.Time) (prime, calls []server.Call) {
 	tb.Helper()
-	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: []byte(zipfConfig)}})
+	data, err := os.ReadFile(benchConfig)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: data}})
 	if err != nil {
 		tb.Fatal(err)
 	}

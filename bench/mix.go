@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -18,32 +19,11 @@ import (
 // benchDomain is the domain of every request and of the descriptor file.
 const benchDomain = "bench"
 
-// benchConfig is the descriptor file the mixes expect (--write-config).
+// benchConfig is the descriptor file the mixes expect, config/bench.yaml,
+// which says what each rule is for. --write-config writes it.
 //
-//   - client, client+route, client+route+method: generous rules (a million a
-//     second per bucket), so the normal traffic is always admitted and each
-//     distinct value still has its own bucket to read and write.
-//   - abuser: one per hour: each bucket admits its first request and denies
-//     every later one. The over-limit share of the mixed load goes here;
-//     priming (see prime) spends every abuser's token before measuring.
-//   - hot=key: one per hour, the single exhausted bucket of the hot-key mix.
-const benchConfig = `# Written by ratelimit-bench --write-config: the rules its load expects.
-domain: bench
-descriptors:
-  - key: client
-    rate_limit: {unit: second, requests_per_unit: 1000000, name: client}
-    descriptors:
-      - key: route
-        rate_limit: {unit: second, requests_per_unit: 1000000, name: client-route}
-        descriptors:
-          - key: method
-            rate_limit: {unit: second, requests_per_unit: 1000000, name: client-route-method}
-  - key: abuser
-    rate_limit: {unit: hour, requests_per_unit: 1, name: abuser}
-  - key: hot
-    value: key
-    rate_limit: {unit: hour, requests_per_unit: 1, name: hot}
-`
+//go:embed config/bench.yaml
+var benchConfig string
 
 // writeConfig writes benchConfig as DIR/bench.yaml and returns its path.
 func writeConfig(dir string) (string, error) {

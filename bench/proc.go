@@ -7,15 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/ratelimitd/ratelimitd/internal/redisproc"
 )
 
 // startTimeout bounds how long a child may take to say it is ready.
@@ -36,7 +34,19 @@ type child struct {
 // order of start. It is safe for concurrent use.
 type children struct {
 	mu   sync.Mutex
-	list []*child
+	list []process
+}
+
+// process is a child or a redis-server: Terminate sends it SIGTERM, waits
+// up to timeout for it to exit, then kills it and says so.
+type process interface {
+	Terminate(timeout time.Duration) error
+}
+
+func (cs *children) add(p process) {
+	cs.mu.Lock()
+	cs.list = append(cs.list, p)
+	cs.mu.Unlock()
 }
 
 // start starts bin with args. ready is called with each line of its
@@ -51,9 +61,7 @@ func (cs *children) start(ctx context.Context, name, bin string, args []string, 
 		return "", nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	c := &child{name: name, cmd: cmd, exited: make(chan struct{}), tail: &tailBuffer{max: 20}}
-	cs.mu.Lock()
-	cs.list = append(cs.list, c)
-	cs.mu.Unlock()
+	cs.add(c)
 	go func() {
 		cmd.Wait()
 		pw.Close()
@@ -92,8 +100,8 @@ func (cs *children) start(ctx context.Context, name, bin string, args []string, 
 	}
 }
 
-// stopAll sends SIGTERM to every child still running, newest first, waits
-// up to stopTimeout for each, then kills it.
+// stopAll sends SIGTERM to every process still running, newest first,
+// waits up to stopTimeout for each, then kills it.
 func (cs *children) stopAll() error {
 	cs.mu.Lock()
 	list := cs.list
@@ -101,22 +109,27 @@ func (cs *children) stopAll() error {
 	cs.mu.Unlock()
 	var errs []error
 	for i := len(list) - 1; i >= 0; i-- {
-		c := list[i]
-		select {
-		case <-c.exited:
-			continue
-		default:
-		}
-		c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.exited:
-		case <-time.After(stopTimeout):
-			c.cmd.Process.Kill()
-			<-c.exited
-			errs = append(errs, fmt.Errorf("%s did not stop within %v of SIGTERM; killed", c.name, stopTimeout))
-		}
+		errs = append(errs, list[i].Terminate(stopTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+// Terminate implements process.
+func (c *child) Terminate(timeout time.Duration) error {
+	select {
+	case <-c.exited:
+		return nil
+	default:
+	}
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+		return nil
+	case <-time.After(timeout):
+	}
+	c.cmd.Process.Kill()
+	<-c.exited
+	return fmt.Errorf("%s did not stop within %v of SIGTERM; killed", c.name, timeout)
 }
 
 // tailBuffer keeps the last max lines written to it.
@@ -159,54 +172,17 @@ func jsonReady(msg string) func([]byte) (string, bool) {
 	}
 }
 
-// startRedis starts a throwaway redis-server on a free loopback port that
-// saves nothing, and waits until it answers PING. A port found free may be
-// taken before redis-server binds it, so a few are tried.
+// startRedis starts a throwaway redis-server (see internal/redisproc) in
+// dir, and returns its address once it answers PING.
 func (cs *children) startRedis(ctx context.Context, bin, dir string) (string, error) {
-	var lastErr error
-	for range 5 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", fmt.Errorf("find a free port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		_, c, err := cs.start(ctx, "redis-server", bin, []string{
-			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", dir, "--daemonize", "no", "--protected-mode", "yes",
-		}, nil)
-		if err != nil {
-			return "", fmt.Errorf("%w (install it: apt-get install -y redis-server, or pass --redis-server)", err)
-		}
-		if lastErr = waitPing(ctx, addr, c.exited); lastErr == nil {
-			return addr, nil
-		}
-		lastErr = fmt.Errorf("%w: %s", lastErr, c.tail)
+	path, err := redisproc.LookPath(bin)
+	if err != nil {
+		return "", fmt.Errorf("%w, or pass --redis-server", err)
 	}
-	return "", fmt.Errorf("redis-server did not start: %w", lastErr)
-}
-
-// waitPing waits up to startTimeout for the Redis at addr to answer PING,
-// unless its process exits first.
-func waitPing(ctx context.Context, addr string, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
-	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
-	defer c.Close()
-	for {
-		err := c.Ping(ctx).Err()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("redis %s: no PING answer: %w", addr, err)
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("redis-server on %s exited", addr)
-		case <-ctx.Done():
-		case <-time.After(20 * time.Millisecond):
-		}
+	s, err := redisproc.Start(ctx, redisproc.Options{Bin: path, Dir: dir, ReadyTimeout: startTimeout, Prepare: detach})
+	if err != nil {
+		return "", err
 	}
+	cs.add(s)
+	return s.Addr, nil
 }

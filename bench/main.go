@@ -35,6 +35,11 @@
 // --short-concurrency) set the share of calls ratelimitd on Redis answers
 // within that deadline beside the floor's; calls that miss it are shown
 // but do not fail the run.
+//
+// It is a tool beside the product, not part of it, so it lives in bench/
+// rather than cmd/ (which lists what an operator installs); `make bench`
+// builds it as bin/ratelimit-bench. The rules its load expects are
+// config/bench.yaml, embedded.
 package main
 
 import (

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -19,13 +18,13 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -137,15 +136,7 @@ func TestRedisUsage(t *testing.T) {
 // serveInProcess serves srv on a loopback port until the test ends.
 func serveInProcess(t *testing.T, srv rlsv3.RateLimitServiceServer) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(gs, srv)
-	go gs.Serve(lis)
-	t.Cleanup(gs.Stop)
-	return lis.Addr().String()
+	return servertest.Start(t, servertest.Options{RateLimit: srv}).Addr
 }
 
 func testLoadOptions(addr string, mix Mix) loadOptions {
@@ -414,7 +405,7 @@ func TestChildrenAreStopped(t *testing.T) {
 	if _, _, err := cs.start(context.Background(), "sleep", sleep, []string{"60"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	c := cs.list[0]
+	c := cs.list[0].(*child)
 	start := time.Now()
 	if err := cs.stopAll(); err != nil {
 		t.Errorf("stopAll: %v", err)
