@@ -176,14 +176,15 @@ type Decision struct {
 	// ExceedsBurst reports that Hits is more than the bucket can ever hold:
 	// the request is denied and retrying cannot help.
 	ExceedsBurst bool
+	// Fallback is FallbackNone when the bucket decided. Otherwise no bucket
+	// did: a store answered by its policy for when its backend cannot
+	// decide in time (a failure mode), and Fallback says why. (Beside
+	// ExceedsBurst, so that a Decision stays 48 bytes.)
+	Fallback Fallback
 	// Wait, when positive, says the request was admitted by reserving
 	// tokens that arrive only after Wait (see Request.MaxWait). Rounded up
 	// to the microsecond.
 	Wait time.Duration
-	// Fallback is FallbackNone when the bucket decided. Otherwise no bucket
-	// did: a store answered by its policy for when its backend cannot
-	// decide in time (a failure mode), and Fallback says why.
-	Fallback Fallback
 }
 
 // Fallback says why a store answered without its buckets. The zero value,

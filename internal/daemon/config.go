@@ -63,7 +63,7 @@ type Config struct {
 	// false) keeps buckets in this process's memory.
 	Redis Redis
 	// Failure is what the Redis backend does when Redis fails (the memory
-	// backend never does); OnChange, Check, OnBackendFailure and OnFallback
+	// backend never does); OnChange, Probe, OnBackendFailure and OnFallback
 	// are the daemon's own and must be nil.
 	Failure failover.Options
 

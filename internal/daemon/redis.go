@@ -146,7 +146,7 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 	// replica no call reaches still finds it back; the probe decides on a
 	// bucket of its own, so that a Redis that answers PING but cannot
 	// decide (a read-only replica) keeps it open.
-	failure.Check = store.Probe
+	failure.Probe = store.Probe
 	failure.OnBackendFailure = m.BackendFailure
 	mode := failure.Mode.String()
 	failure.OnFallback = func(cause limiter.Fallback) { m.FailureModeAnswer(mode, cause) }

@@ -114,13 +114,13 @@ type Options struct {
 	GraceMode Mode
 	// Now is the clock for the breaker and grace; default time.Now.
 	Now func() time.Time
-	// Check, when set, asks the backend whether it can decide calls (for
+	// Probe, when set, asks the backend whether it can decide calls (for
 	// Redis, redisstore.Store.Probe, a write rather than a PING, so that a
 	// read-only replica fails it), and is used by Probe; it gets a context
 	// with the budget of a call (see DefaultDeadline) and must be safe for
 	// concurrent use. Its errors are judged as a call's. Nil: Probe does
 	// nothing, and only a call closes the open breaker.
-	Check func(context.Context) error
+	Probe func(context.Context) error
 	// OnBackendFailure, when set, is called with the error of every call
 	// or probe the backend failed, whatever the mode and whether or not the
 	// breaker opens; OnFallback with the cause of every call answered per
@@ -308,11 +308,11 @@ func (s *Store) judge(err error) error {
 
 // Probe gives the open breaker the probe a call would give it, without a
 // call: when the breaker is open, its OpenFor has passed and no probe (a
-// call's or another Probe's) is in flight, it calls Options.Check with the
+// call's or another Probe's) is in flight, it calls Options.Probe with the
 // budget of a call as that one probe. A success closes the breaker and
 // reports OnChange(true); a failure keeps it open for another OpenFor, as a
 // failed probing call does. Otherwise (breaker closed, still within OpenFor,
-// a probe in flight, no Check) it does nothing and returns nil.
+// a probe in flight, no Options.Probe) it does nothing and returns nil.
 //
 // It is for a replica that gets no calls while its backend is failing
 // (health checks took it out of rotation because it said so): without it
@@ -323,7 +323,7 @@ func (s *Store) judge(err error) error {
 //
 // It returns the check's error, wrapped, when it checked and the check failed.
 func (s *Store) Probe(ctx context.Context) error {
-	if s.opts.Check == nil {
+	if s.opts.Probe == nil {
 		return nil
 	}
 	probe, _, _ := s.breaker.admit()
@@ -331,7 +331,7 @@ func (s *Store) Probe(ctx context.Context) error {
 		return nil // closed, within OpenFor, or a probe in flight
 	}
 	callCtx, cancel := s.budget(ctx)
-	err := s.opts.Check(callCtx)
+	err := s.opts.Probe(callCtx)
 	cancel()
 	if err == nil {
 		s.succeeded(true, false) // a check is no call: not for Refund

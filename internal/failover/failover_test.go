@@ -90,7 +90,7 @@ func (b *backend) Refund(ctx context.Context, now time.Time, reqs []limiter.Requ
 	return b.mem.Refund(ctx, now, reqs)
 }
 
-// Ping is the backend's health check, for Options.Check: it answers as
+// Ping is the backend's health check, for Options.Probe: it answers as
 // Take does.
 func (b *backend) Ping(ctx context.Context) error {
 	b.mu.Lock()
@@ -371,14 +371,14 @@ func TestTheBudgetBoundsAHungBackend(t *testing.T) {
 }
 
 // dueForProbe returns a Store in allow mode over b (with check as
-// Options.Check) whose breaker a failing call opened OpenFor (1 s) ago, so
+// Options.Probe) whose breaker a failing call opened OpenFor (1 s) ago, so
 // that the next call or Probe probes, and leaves b hung (each call waits
 // for its 100 ms Timeout). It must run in a synctest bubble.
 func dueForProbe(t *testing.T, b *backend, check func(context.Context) error) *failover.Store {
 	t.Helper()
 	b.set("down")
 	s, err := failover.New(b, failover.Options{Mode: failover.Allow, FailureThreshold: 1, FailingFor: -1,
-		OpenFor: time.Second, Timeout: 100 * time.Millisecond, Check: check})
+		OpenFor: time.Second, Timeout: 100 * time.Millisecond, Probe: check})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -850,7 +850,7 @@ func TestProbeClosesTheBreakerWithoutCalls(t *testing.T) {
 	b := newBackend()
 	var changes []bool
 	s, clk := newStore(t, b, failover.Options{Mode: failover.Error, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second,
-		Timeout: time.Hour, Check: b.Ping, OnChange: func(healthy bool, err error) { changes = append(changes, healthy) }})
+		Timeout: time.Hour, Probe: b.Ping, OnChange: func(healthy bool, err error) { changes = append(changes, healthy) }})
 	for i, st := range steps {
 		clk.Advance(st.advance)
 		b.set(st.state)
@@ -877,7 +877,7 @@ func TestProbeClosesTheBreakerWithoutCalls(t *testing.T) {
 	}
 }
 
-// TestProbeWithoutCheck: with no Options.Check, Probe does nothing and the
+// TestProbeWithoutCheck: with no Options.Probe, Probe does nothing and the
 // breaker waits for a call, as before.
 func TestProbeWithoutCheck(t *testing.T) {
 	b := newBackend()
@@ -887,7 +887,7 @@ func TestProbeWithoutCheck(t *testing.T) {
 	b.set("up")
 	clk.Advance(time.Hour)
 	if err := s.Probe(context.Background()); err != nil || s.Healthy() {
-		t.Errorf("Probe() without Check = %v, Healthy() %v; want nil, false", err, s.Healthy())
+		t.Errorf("Probe() without Options.Probe = %v, Healthy() %v; want nil, false", err, s.Healthy())
 	}
 	if _, err := s.Take(context.Background(), t0, oneReq); err != nil || !s.Healthy() {
 		t.Errorf("the probing call = %v, Healthy() %v; want nil, true", err, s.Healthy())
@@ -931,7 +931,7 @@ func TestProbeIsTheOneProbe(t *testing.T) {
 // stays open without another OpenFor, and the next Probe pings.
 func TestProbeCancelledAtOnce(t *testing.T) {
 	b := newBackend()
-	s, clk := newStore(t, b, failover.Options{FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Timeout: time.Hour, Check: b.Ping})
+	s, clk := newStore(t, b, failover.Options{FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Timeout: time.Hour, Probe: b.Ping})
 	b.set("down")
 	s.Take(context.Background(), t0, oneReq)
 	clk.Advance(time.Second)
@@ -953,7 +953,7 @@ func TestProbeCancelledAtOnce(t *testing.T) {
 // send it nowhere).
 func TestProbeIsNoAnswerForRefunds(t *testing.T) {
 	b := newBackend()
-	s, clk := newStore(t, b, failover.Options{Mode: failover.Local, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Check: b.Ping})
+	s, clk := newStore(t, b, failover.Options{Mode: failover.Local, FailureThreshold: 1, FailingFor: -1, OpenFor: time.Second, Probe: b.Ping})
 	one := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
 	req := []limiter.Request{{Key: "k", Limit: one, Hits: 1}}
 	b.set("down")
