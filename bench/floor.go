@@ -13,8 +13,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/ratelimitd/ratelimitd/internal/gctune"
-	"github.com/ratelimitd/ratelimitd/internal/proctune"
+	"github.com/ratelimitd/ratelimitd/internal/runtimetune"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -143,9 +142,9 @@ func runFloor(ctx context.Context, args []string, stderr io.Writer) error {
 		// (a lone call then costs some 40 µs less here), and fewer
 		// collections while the heap is small (some 20% more calls at 64
 		// callers here). An operator's GOMAXPROCS or GOGC wins, as there.
-		defer proctune.Start(proctune.Options{}).Stop()
+		defer runtimetune.StartProcs(runtimetune.ProcsOptions{}).Stop()
 		if os.Getenv("GOGC") == "" {
-			defer gctune.Start(gctune.DefaultFloor, 100).Stop()
+			defer runtimetune.StartGC(runtimetune.DefaultHeapFloor, 100).Stop()
 		}
 	}
 	lis, err := net.Listen("tcp", *addr)

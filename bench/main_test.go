@@ -351,8 +351,8 @@ func TestFloorCommandLogsItsAddress(t *testing.T) {
 }
 
 // TestFloorRunsWithRuntimeTuning: an idle tuned floor goes to one P, as an
-// idle ratelimitd does (proctune), and gives the default back when it
-// stops.
+// idle ratelimitd does (runtimetune.StartProcs), and gives the default back
+// when it stops.
 func TestFloorRunsWithRuntimeTuning(t *testing.T) {
 	if os.Getenv("GOMAXPROCS") != "" || runtime.GOMAXPROCS(0) < 2 {
 		t.Skip("needs the runtime's default GOMAXPROCS, at least 2")

@@ -13,8 +13,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
-	"github.com/ratelimitd/ratelimitd/internal/gctune"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/runtimetune"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
@@ -122,7 +122,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&c.GRPCTLS.KeyFile, "grpc-tls-key", "", "gRPC over TLS: PEM private key file, re-read when it changes")
 	fs.StringVar(&c.GRPCTLS.ClientCAFile, "grpc-client-ca", "", "mutual TLS: PEM file of the CAs whose client certificates are accepted; clients without one are refused")
 	fs.BoolVar(&c.AdaptiveProcs, "adaptive-procs", true, "run on one P (GOMAXPROCS=1) while goroutines seldom wait for one, on all of them as soon as they do: less CPU and latency under light load. Ignored when GOMAXPROCS is set")
-	gcFloorMiB := fs.Int("gc-heap-floor-mib", gctune.DefaultFloor>>20, "let the heap grow to this many MiB between garbage collections while the live heap is smaller (fewer collections under load); 0: GOGC alone. Ignored when GOGC is set")
+	gcFloorMiB := fs.Int("gc-heap-floor-mib", runtimetune.DefaultHeapFloor>>20, "let the heap grow to this many MiB between garbage collections while the live heap is smaller (fewer collections under load); 0: GOGC alone. Ignored when GOGC is set")
 	graceMode := fs.String("failure-grace-mode", "error", "local mode: the answer during --failure-grace: error, allow or deny")
 
 	if err := fs.Parse(args); err != nil {
@@ -195,8 +195,8 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if c.Failure.GraceMode, err = choose("failure-grace-mode", *graceMode, modeNames[:3], modes[:3]); err != nil {
 		return c, usageError{err}
 	}
-	if *gcFloorMiB < 0 || *gcFloorMiB > gctune.MaxFloor>>20 {
-		return c, usageError{fmt.Errorf("--gc-heap-floor-mib %d: want 0 to %d", *gcFloorMiB, gctune.MaxFloor>>20)}
+	if *gcFloorMiB < 0 || *gcFloorMiB > runtimetune.MaxHeapFloor>>20 {
+		return c, usageError{fmt.Errorf("--gc-heap-floor-mib %d: want 0 to %d", *gcFloorMiB, runtimetune.MaxHeapFloor>>20)}
 	}
 	if getenv("GOGC") == "" { // the runtime read it; an operator's GOGC wins
 		c.GCHeapFloor = uint64(*gcFloorMiB) << 20

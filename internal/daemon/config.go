@@ -80,7 +80,7 @@ type Config struct {
 	// collections while the live heap is smaller; 0 leaves GOGC alone.
 	GCHeapFloor uint64
 	// AdaptiveProcs runs on one P while goroutines seldom wait for one
-	// (see internal/proctune).
+	// (see runtimetune.ProcsTuner).
 	AdaptiveProcs bool
 }
 

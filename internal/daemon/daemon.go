@@ -30,9 +30,8 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
-	"github.com/ratelimitd/ratelimitd/internal/gctune"
-	"github.com/ratelimitd/ratelimitd/internal/proctune"
 	"github.com/ratelimitd/ratelimitd/internal/reload"
+	"github.com/ratelimitd/ratelimitd/internal/runtimetune"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
 )
@@ -186,9 +185,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer d.backend.Close()
 	defer d.stop()
 	// GOGC unset (see Config.GCHeapFloor): the runtime's default, 100.
-	defer gctune.Start(d.cfg.GCHeapFloor, 100).Stop()
+	defer runtimetune.StartGC(d.cfg.GCHeapFloor, 100).Stop()
 	if d.cfg.AdaptiveProcs {
-		defer proctune.Start(proctune.Options{OnChange: func(procs int, wait time.Duration) {
+		defer runtimetune.StartProcs(runtimetune.ProcsOptions{OnChange: func(procs int, wait time.Duration) {
 			d.log.Debug("GOMAXPROCS changed", "procs", procs, "mean_sched_wait", wait)
 		}}).Stop()
 	}

@@ -1,4 +1,4 @@
-package proctune
+package runtimetune
 
 import (
 	"math"
@@ -9,23 +9,23 @@ import (
 	"time"
 )
 
-func TestNext(t *testing.T) {
-	o := Options{Up: 150 * time.Microsecond, Down: 30 * time.Microsecond, DownAfter: 3}
+func TestProcsNext(t *testing.T) {
+	o := ProcsOptions{Up: 150 * time.Microsecond, Down: 30 * time.Microsecond, DownAfter: 3}
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	tests := []struct {
 		name string
-		from state
+		from procsState
 		wait time.Duration
-		want state
+		want procsState
 	}{
-		{"all Ps, a long wait", state{low: 2}, us(500), state{}},
-		{"all Ps, a wait at Down", state{low: 2}, us(30), state{}},
-		{"all Ps, a short wait counts", state{}, us(10), state{low: 1}},
-		{"all Ps, the DownAfter-th short wait goes to one", state{low: 2}, us(10), state{one: true}},
-		{"all Ps, no waits at all count as short", state{low: 1}, 0, state{low: 2}},
-		{"one P, a wait at Up stays", state{one: true}, us(150), state{one: true}},
-		{"one P, a wait between Down and Up stays", state{one: true}, us(80), state{one: true}},
-		{"one P, a wait above Up brings every P back", state{one: true}, us(151), state{}},
+		{"all Ps, a long wait", procsState{low: 2}, us(500), procsState{}},
+		{"all Ps, a wait at Down", procsState{low: 2}, us(30), procsState{}},
+		{"all Ps, a short wait counts", procsState{}, us(10), procsState{low: 1}},
+		{"all Ps, the DownAfter-th short wait goes to one", procsState{low: 2}, us(10), procsState{one: true}},
+		{"all Ps, no waits at all count as short", procsState{low: 1}, 0, procsState{low: 2}},
+		{"one P, a wait at Up stays", procsState{one: true}, us(150), procsState{one: true}},
+		{"one P, a wait between Down and Up stays", procsState{one: true}, us(80), procsState{one: true}},
+		{"one P, a wait above Up brings every P back", procsState{one: true}, us(151), procsState{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -61,10 +61,10 @@ func TestMeanSince(t *testing.T) {
 	}
 }
 
-// TestRun drives a Tuner with made-up waits: it moves to one P after
+// TestProcsRun drives a ProcsTuner with made-up waits: it moves to one P after
 // DownAfter short waits, back at once on a long one, and reports each
 // change with the wait that caused it.
-func TestRun(t *testing.T) {
+func TestProcsRun(t *testing.T) {
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	waits := []time.Duration{us(40), us(5), us(5), us(5), us(100), us(900), us(20), us(5), us(5)}
 	var (
@@ -74,8 +74,8 @@ func TestRun(t *testing.T) {
 	ticks := make(chan time.Time)
 	next := make(chan time.Duration)
 	reads := 0
-	tu := &Tuner{stop: make(chan struct{}), done: make(chan struct{})}
-	o := Options{Up: us(150), Down: us(30), DownAfter: 3, OnChange: func(procs int, w time.Duration) {
+	tu := &ProcsTuner{stop: make(chan struct{}), done: make(chan struct{})}
+	o := ProcsOptions{Up: us(150), Down: us(30), DownAfter: 3, OnChange: func(procs int, w time.Duration) {
 		changes = append(changes, w)
 	}}
 	go func() {
@@ -113,23 +113,23 @@ func TestRun(t *testing.T) {
 	}
 }
 
-func TestStartLeavesAnOperatorsGOMAXPROCS(t *testing.T) {
+func TestStartProcsLeavesAnOperatorsGOMAXPROCS(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "2")
-	if tu := Start(Options{}); tu != nil {
+	if tu := StartProcs(ProcsOptions{}); tu != nil {
 		tu.Stop()
-		t.Fatal("Start ran with GOMAXPROCS set")
+		t.Fatal("StartProcs ran with GOMAXPROCS set")
 	}
 }
 
-// TestStartStop runs a real Tuner in this (idle) process: it goes to one P,
+// TestStartProcsStop runs a real ProcsTuner in this (idle) process: it goes to one P,
 // and Stop gives the default back.
-func TestStartStop(t *testing.T) {
+func TestStartProcsStop(t *testing.T) {
 	def := runtime.GOMAXPROCS(0)
 	if def < 2 || os.Getenv("GOMAXPROCS") != "" {
 		t.Skip("needs a default of two Ps or more")
 	}
 	changed := make(chan int, 10)
-	tu := Start(Options{Interval: time.Millisecond, Down: time.Second, DownAfter: 2, OnChange: func(procs int, _ time.Duration) {
+	tu := StartProcs(ProcsOptions{Interval: time.Millisecond, Down: time.Second, DownAfter: 2, OnChange: func(procs int, _ time.Duration) {
 		changed <- procs
 	}})
 	defer tu.Stop()

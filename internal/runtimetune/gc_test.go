@@ -1,4 +1,4 @@
-package gctune
+package runtimetune
 
 import (
 	"math"
@@ -11,7 +11,7 @@ import (
 
 const mib = 1 << 20
 
-func TestPercent(t *testing.T) {
+func TestGCPercent(t *testing.T) {
 	tests := []struct {
 		name              string
 		live, scan, floor uint64
@@ -30,80 +30,80 @@ func TestPercent(t *testing.T) {
 		{"above the floor: base", 1 << 30, 0, 64 * mib, 100, 100},
 		{"a larger base wins", 16 * mib, 0, 64 * mib, 400, 400},
 		{"a floor below the runtime's minimum changes nothing", 1 * mib, 0, 2 * mib, 100, 100},
-		{"the largest floor: an int32 percent", 1, 0, MaxFloor, 100, math.MaxInt32 / 100 * 100},
+		{"the largest floor: an int32 percent", 1, 0, MaxHeapFloor, 100, math.MaxInt32 / 100 * 100},
 		{"past the largest floor: the same", 1, 0, 1 << 62, 100, math.MaxInt32 / 100 * 100},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := Percent(tc.live, tc.scan, tc.floor, tc.base); got != tc.want {
-				t.Errorf("Percent(%d, %d, %d, %d) = %d, want %d", tc.live, tc.scan, tc.floor, tc.base, got, tc.want)
+			if got := GCPercent(tc.live, tc.scan, tc.floor, tc.base); got != tc.want {
+				t.Errorf("GCPercent(%d, %d, %d, %d) = %d, want %d", tc.live, tc.scan, tc.floor, tc.base, got, tc.want)
 			}
 		})
 	}
 }
 
-// TestTunerFollowsTheLiveHeap runs a Tuner in this process: the percent
+// TestGCTunerFollowsTheLiveHeap runs a GCTuner in this process: the percent
 // rises while the live heap is small, falls back to the base once a live
 // heap above the floor is collected, rises again when that heap is freed,
 // and is the base after Stop.
-func TestTunerFollowsTheLiveHeap(t *testing.T) {
+func TestGCTunerFollowsTheLiveHeap(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	const floor = 64 * mib
-	tu := Start(floor, 100)
+	tu := StartGC(floor, 100)
 	if tu == nil {
-		t.Fatal("Start(64 MiB) = nil at GOGC=100")
+		t.Fatal("StartGC(64 MiB) = nil at GOGC=100")
 	}
 	defer tu.Stop()
-	waitPercent(t, "small live heap", func(p int) bool { return p > 100 })
+	waitGCPercent(t, "small live heap", func(p int) bool { return p > 100 })
 
 	big := make([]byte, 2*floor) // live, pointer-free: cheap to mark
-	waitPercent(t, "live heap above the floor", func(p int) bool { return p == 100 })
+	waitGCPercent(t, "live heap above the floor", func(p int) bool { return p == 100 })
 	runtime.KeepAlive(big)
 	big = nil
-	waitPercent(t, "live heap freed", func(p int) bool { return p > 100 })
+	waitGCPercent(t, "live heap freed", func(p int) bool { return p > 100 })
 
 	tu.Stop()
-	if p := readPercent(); p != 100 {
+	if p := readGCPercent(); p != 100 {
 		t.Errorf("after Stop, GC percent = %d, want 100", p)
 	}
 	// A cleanup left armed runs apply once more: it must neither set the
 	// percent nor arm another.
 	if tu.apply() {
-		t.Error("apply after Stop reports the Tuner running")
+		t.Error("apply after Stop reports the GCTuner running")
 	}
-	if p := readPercent(); p != 100 {
+	if p := readGCPercent(); p != 100 {
 		t.Errorf("after Stop and a late apply, GC percent = %d, want 100", p)
 	}
 }
 
-// waitPercent collects until the runtime's GC percent satisfies ok: the
-// Tuner sets it from a cleanup, after a collection, asynchronously.
-func waitPercent(t *testing.T, what string, ok func(int) bool) {
+// waitGCPercent collects until the runtime's GC percent satisfies ok: the
+// GCTuner sets it from a cleanup, after a collection, asynchronously.
+func waitGCPercent(t *testing.T, what string, ok func(int) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !ok(readPercent()) {
+	for !ok(readGCPercent()) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: GC percent stayed %d", what, readPercent())
+			t.Fatalf("%s: GC percent stayed %d", what, readGCPercent())
 		}
 		runtime.GC()
 		time.Sleep(time.Millisecond) // let the cleanup goroutine run
 	}
 }
 
-func TestStartDoesNothing(t *testing.T) {
+func TestStartGCDoesNothing(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	if tu := Start(0, 100); tu != nil {
-		t.Error("Start(0, 100) started a Tuner")
+	if tu := StartGC(0, 100); tu != nil {
+		t.Error("StartGC(0, 100) started a GCTuner")
 	}
-	if tu := Start(64*mib, -1); tu != nil {
-		t.Error("Start with GOGC=off started a Tuner")
+	if tu := StartGC(64*mib, -1); tu != nil {
+		t.Error("StartGC with GOGC=off started a GCTuner")
 	}
-	var tu *Tuner
-	tu.Stop() // a nil Tuner stops without a fuss
+	var tu *GCTuner
+	tu.Stop() // a nil GCTuner stops without a fuss
 }
 
-// readPercent is the runtime's GC percent, -1 for off.
-func readPercent() int {
+// readGCPercent is the runtime's GC percent, -1 for off.
+func readGCPercent() int {
 	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 	metrics.Read(s)
 	if p := s[0].Value.Uint64(); p <= math.MaxInt32 {

@@ -1,19 +1,4 @@
-// Package proctune runs the process on one P (GOMAXPROCS=1) while its
-// goroutines seldom wait for one, and on every P the runtime would give it
-// otherwise as soon as they do.
-//
-// A Tuner measures how long runnable goroutines wait for a P (the
-// runtime's /sched/latencies histogram) every Options.Interval: up to every
-// P at once when, on one P, the mean wait passes Options.Up; down to one P
-// only after the mean wait has stayed below Options.Down on all of them for
-// Options.DownAfter intervals. GOMAXPROCS is the process's: a Tuner
-// assumes nothing else sets it, and does not start when the GOMAXPROCS
-// environment variable is set. Stop may be called from any goroutine, more
-// than once.
-//
-// Why one P under light load, and the measurements behind the thresholds,
-// are in docs/design/adaptive-procs.md.
-package proctune
+package runtimetune
 
 import (
 	"math"
@@ -24,8 +9,8 @@ import (
 	"time"
 )
 
-// Options tune a Tuner. Zero fields take the defaults.
-type Options struct {
+// ProcsOptions tune a ProcsTuner. Zero fields take the defaults.
+type ProcsOptions struct {
 	// Interval is how often the wait is measured. Default 250ms.
 	Interval time.Duration
 	// Up: on one P, a mean wait above it brings every P back at once.
@@ -38,12 +23,13 @@ type Options struct {
 	// DownAfter is how many intervals in a row the wait must stay below
 	// Down. Default 4 (1 s at the default Interval).
 	DownAfter int
-	// OnChange, when set, is called from the Tuner's goroutine after each
-	// change, with the new number of Ps and the mean wait that caused it.
+	// OnChange, when set, is called from the ProcsTuner's goroutine after
+	// each change, with the new number of Ps and the mean wait that caused
+	// it.
 	OnChange func(procs int, wait time.Duration)
 }
 
-func (o Options) withDefaults() Options {
+func (o ProcsOptions) withDefaults() ProcsOptions {
 	if o.Interval <= 0 {
 		o.Interval = 250 * time.Millisecond
 	}
@@ -59,47 +45,60 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// state is a Tuner's decision: the Ps in use and, on every P, how many
-// intervals in a row the wait has been below Down.
-type state struct {
+// procsState is a ProcsTuner's decision: the Ps in use and, on every P,
+// how many intervals in a row the wait has been below Down.
+type procsState struct {
 	one bool // running on one P
 	low int
 }
 
 // next is the state after an interval whose mean wait was wait.
-func (s state) next(wait time.Duration, o Options) state {
+func (s procsState) next(wait time.Duration, o ProcsOptions) procsState {
 	switch {
 	case s.one && wait > o.Up:
-		return state{}
+		return procsState{}
 	case s.one:
 		return s
 	case wait >= o.Down:
-		return state{}
+		return procsState{}
 	case s.low+1 >= o.DownAfter:
-		return state{one: true}
+		return procsState{one: true}
 	}
-	return state{low: s.low + 1}
+	return procsState{low: s.low + 1}
 }
 
-// A Tuner moves GOMAXPROCS between 1 and the runtime's default (see the
-// package doc). Start one with Start.
-type Tuner struct {
+// A ProcsTuner runs the process on one P (GOMAXPROCS=1) while its
+// goroutines seldom wait for one, and on every P the runtime would give it
+// otherwise as soon as they do.
+//
+// It measures how long runnable goroutines wait for a P (the runtime's
+// /sched/latencies histogram) every ProcsOptions.Interval: up to every P
+// at once when, on one P, the mean wait passes ProcsOptions.Up; down to one
+// P only after the mean wait has stayed below ProcsOptions.Down on all of
+// them for ProcsOptions.DownAfter intervals. GOMAXPROCS is the process's:
+// a ProcsTuner assumes nothing else sets it, and does not start when the
+// GOMAXPROCS environment variable is set. Start one with StartProcs; Stop
+// may be called from any goroutine, more than once.
+//
+// Why one P under light load, and the measurements behind the thresholds,
+// are in docs/design/adaptive-procs.md.
+type ProcsTuner struct {
 	stop chan struct{}
 	done chan struct{}
 	once sync.Once
 }
 
-// Start starts a Tuner, unless the GOMAXPROCS environment variable is set
-// (the operator chose) or the runtime's default is already one P; then it
-// returns nil, which Stop accepts. GOMAXPROCS is the process's: a Tuner
-// assumes nothing else sets it. While it runs on every P, the runtime's
+// StartProcs starts a ProcsTuner, unless the GOMAXPROCS environment
+// variable is set (the operator chose) or the runtime's default is already
+// one P; then it returns nil, which Stop accepts. GOMAXPROCS is the
+// process's: a ProcsTuner assumes nothing else sets it. While it runs on every P, the runtime's
 // default (and its updates, as a container's CPU limit changes) is in
 // force.
-func Start(o Options) *Tuner {
+func StartProcs(o ProcsOptions) *ProcsTuner {
 	if os.Getenv("GOMAXPROCS") != "" || runtime.GOMAXPROCS(0) <= 1 {
 		return nil
 	}
-	t := &Tuner{stop: make(chan struct{}), done: make(chan struct{})}
+	t := &ProcsTuner{stop: make(chan struct{}), done: make(chan struct{})}
 	ticker := time.NewTicker(o.withDefaults().Interval)
 	go func() {
 		defer close(t.done)
@@ -109,9 +108,9 @@ func Start(o Options) *Tuner {
 	return t
 }
 
-// Stop stops the Tuner and gives the runtime its default back. It may be
-// called more than once, and on a nil Tuner.
-func (t *Tuner) Stop() {
+// Stop stops the ProcsTuner and gives the runtime its default back. It may
+// be called more than once, and on a nil ProcsTuner.
+func (t *ProcsTuner) Stop() {
 	if t == nil {
 		return
 	}
@@ -124,9 +123,9 @@ func (t *Tuner) Stop() {
 
 // run decides at every tick, from the mean wait that wait returns, and
 // calls set on each change (one: GOMAXPROCS=1; else the default).
-func (t *Tuner) run(o Options, ticks <-chan time.Time, wait func() time.Duration, set func(one bool) int) {
+func (t *ProcsTuner) run(o ProcsOptions, ticks <-chan time.Time, wait func() time.Duration, set func(one bool) int) {
 	o = o.withDefaults()
-	var s state
+	var s procsState
 	wait() // the first interval starts now
 	for {
 		select {
