@@ -373,33 +373,13 @@ func compareFilled(x, y filled) int {
 // "=" and "%" in keys and values percent-escaped so that distinct
 // descriptors read differently.
 func appendDescriptor(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry) []byte {
-	esc := func(b []byte, s string) []byte {
-		i := 0 // s[:i] needs no escaping
-		for i < len(s) && s[i] != ',' && s[i] != '=' && s[i] != '%' {
-			i++
-		}
-		b = append(b, s[:i]...)
-		for ; i < len(s); i++ {
-			switch c := s[i]; c {
-			case ',':
-				b = append(b, "%2C"...)
-			case '=':
-				b = append(b, "%3D"...)
-			case '%':
-				b = append(b, "%25"...)
-			default:
-				b = append(b, c)
-			}
-		}
-		return b
-	}
 	for i, e := range entries {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = esc(b, e.GetKey())
+		b = server.AppendEscaped(b, e.GetKey(), ",=")
 		b = append(b, '=')
-		b = esc(b, e.GetValue())
+		b = server.AppendEscaped(b, e.GetValue(), ",=")
 	}
 	return b
 }

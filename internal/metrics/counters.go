@@ -204,16 +204,7 @@ func appendValues(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry) []
 		if i > 0 {
 			b = append(b, ',')
 		}
-		for _, c := range []byte(e.GetValue()) {
-			switch c {
-			case ',':
-				b = append(b, "%2C"...)
-			case '%':
-				b = append(b, "%25"...)
-			default:
-				b = append(b, c)
-			}
-		}
+		b = server.AppendEscaped(b, e.GetValue(), ",")
 	}
 	return b
 }

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -52,6 +53,36 @@ func TestRemovedRuleStaysRemoved(t *testing.T) {
 					t.Errorf("series %s %v outlived the reload", mf.GetName(), s.GetLabel())
 				}
 			}
+		}
+	}
+}
+
+// TestAppendValuesEscapes: a detailed_metric label joins values with ","
+// and escapes "," and "%" in them, so distinct descriptors get distinct
+// labels; keys are not in it.
+func TestAppendValuesEscapes(t *testing.T) {
+	label := func(values ...string) string {
+		var entries []*ratelimitv3.RateLimitDescriptor_Entry
+		for i, v := range values {
+			entries = append(entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: fmt.Sprint("k", i), Value: v})
+		}
+		b := appendValues([]byte("x"), entries)
+		if b[0] != 'x' {
+			t.Fatalf("appendValues(x, %q) = %q: lost what b held", values, b)
+		}
+		return string(b[1:])
+	}
+	for _, tt := range []struct{ got, want string }{
+		{label("gpt-4o"), "gpt-4o"},
+		{label("gpt-4o", "acme"), "gpt-4o,acme"},
+		{label("b,c"), "b%2Cc"},
+		{label("b", "c"), "b,c"},
+		{label("100%", "x=y"), "100%25,x=y"},
+		{label("%2C"), "%252C"},
+		{label(""), ""},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("appendValues label %q, want %q", tt.got, tt.want)
 		}
 	}
 }

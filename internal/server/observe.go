@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strings"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -185,4 +186,26 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 		call.Descriptors[i] = o
 	}
 	s.observer.ObserveCall(call)
+}
+
+// AppendEscaped appends s to b with "%" and every byte of reserved
+// percent-escaped ("%" as %25, "," as %2C, "=" as %3D), and returns the
+// extended slice. Observers that show a descriptor's keys and values as one
+// string (a metric label, a page's row) escape each part with the bytes
+// they join parts with, so that distinct descriptors read differently.
+func AppendEscaped(b []byte, s, reserved string) []byte {
+	const hex = "0123456789ABCDEF"
+	for {
+		i := 0 // s[:i] needs no escaping
+		for i < len(s) && s[i] != '%' && strings.IndexByte(reserved, s[i]) < 0 {
+			i++
+		}
+		b = append(b, s[:i]...)
+		if i == len(s) {
+			return b
+		}
+		c := s[i]
+		b = append(b, '%', hex[c>>4], hex[c&0xF])
+		s = s[i+1:]
+	}
 }

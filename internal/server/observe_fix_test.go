@@ -106,3 +106,23 @@ func TestObserverSeesTokensAsked(t *testing.T) {
 		})
 	}
 }
+
+func TestAppendEscaped(t *testing.T) {
+	tests := []struct {
+		s, reserved, want string
+	}{
+		{"gpt-4o", ",=", "gpt-4o"},
+		{"", ",", ""},
+		{"100%", "", "100%25"},
+		{"b, c=d", ",=", "b%2C c%3Dd"},
+		{"b, c=d", ",", "b%2C c=d"},
+		{",=%", ",=", "%2C%3D%25"},
+		{"%%", ",", "%25%25"},
+		{"a\xffb", "\xff", "a%FFb"},
+	}
+	for _, tt := range tests {
+		if got := string(server.AppendEscaped([]byte("x"), tt.s, tt.reserved)); got != "x"+tt.want {
+			t.Errorf("AppendEscaped(x, %q, %q) = %q, want %q", tt.s, tt.reserved, got, "x"+tt.want)
+		}
+	}
+}
