@@ -58,12 +58,18 @@ func newFixture(t testing.TB) *fixture {
 // newFixtureWith is newFixture on the descriptor file yaml.
 func newFixtureWith(t testing.TB, yaml string) *fixture {
 	t.Helper()
+	return newFixtureTracking(t, yaml, limitspage.TrackerOptions{})
+}
+
+// newFixtureTracking is newFixtureWith with a Tracker made with opts.
+func newFixtureTracking(t testing.TB, yaml string, opts limitspage.TrackerOptions) *fixture {
+	t.Helper()
 	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(yaml)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	clk := clocktest.New()
-	tr := limitspage.NewTracker(limitspage.TrackerOptions{})
+	tr := limitspage.NewTracker(opts)
 	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clk.Now, Observer: tr})
 	if err != nil {
 		t.Fatal(err)
@@ -279,18 +285,8 @@ func TestLimitsWithoutConfig(t *testing.T) {
 }
 
 func TestTrackerBucketsAreBounded(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(testConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := clocktest.New()
-	tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 20})
-	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clk.Now, Observer: tr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.SetConfig(set)
-	f := &fixture{clock: clk, srv: srv}
+	f := newFixtureTracking(t, testConfig, limitspage.TrackerOptions{MaxBuckets: 20})
+	clk, tr := f.clock, f.tracker
 	for i := range 500 {
 		f.call(t, 1+i%3, "model", fmt.Sprintf("m%d", i))
 	}
@@ -323,18 +319,8 @@ func BenchmarkTrackerObserveCall(b *testing.B) {
 // bucket of a rule, the bucket being added for that rule is still kept (and
 // counted), so the tracker does not fill with ghosts and evict on every call.
 func TestTrackerKeepsABucketAddedAsItsRuleEmpties(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(testConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := clocktest.New()
-	tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 2})
-	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clk.Now, Observer: tr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.SetConfig(set)
-	f := &fixture{clock: clk, srv: srv}
+	f := newFixtureTracking(t, testConfig, limitspage.TrackerOptions{MaxBuckets: 2})
+	clk, tr := f.clock, f.tracker
 	for round := range 50 {
 		f.call(t, 1, "model", fmt.Sprint("a", round))
 		f.call(t, 1, "model", fmt.Sprint("b", round))

@@ -64,6 +64,30 @@ func (u use) call(tb testing.TB, set *config.Set, t0 time.Time) server.Call {
 	return server.Call{Domain: "adm", Start: t0.Add(u.after), Descriptors: []server.DescriptorOutcome{o}}
 }
 
+// parseAdmission parses admissionConfig.
+func parseAdmission(t *testing.T) *config.Set {
+	t.Helper()
+	set, err := config.Parse([]config.File{{Name: "adm.yaml", Data: []byte(admissionConfig)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+// checkListed observes calls on tr and checks whether Busiest lists the
+// last one's bucket with its tokens in use, as want says.
+func checkListed(t *testing.T, tr *limitspage.Tracker, set *config.Set, t0 time.Time, calls []use, want bool) {
+	t.Helper()
+	for _, u := range calls {
+		tr.ObserveCall(u.call(t, set, t0))
+	}
+	last := calls[len(calls)-1]
+	if got := listed(tr, last, t0); got != want {
+		t.Errorf("after %+v, Busiest lists %s=%s with %d in use: %v, want %v\nBusiest = %+v",
+			calls, last.key, last.value, last.used, got, want, tr.Busiest(100, t0.Add(last.after)))
+	}
+}
+
 // listed reports whether Busiest at u's time lists u's bucket with u's
 // tokens in use.
 func listed(tr *limitspage.Tracker, u use, t0 time.Time) bool {
@@ -81,10 +105,7 @@ func listed(tr *limitspage.Tracker, u use, t0 time.Time) bool {
 // refill, 0.1 every 6 s. Each case then makes some calls and checks
 // whether the last one's bucket is listed.
 func TestTrackerAdmission(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "adm.yaml", Data: []byte(admissionConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := parseAdmission(t)
 	t0 := clocktest.Start
 	setup := []use{
 		{0, "slow", "k1", 8, limiter.Limit{}},
@@ -142,14 +163,7 @@ func TestTrackerAdmission(t *testing.T) {
 			for _, u := range setup {
 				tr.ObserveCall(u.call(t, set, t0))
 			}
-			for _, u := range tt.calls {
-				tr.ObserveCall(u.call(t, set, t0))
-			}
-			last := tt.calls[len(tt.calls)-1]
-			if got := listed(tr, last, t0); got != tt.want {
-				t.Errorf("after %+v, Busiest lists %s=%s with %d in use: %v, want %v\nBusiest = %+v",
-					tt.calls, last.key, last.value, last.used, got, tt.want, tr.Busiest(100, t0.Add(last.after)))
-			}
+			checkListed(t, tr, set, t0, tt.calls, tt.want)
 		})
 	}
 }
@@ -160,10 +174,7 @@ func TestTrackerAdmission(t *testing.T) {
 // the page estimates for k2, which counts its refill in whole tokens, and
 // which calls that started before the eviction can change.
 func TestTrackerBarFollowsTheEstimate(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "adm.yaml", Data: []byte(admissionConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := parseAdmission(t)
 	t0 := clocktest.Start
 	tests := []struct {
 		name    string
@@ -191,14 +202,10 @@ func TestTrackerBarFollowsTheEstimate(t *testing.T) {
 				{0, "slow", "k4", 2, limiter.Limit{}},
 				{tt.evictAt, "fast", "d", 10, limiter.Limit{}},
 			}
-			for _, u := range append(setup, tt.calls...) {
+			for _, u := range setup {
 				tr.ObserveCall(u.call(t, set, t0))
 			}
-			last := tt.calls[len(tt.calls)-1]
-			if got := listed(tr, last, t0); got != tt.want {
-				t.Errorf("after %+v, Busiest lists %s=%s with %d in use: %v, want %v\nBusiest = %+v",
-					tt.calls, last.key, last.value, last.used, got, tt.want, tr.Busiest(100, t0.Add(last.after)))
-			}
+			checkListed(t, tr, set, t0, tt.calls, tt.want)
 		})
 	}
 }
@@ -211,10 +218,7 @@ func TestTrackerBarFollowsTheEstimate(t *testing.T) {
 // at 3/10 arrives at 6 s (the bar is 0.8), and two minutes later it is the
 // one bucket still in use.
 func TestTrackerKeepsASlowerBucketWhileItHasRoom(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "adm.yaml", Data: []byte(admissionConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := parseAdmission(t)
 	t0 := clocktest.Start
 	tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 4})
 	for _, v := range []string{"k1", "k2", "k3", "k4", "k5"} {
@@ -234,10 +238,7 @@ func TestTrackerKeepsASlowerBucketWhileItHasRoom(t *testing.T) {
 // TestTrackerBusiestWhileObserving is for the race detector: Busiest
 // ranks buckets after letting go of the lock that calls update them under.
 func TestTrackerBusiestWhileObserving(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "adm.yaml", Data: []byte(admissionConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := parseAdmission(t)
 	t0 := clocktest.Start
 	tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 8})
 	var calls []server.Call

@@ -270,10 +270,7 @@ func TestRefundDoesNotPanic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(testConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := mustParse(t, testConfig)
 	gpt := set.Lookup("api", []config.Entry{{Key: "model", Value: "gpt-4o"}})
 	req := request("api", []string{"model", "gpt-4o"})
 	m.ObserveCall(server.Call{Domain: "api", Code: codes.OK, Descriptors: []server.DescriptorOutcome{
@@ -347,10 +344,7 @@ func BenchmarkObserveCall(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(testConfig)}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	set := mustParse(b, testConfig)
 	gpt := set.Lookup("api", []config.Entry{{Key: "model", Value: "gpt-4o"}})
 	user := set.Lookup("api", []config.Entry{{Key: "user", Value: "u1"}})
 	req := request("api", []string{"model", "gpt-4o"}, []string{"user", "u1"})
