@@ -17,17 +17,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
-func newStoreOpts(t testing.TB, c redisstore.Client, opts redisstore.Options) *redisstore.Store {
-	t.Helper()
-	opts.Prefix = prefix(t)
-	s, err := redisstore.New(c, opts)
-	if err != nil {
-		t.Fatalf("New(%+v): %v", opts, err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
 // TestCoalescesConcurrentTakes: 64 goroutines hammer one slow bucket and
 // their own fast ones. Redis sees far fewer round trips than Takes, and
 // the slow bucket admits exactly its burst, not one more.
@@ -294,6 +283,33 @@ func TestClusterCoalescesAcrossSlots(t *testing.T) {
 // one standalone server, coalesced (the default) and not (BatchMax 1), and
 // reports Redis round trips per Take.
 func BenchmarkTakeParallel(b *testing.B) {
+	forBatchModes(b, func(b *testing.B, c *redis.Client, s *redisstore.Store) {
+		l := limiter.Limit{Count: 1e7, Period: time.Second, Burst: 1e7}
+		var ids atomic.Int64
+		b.ReportAllocs()
+		b.SetParallelism(16) // 16 × GOMAXPROCS callers
+		b.ResetTimer()
+		before := s.Stats()
+		cpuBefore := redisCPU(b, c)
+		b.RunParallel(func(pb *testing.PB) {
+			reqs := []limiter.Request{{Key: fmt.Sprintf("bucket%d", ids.Add(1)), Limit: l, Hits: 1}}
+			for pb.Next() {
+				if _, err := s.Take(context.Background(), time.Time{}, reqs); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		after := s.Stats()
+		cpuAfter := redisCPU(b, c)
+		b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(after.Takes-before.Takes), "roundtrips/op")
+		b.ReportMetric((cpuAfter-cpuBefore).Seconds()*1e6/float64(after.Takes-before.Takes), "redis-cpu-µs/op")
+	})
+}
+
+// forBatchModes runs bench on a Store over the standalone server,
+// coalesced (the default) and direct (BatchMax 1).
+func forBatchModes(b *testing.B, bench func(b *testing.B, c *redis.Client, s *redisstore.Store)) {
 	for _, batchMax := range []int{0, 1} {
 		name := "coalesced"
 		if batchMax == 1 {
@@ -301,27 +317,7 @@ func BenchmarkTakeParallel(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			c := standalone(b).Client()
-			s := newStoreOpts(b, c, redisstore.Options{BatchMax: batchMax})
-			l := limiter.Limit{Count: 1e7, Period: time.Second, Burst: 1e7}
-			var ids atomic.Int64
-			b.ReportAllocs()
-			b.SetParallelism(16) // 16 × GOMAXPROCS callers
-			b.ResetTimer()
-			before := s.Stats()
-			cpuBefore := redisCPU(b, c)
-			b.RunParallel(func(pb *testing.PB) {
-				reqs := []limiter.Request{{Key: fmt.Sprintf("bucket%d", ids.Add(1)), Limit: l, Hits: 1}}
-				for pb.Next() {
-					if _, err := s.Take(context.Background(), time.Time{}, reqs); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-			after := s.Stats()
-			cpuAfter := redisCPU(b, c)
-			b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(after.Takes-before.Takes), "roundtrips/op")
-			b.ReportMetric((cpuAfter-cpuBefore).Seconds()*1e6/float64(after.Takes-before.Takes), "redis-cpu-µs/op")
+			bench(b, c, newStoreOpts(b, c, redisstore.Options{BatchMax: batchMax}))
 		})
 	}
 }
@@ -351,26 +347,18 @@ func redisCPU(t testing.TB, c *redis.Client) time.Duration {
 // BenchmarkTakeSerial measures one caller at a time, coalesced (the
 // default) and not: a lone caller must not wait for company.
 func BenchmarkTakeSerial(b *testing.B) {
-	for _, batchMax := range []int{0, 1} {
-		name := "coalesced"
-		if batchMax == 1 {
-			name = "direct"
-		}
-		b.Run(name, func(b *testing.B) {
-			c := standalone(b).Client()
-			s := newStoreOpts(b, c, redisstore.Options{BatchMax: batchMax})
-			reqs := []limiter.Request{{Key: "serial", Limit: limiter.Limit{Count: 1e7, Period: time.Second, Burst: 1e7}, Hits: 1}}
-			b.ReportAllocs()
-			before := s.Stats()
-			for b.Loop() {
-				if _, err := s.Take(context.Background(), time.Time{}, reqs); err != nil {
-					b.Fatal(err)
-				}
+	forBatchModes(b, func(b *testing.B, c *redis.Client, s *redisstore.Store) {
+		reqs := []limiter.Request{{Key: "serial", Limit: limiter.Limit{Count: 1e7, Period: time.Second, Burst: 1e7}, Hits: 1}}
+		b.ReportAllocs()
+		before := s.Stats()
+		for b.Loop() {
+			if _, err := s.Take(context.Background(), time.Time{}, reqs); err != nil {
+				b.Fatal(err)
 			}
-			after := s.Stats()
-			b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(after.Takes-before.Takes), "roundtrips/op")
-		})
-	}
+		}
+		after := s.Stats()
+		b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(after.Takes-before.Takes), "roundtrips/op")
+	})
 }
 
 // TestIdleCallsAreSentDirectly: with a client that honours deadlines (as

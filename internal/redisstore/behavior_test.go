@@ -119,17 +119,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 // TestServerClockSharesOneBucket: two replicas whose clocks are seconds
 // apart share a bucket exactly, because the Redis server's clock decides.
 func TestServerClockSharesOneBucket(t *testing.T) {
-	srv := standalone(t)
-	p := prefix(t)
-	var stores [2]*redisstore.Store
-	for i := range stores {
-		s, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: p})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		stores[i] = s
-	}
+	stores := replicas(t)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
 	skew := [2]time.Duration{0, 7 * time.Second}
 	admitted := 0

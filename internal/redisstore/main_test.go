@@ -12,6 +12,8 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/limiter"
+	"github.com/ratelimitd/ratelimitd/limiter/limitertest"
 )
 
 // One standalone server and one 3-master cluster serve the whole test
@@ -53,6 +55,25 @@ func cluster(t testing.TB) *redistest.Cluster {
 	return shared.cluster
 }
 
+// TestConformance runs limiter's conformance tables, pre-paid and
+// post-paid, on both servers.
+func TestConformance(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		client func(testing.TB) redisstore.Client
+	}{
+		{"standalone", func(t testing.TB) redisstore.Client { return standalone(t).Client() }},
+		{"cluster", func(t testing.TB) redisstore.Client { return cluster(t).Client() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tt.client(t)
+			newStore := func(t *testing.T) limiter.Store { return newStore(t, c, redisstore.CallerClock) }
+			t.Run("prepaid", func(t *testing.T) { limitertest.RunStoreTests(t, newStore) })
+			t.Run("postpaid", func(t *testing.T) { limitertest.RunPostpaidTests(t, newStore) })
+		})
+	}
+}
+
 // prefixes counts the prefixes handed out, so that tests run again
 // (-count) do not meet their earlier keys.
 var prefixes atomic.Int64
@@ -66,12 +87,37 @@ func prefix(t testing.TB) string {
 // newStore returns a Store over c with the test's prefix.
 func newStore(t testing.TB, c redisstore.Client, clock redisstore.Clock) *redisstore.Store {
 	t.Helper()
-	s, err := redisstore.New(c, redisstore.Options{Prefix: prefix(t), Clock: clock})
+	return newStoreOpts(t, c, redisstore.Options{Clock: clock})
+}
+
+// newStoreOpts returns a Store over c made with opts and the test's prefix.
+func newStoreOpts(t testing.TB, c redisstore.Client, opts redisstore.Options) *redisstore.Store {
+	t.Helper()
+	opts.Prefix = prefix(t)
+	s, err := redisstore.New(c, opts)
 	if err != nil {
-		t.Fatalf("New: %v", err)
+		t.Fatalf("New(%+v): %v", opts, err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// replicas returns two Stores on the standalone server with one prefix
+// and the server's clock, as two ratelimitd replicas sharing a Redis.
+func replicas(t *testing.T) [2]*redisstore.Store {
+	t.Helper()
+	srv := standalone(t)
+	p := prefix(t)
+	var stores [2]*redisstore.Store
+	for i := range stores {
+		s, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores[i] = s
+	}
+	return stores
 }
 
 var (

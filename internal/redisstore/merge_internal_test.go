@@ -28,6 +28,16 @@ func newCallerClockStore(t *testing.T, prefix string) (*Store, *redis.Client) {
 	return s, c
 }
 
+// loadScripts loads scripts into c's server, for batches sent by hand.
+func loadScripts(t *testing.T, c *redis.Client, scripts ...*redis.Script) {
+	t.Helper()
+	for _, script := range scripts {
+		if err := script.Load(context.Background(), c).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestMergedTakesAreDecidedInOrder sends one batch by hand: three Takes
 // that merge into one take.lua call (the second on a bucket holding
 // garbage) and a refund beside them. Each Take gets its own answer, as if
@@ -39,11 +49,7 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	if err := c.Set(ctx, s.Key("bad"), "garbage", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	for _, script := range []*redis.Script{s.take, s.refund} { // no NOSCRIPT retry
-		if err := script.Load(ctx, c).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	loadScripts(t, c, s.take, s.refund) // no NOSCRIPT retry
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
 	one := func(key string) []limiter.Request { return []limiter.Request{{Key: key, Limit: l, Hits: 1}} }
@@ -267,11 +273,7 @@ func TestDecodeTake(t *testing.T) {
 func TestMalformedSpecFailsItsTakeAlone(t *testing.T) {
 	s, c := newCallerClockStore(t, "spec:")
 	ctx := context.Background()
-	for _, script := range []*redis.Script{s.take, s.takeOne} { // no NOSCRIPT retry
-		if err := script.Load(ctx, c).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	loadScripts(t, c, s.take, s.takeOne) // no NOSCRIPT retry
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
 	one := func(key string) []limiter.Request { return []limiter.Request{{Key: key, Limit: l, Hits: 1}} }

@@ -140,17 +140,7 @@ func TestClusterGiveBackKeepsCharges(t *testing.T) {
 // the time it was admitted plus its Wait, never exceeds rate·elapsed +
 // burst over any stretch of it; and the bucket is kept busy.
 func TestWaitAcrossReplicas(t *testing.T) {
-	srv := standalone(t)
-	p := prefix(t)
-	var stores [2]*redisstore.Store
-	for i := range stores {
-		s, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: p})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		stores[i] = s
-	}
+	stores := replicas(t)
 	l := limiter.Limit{Count: 1, Period: 100 * time.Millisecond, Burst: 1}
 	const maxWait, run = 300 * time.Millisecond, time.Second
 	// lo and hi bound when a request's tokens were due: the server decided
