@@ -125,6 +125,16 @@ func get(t *testing.T, srv *httptest.Server, path string) (string, *http.Respons
 	return string(body), resp
 }
 
+// scriptedPage serves the page of a fixture that has had the script's
+// traffic, until the test ends.
+func scriptedPage(t *testing.T) *httptest.Server {
+	f := newFixture(t)
+	f.script(t)
+	hs := mount(f.handler)
+	t.Cleanup(hs.Close)
+	return hs
+}
+
 func mount(h http.Handler) *httptest.Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /limits", h)
@@ -133,10 +143,7 @@ func mount(h http.Handler) *httptest.Server {
 }
 
 func TestLimitsJSON(t *testing.T) {
-	f := newFixture(t)
-	f.script(t)
-	hs := mount(f.handler)
-	defer hs.Close()
+	hs := scriptedPage(t)
 
 	body, resp := get(t, hs, "/limits.json")
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
@@ -234,10 +241,7 @@ func TestLimitsWindowSlidesAndBucketsRefill(t *testing.T) {
 }
 
 func TestLimitsHTML(t *testing.T) {
-	f := newFixture(t)
-	f.script(t)
-	hs := mount(f.handler)
-	defer hs.Close()
+	hs := scriptedPage(t)
 	body, resp := get(t, hs, "/limits")
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
 		t.Errorf("Content-Type = %q, want text/html", ct)

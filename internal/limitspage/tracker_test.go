@@ -74,11 +74,13 @@ func parseAdmission(t *testing.T) *config.Set {
 	return set
 }
 
-// checkListed observes calls on tr and checks whether Busiest lists the
-// last one's bucket with its tokens in use, as want says.
-func checkListed(t *testing.T, tr *limitspage.Tracker, set *config.Set, t0 time.Time, calls []use, want bool) {
+// checkListed observes setup then calls on a tracker of 4, and checks
+// whether Busiest lists the last call's bucket with its tokens in use, as
+// want says.
+func checkListed(t *testing.T, set *config.Set, t0 time.Time, setup, calls []use, want bool) {
 	t.Helper()
-	for _, u := range calls {
+	tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 4})
+	for _, u := range append(setup[:len(setup):len(setup)], calls...) {
 		tr.ObserveCall(u.call(t, set, t0))
 	}
 	last := calls[len(calls)-1]
@@ -159,11 +161,7 @@ func TestTrackerAdmission(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 4})
-			for _, u := range setup {
-				tr.ObserveCall(u.call(t, set, t0))
-			}
-			checkListed(t, tr, set, t0, tt.calls, tt.want)
+			checkListed(t, set, t0, setup, tt.calls, tt.want)
 		})
 	}
 }
@@ -194,7 +192,6 @@ func TestTrackerBarFollowsTheEstimate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tr := limitspage.NewTracker(limitspage.TrackerOptions{MaxBuckets: 4})
 			setup := []use{
 				{0, "slow", "k1", 8, limiter.Limit{}},
 				{0, "fast", "k2", 6, limiter.Limit{}},
@@ -202,10 +199,7 @@ func TestTrackerBarFollowsTheEstimate(t *testing.T) {
 				{0, "slow", "k4", 2, limiter.Limit{}},
 				{tt.evictAt, "fast", "d", 10, limiter.Limit{}},
 			}
-			for _, u := range setup {
-				tr.ObserveCall(u.call(t, set, t0))
-			}
-			checkListed(t, tr, set, t0, tt.calls, tt.want)
+			checkListed(t, set, t0, setup, tt.calls, tt.want)
 		})
 	}
 }
