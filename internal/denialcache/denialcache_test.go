@@ -63,6 +63,16 @@ func newCache(t testing.TB, opts denialcache.Options) *denialcache.Cache {
 	return c
 }
 
+// wrapped is a backend on a clock at t0 behind a cache with the
+// defaults, and the cache's store in front of it.
+func wrapped(t *testing.T) (*clocktest.Clock, *backend, *denialcache.Cache, limiter.Store) {
+	t.Helper()
+	clk := clockAt(t0)
+	be := newBackend(clk)
+	c := newCache(t, denialcache.Options{Now: clk.Now})
+	return clk, be, c, c.Wrap(be)
+}
+
 func req(key string, l limiter.Limit, hits int64) limiter.Request {
 	return limiter.Request{Key: key, Limit: l, Hits: hits}
 }
@@ -78,10 +88,7 @@ type step struct {
 
 func runSteps(t *testing.T, steps []step) {
 	t.Helper()
-	clk := clockAt(t0)
-	be := newBackend(clk)
-	c := newCache(t, denialcache.Options{Now: clk.Now})
-	s := c.Wrap(be)
+	clk, be, _, s := wrapped(t)
 	for i, st := range steps {
 		clk.Set(t0.Add(st.at))
 		before := be.Calls()
@@ -189,10 +196,7 @@ func TestReservationsAndPostPaidPassThrough(t *testing.T) {
 // TestRefundForgets: a refund makes the bucket fuller, so the cache forgets
 // it and the store decides again.
 func TestRefundForgets(t *testing.T) {
-	clk := clockAt(t0)
-	be := newBackend(clk)
-	c := newCache(t, denialcache.Options{Now: clk.Now})
-	s := c.Wrap(be)
+	_, _, c, s := wrapped(t)
 	ctx := context.Background()
 	r := []limiter.Request{req("k", onePerSec, 1)}
 	s.Take(ctx, t0, r)
@@ -227,10 +231,7 @@ func TestExceedsBurstIsCachedPerLimit(t *testing.T) {
 }
 
 func TestErrorsAndInvalidRequestsPassThrough(t *testing.T) {
-	clk := clockAt(t0)
-	be := newBackend(clk)
-	c := newCache(t, denialcache.Options{Now: clk.Now})
-	s := c.Wrap(be)
+	_, be, c, s := wrapped(t)
 	ctx := context.Background()
 	be.err = fmt.Errorf("take: %w", limiter.ErrUnavailable)
 	if _, err := s.Take(ctx, t0, []limiter.Request{req("k", onePerSec, 1)}); !errors.Is(err, limiter.ErrUnavailable) {
@@ -390,10 +391,7 @@ func TestMemoryIsBounded(t *testing.T) {
 // moving, admit what the bucket holds, no more and no less, and the store
 // is asked far less often than it is called; run with -race.
 func TestConcurrentHotKey(t *testing.T) {
-	clk := clockAt(t0)
-	be := newBackend(clk)
-	c := newCache(t, denialcache.Options{Now: clk.Now})
-	s := c.Wrap(be)
+	clk, be, c, s := wrapped(t)
 	const goroutines, takes = 16, 500
 	var answered, admitted atomic.Int64
 	var wg sync.WaitGroup
