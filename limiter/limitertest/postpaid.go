@@ -24,10 +24,7 @@ func waited(wait, reset time.Duration) limiter.Decision {
 
 // postpaidTimelines are the exact answers for post-paid charges and
 // reservations.
-var postpaidTimelines = []struct {
-	name  string
-	steps []step
-}{
+var postpaidTimelines = []timeline{
 	{"post-paid charges go into debt and deny until it is paid", []step{
 		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(1000, 0)}},
 		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 900)}, want: []limiter.Decision{ok(100, 54*time.Second)}},
@@ -82,13 +79,7 @@ var postpaidTimelines = []struct {
 // (Limit.MaxDebt), reservations (Request.MaxWait) and refunds. The store
 // must also implement limiter.Refunder.
 func RunPostpaidTests(t *testing.T, newStore func(t *testing.T) limiter.Store) {
-	t.Run("timelines", func(t *testing.T) {
-		for _, tl := range postpaidTimelines {
-			t.Run(tl.name, func(t *testing.T) {
-				runTimeline(t, newStore(t), tl.steps)
-			})
-		}
-	})
+	runTimelines(t, newStore, postpaidTimelines)
 	t.Run("a refund moves the queue up and loses no token", func(t *testing.T) {
 		store := newStore(t)
 		refunder, ok := store.(limiter.Refunder)
@@ -131,6 +122,24 @@ func RunPostpaidTests(t *testing.T, newStore func(t *testing.T) limiter.Store) {
 		}
 		if d := take(10*time.Second, 0); d.Allowed {
 			t.Errorf("a second take at once was admitted: refunds overfilled the bucket")
+		}
+	})
+}
+
+// A timeline is a named list of steps, played on a store of its own.
+type timeline struct {
+	name  string
+	steps []step
+}
+
+// runTimelines plays each of tls on a new store, as subtests of
+// "timelines".
+func runTimelines(t *testing.T, newStore func(t *testing.T) limiter.Store, tls []timeline) {
+	t.Run("timelines", func(t *testing.T) {
+		for _, tl := range tls {
+			t.Run(tl.name, func(t *testing.T) {
+				runTimeline(t, newStore(t), tl.steps)
+			})
 		}
 	})
 }

@@ -55,10 +55,7 @@ const third = 333334 * time.Microsecond // 1/3 s rounded up
 
 // timelines are the exact answers every store gives. Keys are "a", "b":
 // RunStoreTests prefixes them with the test's name.
-var timelines = []struct {
-	name  string
-	steps []step
-}{
+var timelines = []timeline{
 	{"five per minute counts down then denies", []step{
 		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(4, 12*time.Second)}},
 		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(3, 24*time.Second)}},
@@ -136,13 +133,7 @@ var timelines = []struct {
 // test mode), and may be shared by subtests: keys are prefixed with the
 // test's name.
 func RunStoreTests(t *testing.T, newStore func(t *testing.T) limiter.Store) {
-	t.Run("timelines", func(t *testing.T) {
-		for _, tl := range timelines {
-			t.Run(tl.name, func(t *testing.T) {
-				runTimeline(t, newStore(t), tl.steps)
-			})
-		}
-	})
+	runTimelines(t, newStore, timelines)
 
 	t.Run("invalid requests", func(t *testing.T) {
 		store := newStore(t)
