@@ -60,14 +60,6 @@ func benchServer(b *testing.B) *server.Server {
 	return srv
 }
 
-func benchDesc(kv ...string) *ratelimitv3.RateLimitDescriptor {
-	d := &ratelimitv3.RateLimitDescriptor{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	return d
-}
-
 // handlerCases are the requests BenchmarkShouldRateLimit and
 // BenchmarkMarshalAnswer send, with the answer each must get.
 var handlerCases = []struct {
@@ -76,18 +68,18 @@ var handlerCases = []struct {
 	want rlsv3.RateLimitResponse_Code
 }{
 	{"one-descriptor", &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-		benchDesc("client", "tenant-4711"),
+		desc("client", "tenant-4711"),
 	}}, rlsv3.RateLimitResponse_OK},
 	{"three-descriptors", &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-		benchDesc("client", "tenant-4711", "route", "/v1/chat/completions"),
-		benchDesc("route", "/v1/chat/completions"),
-		benchDesc("model", "gpt-4o"),
+		desc("client", "tenant-4711", "route", "/v1/chat/completions"),
+		desc("route", "/v1/chat/completions"),
+		desc("model", "gpt-4o"),
 	}}, rlsv3.RateLimitResponse_OK},
 	{"one-descriptor-over-limit", &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-		benchDesc("hot", "key"),
+		desc("hot", "key"),
 	}}, rlsv3.RateLimitResponse_OVER_LIMIT},
 	{"no-rule", &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-		benchDesc("unknown", "x"),
+		desc("unknown", "x"),
 	}}, rlsv3.RateLimitResponse_OK},
 }
 

@@ -58,7 +58,7 @@ func TestRequestsThatAreNotUTF8AreLimited(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv.SetConfig(mustParse(t, testConfig))
+			srv.SetConfig(server.MustParse(t, testConfig))
 			var opts []grpc.ServerOption
 			if tc.codec {
 				opts = append(opts, server.Codec())

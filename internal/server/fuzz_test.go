@@ -163,7 +163,7 @@ func checkAnswer(t *testing.T, how string, req *rlsv3.RateLimitRequest, resp *rl
 // descriptor; both paths must agree on the error code; and the store must
 // hold at most one bucket per descriptor (memory stays bounded).
 func FuzzShouldRateLimit(f *testing.F) {
-	set := mustParse(f, testConfig)
+	set := server.MustParse(f, testConfig)
 	now := clocktest.New().Now
 	limits := server.RequestLimits{MaxDescriptors: 8, MaxEntries: 4, MaxKeyBytes: 100, MaxValueBytes: 150, MaxDomainBytes: 64, MaxHits: 1 << 20}
 

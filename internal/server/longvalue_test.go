@@ -58,7 +58,7 @@ func TestLongValuesAreLimited(t *testing.T) {
 	store := &keyStore{MemoryStore: limiter.NewMemoryStore(limiter.MemoryOptions{})}
 	obs := &valueObserver{}
 	c, _ := startServer(t, server.Options{Store: store, Observer: obs, Now: clocktest.New().Now,
-		Limits: server.RequestLimits{MaxValueBytes: 100}}, mustParse(t, `
+		Limits: server.RequestLimits{MaxValueBytes: 100}}, server.MustParse(t, `
 domain: api
 descriptors:
   - key: client
@@ -127,7 +127,7 @@ func TestLongValuesLeaveTheRequestAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.SetConfig(mustParse(t, testConfig))
+	srv.SetConfig(server.MustParse(t, testConfig))
 	long := strings.Repeat("c", 11)
 	req := request("api", desc("model", "gpt-4o"), desc("client", long))
 	if _, err := srv.ShouldRateLimit(context.Background(), req); err != nil {

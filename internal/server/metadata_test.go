@@ -13,7 +13,7 @@ import (
 // dynamic_metadata under each mode, over one sequence of calls: plain
 // admissions, a shadow-mode denial (still admitted) and a denial.
 func TestDynamicMetadataModes(t *testing.T) {
-	set := mustParse(t, testConfig)
+	set := server.MustParse(t, testConfig)
 	reqs := []*rlsv3.RateLimitRequest{
 		request("api", desc("model", "gpt-4o")), // admitted
 		request("api", desc("shadow", "x")),     // admitted: the shadowed rule's one token

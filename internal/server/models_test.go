@@ -62,7 +62,7 @@ descriptors:
 `
 
 func TestAliasesShareTheirQuotaGroup(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, modelsConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, modelsConfig))
 	aliases := []string{"gpt-4o", "gpt-4o-latest", "chat-default"}
 	for i := range 11 {
 		resp := call(t, c, request("ai", desc("model", aliases[i%3])))
@@ -78,7 +78,7 @@ func TestAliasesShareTheirQuotaGroup(t *testing.T) {
 
 func TestSeveralLimitsOnOneRule(t *testing.T) {
 	clk := clocktest.New()
-	c, _ := startServer(t, server.Options{Now: clk.Now}, mustParse(t, modelsConfig))
+	c, _ := startServer(t, server.Options{Now: clk.Now}, server.MustParse(t, modelsConfig))
 	req := request("ai", desc("model", "o3"))
 	expect := func(step string, want rlsv3.RateLimitResponse_Code, wantLimit string) {
 		t.Helper()
@@ -106,7 +106,7 @@ func TestSeveralLimitsOnOneRule(t *testing.T) {
 }
 
 func TestPostpaidTokens(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, modelsConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, modelsConfig))
 	// At request time Envoy sends the request descriptor (one request) and
 	// the tokens descriptor with hits_addend 0 (a check); when the stream
 	// is done it sends the tokens descriptor with the usage.
@@ -149,7 +149,7 @@ func TestPostpaidTokens(t *testing.T) {
 }
 
 func TestNegativeHitsGiveTokensBack(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
 	call(t, c, request("api", withHits(desc("client", "zed"), 2)))
 	refund := withHits(desc("client", "zed"), 1)
 	refund.IsNegativeHits = true
@@ -169,7 +169,7 @@ func waitServer(t *testing.T) (*server.Server, *limiter.MemoryStore) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.SetConfig(mustParse(t, modelsConfig))
+	srv.SetConfig(server.MustParse(t, modelsConfig))
 	return srv, store
 }
 
@@ -389,7 +389,7 @@ func TestWaiterGivingUpMovesUpOnlyThoseReservedAfterIt(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				srv.SetConfig(mustParse(t, modelsConfig))
+				srv.SetConfig(server.MustParse(t, modelsConfig))
 				start := time.Now()
 				srv.ShouldRateLimit(context.Background(), request("ai", desc("agent", "a"))) // the token at 0
 				ctxA, cancelA := context.WithCancel(context.Background())
@@ -474,7 +474,7 @@ func TestWaitNeverRunsPastTheDeadline(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv.SetConfig(mustParse(t, modelsConfig))
+		srv.SetConfig(server.MustParse(t, modelsConfig))
 		req := request("ai", desc("agent", "d"))
 		start := time.Now()
 		srv.ShouldRateLimit(context.Background(), req) // the token, at 0

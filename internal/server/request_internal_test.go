@@ -26,15 +26,6 @@ descriptors:
       - {unit: minute, requests_per_unit: 60, name: rpm}
 `
 
-func parseInternal(t testing.TB, yaml string) *config.Set {
-	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "test.yaml", Data: []byte(yaml)}})
-	if err != nil {
-		t.Fatalf("config.Parse: %v", err)
-	}
-	return set
-}
-
 func descriptor(key, value string, override *ratelimitv3.RateLimitDescriptor_RateLimitOverride) *ratelimitv3.RateLimitDescriptor {
 	return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}, Limit: override}
 }
@@ -42,7 +33,7 @@ func descriptor(key, value string, override *ratelimitv3.RateLimitDescriptor_Rat
 // TestPlanKinds: what planRequest makes of each kind of rule, and the rule
 // it builds for a limit override that no rule matched.
 func TestPlanKinds(t *testing.T) {
-	set := parseInternal(t, kindsConfig)
+	set := MustParse(t, kindsConfig)
 	override := &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_SECOND}
 	tests := []struct {
 		name            string

@@ -71,7 +71,7 @@ func descStatus(code rlsv3.RateLimitResponse_Code, remaining uint32, reset int64
 // TestSetStatuses: each descriptor's status from its decision, and what
 // the statuses sum up to for the headers and the metadata.
 func TestSetStatuses(t *testing.T) {
-	set := parseInternal(t, answerConfig)
+	set := MustParse(t, answerConfig)
 	const (
 		ok      = rlsv3.RateLimitResponse_OK
 		over    = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -235,7 +235,7 @@ func TestResponseHeaders(t *testing.T) {
 // TestSetMetadata: which rules the metadata names under each mode, and
 // that a one-rule answer of the loaded config carries it pre-encoded.
 func TestSetMetadata(t *testing.T) {
-	set := parseInternal(t, answerConfig)
+	set := MustParse(t, answerConfig)
 	tests := []struct {
 		name      string
 		keys      []string

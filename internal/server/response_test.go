@@ -16,7 +16,7 @@ import (
 // answer's bytes, whether the server sent it pre-encoded (one rule,
 // admitted or denied) or as a Struct (anything else).
 func TestDynamicMetadataOnTheWire(t *testing.T) {
-	set := mustParse(t, testConfig)
+	set := server.MustParse(t, testConfig)
 	tests := []struct {
 		name    string
 		req     *rlsv3.RateLimitRequest

@@ -55,15 +55,6 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100, overdraft: {max_debt: 1000}, name: post-paid}
 `
 
-func mustParse(t testing.TB, yaml string) *config.Set {
-	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "test.yaml", Data: []byte(yaml)}})
-	if err != nil {
-		t.Fatalf("config.Parse: %v", err)
-	}
-	return set
-}
-
 // startServer runs a Server behind a real gRPC server on a loopback port
 // and returns a client built from the go-control-plane types.
 func startServer(t testing.TB, opts server.Options, set *config.Set) (rlsv3.RateLimitServiceClient, *server.Server) {
@@ -121,7 +112,7 @@ func call(t *testing.T, c rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequ
 
 func TestFivePerMinuteCountsDownThenDenies(t *testing.T) {
 	clk := clocktest.New()
-	c, _ := startServer(t, server.Options{Now: clk.Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clk.Now}, server.MustParse(t, testConfig))
 	req := request("api", desc("model", "gpt-4o"))
 	for i, want := range []uint32{4, 3, 2, 1, 0} {
 		resp := call(t, c, req)
@@ -186,7 +177,7 @@ func TestHitsAddend(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
+			c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
 			for i := range 3 {
 				d := desc("client", "bob")
 				if tt.descHits != nil {
@@ -216,7 +207,7 @@ func codes3(a, b, c rlsv3.RateLimitResponse_Code) []rlsv3.RateLimitResponse_Code
 func ptr[T any](v T) *T { return &v }
 
 func TestDeniedRequestSpendsFromNoDescriptor(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
 	// per-client allows 2; free-plan allows 1.
 	both := request("api", desc("client", "ann"), desc("plan", "free"))
 	if resp := call(t, c, both); resp.GetOverallCode() != ok {
@@ -236,7 +227,7 @@ func TestDeniedRequestSpendsFromNoDescriptor(t *testing.T) {
 }
 
 func TestDescriptorsWithoutLimit(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
 	tests := []struct {
 		name string
 		req  *rlsv3.RateLimitRequest
@@ -260,7 +251,7 @@ func TestDescriptorsWithoutLimit(t *testing.T) {
 }
 
 func TestShadowModeNeverDenies(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
 	req := request("api", desc("shadow", "x"))
 	call(t, c, req)
 	resp := call(t, c, req)
@@ -277,7 +268,7 @@ func TestShadowModeNeverDenies(t *testing.T) {
 }
 
 func TestReplaces(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
 	// trial-plan replaces free-plan: with both, free-plan's 1/hour is not applied.
 	req := request("api", desc("plan", "free"), desc("plan", "trial"))
 	for i := range 3 {
@@ -296,7 +287,7 @@ func TestReplaces(t *testing.T) {
 }
 
 func TestZeroRateDeniesEverything(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
 	req := request("api", desc("client", "eve"), desc("ip", "10.0.0.66"))
 	for i := range 3 {
 		resp := call(t, c, req)
@@ -314,7 +305,7 @@ func TestZeroRateDeniesEverything(t *testing.T) {
 }
 
 func TestLimitOverride(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
 	override := func(d *ratelimitv3.RateLimitDescriptor, n uint32) *ratelimitv3.RateLimitDescriptor {
 		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_HOUR}
 		return d
@@ -337,7 +328,7 @@ func TestLimitOverride(t *testing.T) {
 }
 
 func TestHitsAboveBurstAreDeniedForGood(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
 	resp := call(t, c, request("api", withHits(desc("model", "gpt-4o"), 6)))
 	if resp.GetOverallCode() != over {
 		t.Fatalf("6 hits on a burst of 5: %v, want OVER_LIMIT", resp.GetOverallCode())
@@ -360,7 +351,7 @@ func TestHitsAboveBurstAreDeniedForGood(t *testing.T) {
 // matched, there are none.
 func TestRateLimitHeadersIgnoreShadowRules(t *testing.T) {
 	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, RateLimitHeaders: server.RateLimitHeadersDraft03},
-		mustParse(t, testConfig))
+		server.MustParse(t, testConfig))
 	req := request("api", desc("model", "gpt-4o"), desc("shadow", "s"))
 	call(t, c, req)
 	resp := call(t, c, req) // the shadow rule (1/min) would deny now
@@ -383,7 +374,7 @@ func TestRateLimitHeadersIgnoreShadowRules(t *testing.T) {
 
 func TestRateLimitHeadersNameTheDenyingLimit(t *testing.T) {
 	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, RateLimitHeaders: server.RateLimitHeadersDraft03, RetryAfter: server.RetryAfterOmit},
-		mustParse(t, testConfig))
+		server.MustParse(t, testConfig))
 	// The key-only model rule (10/s burst 20) has plenty left; per-client (2/min) runs out.
 	req := request("api", desc("model", "llama"), desc("client", "cid"))
 	resp := call(t, c, req)
@@ -410,7 +401,7 @@ func TestRateLimitHeadersNameTheDenyingLimit(t *testing.T) {
 
 func TestInvalidArgument(t *testing.T) {
 	c, _ := startServer(t, server.Options{Limits: server.RequestLimits{MaxDescriptors: 3, MaxEntries: 2, MaxValueBytes: 8, MaxHits: 1000}},
-		mustParse(t, testConfig))
+		server.MustParse(t, testConfig))
 	tests := []struct {
 		name string
 		req  *rlsv3.RateLimitRequest
@@ -451,7 +442,7 @@ func (f failingStore) Take(context.Context, time.Time, []limiter.Request) ([]lim
 
 func TestBackendFailureIsUnavailable(t *testing.T) {
 	down := fmt.Errorf("redis take: %w: connection refused", limiter.ErrUnavailable)
-	c, _ := startServer(t, server.Options{Store: failingStore{down}}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Store: failingStore{down}}, server.MustParse(t, testConfig))
 	_, err := c.ShouldRateLimit(context.Background(), request("api", desc("model", "gpt-4o")))
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("backend down: %v, want Unavailable (never an UNKNOWN overall code)", err)
@@ -468,14 +459,14 @@ func TestNoConfigIsUnavailable(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("before config: %v, want Unavailable", err)
 	}
-	srv.SetConfig(mustParse(t, testConfig))
+	srv.SetConfig(server.MustParse(t, testConfig))
 	if _, err := c.ShouldRateLimit(context.Background(), request("api", desc("model", "gpt-4o"))); err != nil {
 		t.Errorf("after SetConfig: %v", err)
 	}
 }
 
 func TestConcurrentCallsAdmitExactlyTheBurst(t *testing.T) {
-	set := mustParse(t, `
+	set := server.MustParse(t, `
 domain: api
 descriptors:
   - key: hot
@@ -558,7 +549,7 @@ func outcomes(c server.Call) string {
 
 func TestObserverSeesEveryOutcome(t *testing.T) {
 	rec := &recorder{summary: outcomes}
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Observer: rec}, mustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Observer: rec}, server.MustParse(t, testConfig))
 	ctx := context.Background()
 	calls := []*rlsv3.RateLimitRequest{
 		request("api", desc("client", "a"), desc("color", "red"), desc("internal", "x")),
@@ -591,7 +582,7 @@ func TestBackendFailuresAreLoggedOnceASecond(t *testing.T) {
 	clk := clocktest.New()
 	down := fmt.Errorf("redis take: %w: connection refused", limiter.ErrUnavailable)
 	c, _ := startServer(t, server.Options{Store: failingStore{down}, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
-		mustParse(t, testConfig))
+		server.MustParse(t, testConfig))
 	for range 3 {
 		for range 10 {
 			c.ShouldRateLimit(context.Background(), request("api", desc("model", "gpt-4o")))
@@ -629,7 +620,7 @@ func (o *hitsObserver) ObserveCall(c server.Call) {
 // with the least left), not those of the rule's first limit.
 func TestObservedHitsAreThoseOfTheReportedLimit(t *testing.T) {
 	obs := &hitsObserver{}
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Observer: obs}, mustParse(t, `
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Observer: obs}, server.MustParse(t, `
 domain: obs
 descriptors:
   - key: ip
