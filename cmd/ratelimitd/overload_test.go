@@ -451,14 +451,28 @@ func bucketKeys(t *testing.T, srv *redistest.Server, prefix string) int {
 // INFO commandstats.
 func scriptsRun(t *testing.T, srv *redistest.Server) int {
 	t.Helper()
+	return commandCalls(t, srv, "evalsha", "eval")
+}
+
+// evalsRun is how many EVALs (a script sent whole, after NOSCRIPT) Redis
+// ran, from INFO commandstats.
+func evalsRun(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	return commandCalls(t, srv, "eval")
+}
+
+// commandCalls is how many times Redis ran the commands cmds (lower case),
+// from INFO commandstats.
+func commandCalls(t *testing.T, srv *redistest.Server, cmds ...string) int {
+	t.Helper()
 	info, err := srv.Client().Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatalf("INFO commandstats: %v", err)
 	}
 	n := 0
 	for line := range strings.Lines(info) {
-		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
-			if rest, ok := strings.CutPrefix(line, cmd); ok {
+		for _, cmd := range cmds {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
 				calls, _, _ := strings.Cut(rest, ",")
 				v, err := strconv.Atoi(calls)
 				if err != nil {
@@ -469,27 +483,6 @@ func scriptsRun(t *testing.T, srv *redistest.Server) int {
 		}
 	}
 	return n
-}
-
-// evalsRun is how many EVALs (a script sent whole, after NOSCRIPT) Redis
-// ran, from INFO commandstats.
-func evalsRun(t *testing.T, srv *redistest.Server) int {
-	t.Helper()
-	info, err := srv.Client().Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats: %v", err)
-	}
-	for line := range strings.Lines(info) {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_eval:calls="); ok {
-			calls, _, _ := strings.Cut(rest, ",")
-			n, err := strconv.Atoi(calls)
-			if err != nil {
-				t.Fatalf("INFO commandstats: %q: %v", line, err)
-			}
-			return n
-		}
-	}
-	return 0
 }
 
 // TestManyDescriptorsOnAHealthyRedis: calls of many descriptors, each a
