@@ -56,15 +56,9 @@ type gateway struct {
 
 func loadGateway(t *testing.T) *gateway {
 	t.Helper()
-	b, err := os.ReadFile(bootstrapFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var tree any
-	if err := yaml.Unmarshal(b, &tree); err != nil {
-		t.Fatalf("%s: %v", bootstrapFile, err)
-	}
-	tree, err = jsonable(tree, "")
+	readYAML(t, bootstrapFile, &tree)
+	tree, err := jsonable(tree, "")
 	if err != nil {
 		t.Fatalf("%s: %v", bootstrapFile, err)
 	}
@@ -78,6 +72,18 @@ func loadGateway(t *testing.T) *gateway {
 		t.Fatalf("%s: not a v3 Bootstrap: %v", bootstrapFile, err)
 	}
 	return &gateway{tree: tree, bootstrap: bs}
+}
+
+// readYAML decodes the YAML file at path into v.
+func readYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
 }
 
 // jsonable turns what yaml.v3 decodes into `any` into values encoding/json
@@ -512,14 +518,8 @@ func loadDescriptorFiles(t *testing.T) map[string]descriptorFile {
 	}
 	out := make(map[string]descriptorFile)
 	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var f descriptorFile
-		if err := yaml.Unmarshal(b, &f); err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
+		readYAML(t, p, &f)
 		if f.Domain == "" {
 			t.Errorf("%s: no domain", p)
 		}
