@@ -225,9 +225,7 @@ func TestClusterDoesNotMergeTakes(t *testing.T) {
 // holds, and in the end each bucket is charged exactly once per admitted
 // Take.
 func TestClusterCoalescesAcrossSlots(t *testing.T) {
-	c := cluster(t).Client()
-	s := newStore(t, c, redisstore.CallerClock)
-	a, b := twoSlots(t, s)
+	c, s, a, b := acrossSlots(t)
 	la := limiter.Limit{Count: 1, Period: time.Hour, Burst: 30}
 	lb := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1000}
 	var admitted atomic.Int64

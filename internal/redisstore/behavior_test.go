@@ -140,6 +140,17 @@ func TestServerClockSharesOneBucket(t *testing.T) {
 	}
 }
 
+// acrossSlots returns a Store on the cluster, deciding at the callers'
+// now, the client it uses, and two bucket names whose keys lie in
+// different slots.
+func acrossSlots(t *testing.T) (*redis.ClusterClient, *redisstore.Store, string, string) {
+	t.Helper()
+	c := cluster(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	a, b := twoSlots(t, s)
+	return c, s, a, b
+}
+
 // twoSlots returns bucket names whose keys lie in different cluster slots.
 func twoSlots(t *testing.T, s *redisstore.Store) (string, string) {
 	for i := range 100 {
@@ -168,9 +179,7 @@ func getState(t *testing.T, c redis.Cmdable, key string) (limiter.State, bool) {
 // slots is admitted or charged in both; when one slot denies, the tokens the
 // other took are given back exactly.
 func TestClusterAcrossSlotsIsAllOrNothing(t *testing.T) {
-	c := cluster(t).Client()
-	s := newStore(t, c, redisstore.CallerClock)
-	a, b := twoSlots(t, s)
+	c, s, a, b := acrossSlots(t)
 	twoPerMin := limiter.Limit{Count: 2, Period: time.Minute, Burst: 2}
 	onePerMin := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
 	us := t0.UnixMicro()

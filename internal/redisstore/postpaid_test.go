@@ -96,9 +96,7 @@ func TestExtremesMatchDecide(t *testing.T) {
 // one, keeps the post-paid charge and gives back the take and the
 // reservation made in the other, as DecideAll says.
 func TestClusterGiveBackKeepsCharges(t *testing.T) {
-	c := cluster(t).Client()
-	s := newStore(t, c, redisstore.CallerClock)
-	a, b := twoSlots(t, s)
+	c, s, a, b := acrossSlots(t)
 	tokens := limiter.Limit{Count: 1000, Period: time.Minute, Burst: 1000, MaxDebt: 5000}
 	perSec := limiter.Limit{Count: 1, Period: time.Second, Burst: 1}
 	onePerMin := limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
