@@ -187,20 +187,17 @@ func waitCalls(t *testing.T, calls *atomic.Int64, n int64) {
 // neither bucket was reset to full: the changed rule applies its new rate to
 // the time its bucket already owes, the unchanged one carries on.
 func TestBucketsSurviveReload(t *testing.T) {
-	const before = `domain: d
+	// Only a's rate changes.
+	rates := func(aPerMinute int) string {
+		return fmt.Sprintf(`domain: d
 descriptors:
   - key: a
-    rate_limit: {unit: minute, requests_per_unit: 60, burst: 10, name: a}
+    rate_limit: {unit: minute, requests_per_unit: %d, burst: 10, name: a}
   - key: b
     rate_limit: {unit: minute, requests_per_unit: 10, name: b}
-`
-	const after = `domain: d
-descriptors:
-  - key: a
-    rate_limit: {unit: minute, requests_per_unit: 120, burst: 10, name: a}
-  - key: b
-    rate_limit: {unit: minute, requests_per_unit: 10, name: b}
-`
+`, aPerMinute)
+	}
+	before, after := rates(60), rates(120)
 	dir := t.TempDir()
 	name := filepath.Join(dir, "a.yaml")
 	writeFile(t, name, before)
