@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -44,8 +45,7 @@ type Server struct {
 	dir  string // temporary directory, the server's working dir
 	proc *redisproc.Server
 
-	mu      sync.Mutex
-	clients []*redis.Client
+	clients clients
 }
 
 // Start starts a standalone redis-server and registers its shutdown with
@@ -90,9 +90,7 @@ func startServer(dir, conf string, extra []string) (*Server, error) {
 // Client returns a new client of the server, closed when the server is.
 func (s *Server) Client() *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
-	s.mu.Lock()
-	s.clients = append(s.clients, c)
-	s.mu.Unlock()
+	s.clients.add(c)
 	return c
 }
 
@@ -112,18 +110,41 @@ func (s *Server) Restart() error {
 // Close stops the server, closes the clients handed out, and removes its
 // directory.
 func (s *Server) Close() error {
-	s.mu.Lock()
-	clients := s.clients
-	s.clients = nil
-	s.mu.Unlock()
+	clients := s.clients.take()
 	s.proc.Kill()
+	return errors.Join(clients.close(), os.RemoveAll(s.dir))
+}
+
+// clients are the clients a Server or Cluster handed out, closed with it.
+// Its methods are safe for concurrent use.
+type clients struct {
+	mu   sync.Mutex
+	list []io.Closer
+}
+
+func (cs *clients) add(c io.Closer) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.list = append(cs.list, c)
+}
+
+// take returns the clients handed out so far and forgets them.
+func (cs *clients) take() *clients {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	list := cs.list
+	cs.list = nil
+	return &clients{list: list}
+}
+
+// close closes the clients, ignoring those already closed.
+func (cs *clients) close() error {
 	var errs []error
-	for _, c := range clients {
+	for _, c := range cs.list {
 		if err := c.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, os.RemoveAll(s.dir))
 	return errors.Join(errs...)
 }
 
@@ -142,8 +163,7 @@ type Cluster struct {
 	// Nodes are the masters (for fault tests: Stop, Restart).
 	Nodes []*Server
 
-	mu      sync.Mutex
-	clients []*redis.ClusterClient
+	clients clients
 }
 
 // StartCluster starts a cluster of masters (at least 3, as redis-cli
@@ -228,24 +248,13 @@ func (c *Cluster) waitOK(ctx context.Context) error {
 // Client returns a new cluster client, closed when the cluster is.
 func (c *Cluster) Client() *redis.ClusterClient {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
-	c.mu.Lock()
-	c.clients = append(c.clients, cc)
-	c.mu.Unlock()
+	c.clients.add(cc)
 	return cc
 }
 
 // Close stops every node and closes the clients handed out.
 func (c *Cluster) Close() error {
-	c.mu.Lock()
-	clients := c.clients
-	c.clients = nil
-	c.mu.Unlock()
-	var errs []error
-	for _, cc := range clients {
-		if err := cc.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {
-			errs = append(errs, err)
-		}
-	}
+	errs := []error{c.clients.take().close()}
 	for _, n := range c.Nodes {
 		errs = append(errs, n.Close())
 	}
