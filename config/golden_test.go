@@ -2,14 +2,13 @@ package config
 
 import (
 	"errors"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-var update = flag.Bool("update", false, "rewrite the expected errors in testdata/bad/*.golden")
+	"github.com/ratelimitd/ratelimitd/internal/goldentest"
+)
 
 // badCases returns the files of each case under testdata/bad: a lone
 // name.yaml, or a directory name/ of files that load together. Files are named
@@ -74,17 +73,7 @@ func TestBadGolden(t *testing.T) {
 			}
 			got := err.Error() + "\n"
 			golden := filepath.Join("testdata", "bad", name+".golden")
-			if *update {
-				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run go test -update to create it)", err)
-			}
-			if got != string(want) {
+			if want, differ := goldentest.Compare(t, golden, got); differ {
 				t.Errorf("Parse(%s) errors:\n%s\nwant (%s):\n%s", name, got, golden, want)
 			}
 		})
