@@ -12,37 +12,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
-
-const outcomesConfig = `
-domain: api
-descriptors:
-  - key: blocked
-    rate_limit: {unit: minute, requests_per_unit: 0, name: blocked}
-  - key: trial
-    shadow_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 0, name: trial}
-  - key: free
-    rate_limit: {unlimited: true, name: free}
-  - key: a
-    rate_limit: {unit: minute, requests_per_unit: 100, name: a}
-  - key: b
-    rate_limit: {unit: minute, requests_per_unit: 1, name: b}
-`
-
-// withHits is descriptor key=value asking for hits tokens.
-func withHits(key, value string, hits uint64) *ratelimitv3.RateLimitDescriptor {
-	return &ratelimitv3.RateLimitDescriptor{
-		Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}},
-		HitsAddend: wrapperspb.UInt64(hits),
-	}
-}
 
 // TestDescriptorCountersCountTokensAsked: every descriptor whose rule
 // applies counts the tokens it asked for in hits, deny-all and unlimited
@@ -60,26 +36,26 @@ func TestDescriptorCountersCountTokensAsked(t *testing.T) {
 	}{
 		{
 			name:     "deny-all",
-			calls:    [][]*ratelimitv3.RateLimitDescriptor{{withHits("blocked", "x", 5)}},
+			calls:    [][]*ratelimitv3.RateLimitDescriptor{{servertest.WithHits("blocked", "x", 5)}},
 			want:     map[string]counts{"blocked": {hits: 5, over: 5}},
 			outcomes: map[[2]string]float64{{"blocked", "over_limit"}: 1},
 		},
 		{
 			name:     "unlimited",
-			calls:    [][]*ratelimitv3.RateLimitDescriptor{{withHits("free", "x", 5)}},
+			calls:    [][]*ratelimitv3.RateLimitDescriptor{{servertest.WithHits("free", "x", 5)}},
 			want:     map[string]counts{"free": {hits: 5, within: 5}},
 			outcomes: map[[2]string]float64{{"free", "unlimited"}: 1},
 		},
 		{
 			name:     "shadow deny-all",
-			calls:    [][]*ratelimitv3.RateLimitDescriptor{{withHits("trial", "x", 5)}},
+			calls:    [][]*ratelimitv3.RateLimitDescriptor{{servertest.WithHits("trial", "x", 5)}},
 			want:     map[string]counts{"trial": {hits: 5, shadow: 5}},
 			outcomes: map[[2]string]float64{{"trial", "shadow_over_limit"}: 1},
 		},
 		{
 			name: "deny-all beside others",
 			calls: [][]*ratelimitv3.RateLimitDescriptor{
-				{withHits("blocked", "x", 5), withHits("a", "x", 3), withHits("free", "x", 2)},
+				{servertest.WithHits("blocked", "x", 5), servertest.WithHits("a", "x", 3), servertest.WithHits("free", "x", 2)},
 			},
 			want: map[string]counts{"blocked": {hits: 5, over: 5}, "a": {hits: 3}, "free": {hits: 2}},
 			outcomes: map[[2]string]float64{
@@ -89,8 +65,8 @@ func TestDescriptorCountersCountTokensAsked(t *testing.T) {
 		{
 			name: "denied by another descriptor",
 			calls: [][]*ratelimitv3.RateLimitDescriptor{
-				{withHits("a", "x", 1), withHits("b", "x", 1)},
-				{withHits("a", "x", 1), withHits("b", "x", 1)},
+				{servertest.WithHits("a", "x", 1), servertest.WithHits("b", "x", 1)},
+				{servertest.WithHits("a", "x", 1), servertest.WithHits("b", "x", 1)},
 			},
 			want: map[string]counts{"a": {hits: 2, within: 1}, "b": {hits: 2, within: 1, near: 1, over: 1}},
 			outcomes: map[[2]string]float64{
@@ -105,7 +81,7 @@ func TestDescriptorCountersCountTokensAsked(t *testing.T) {
 				t.Fatal(err)
 			}
 			srv := newServerWithoutConfig(t, m)
-			srv.SetConfig(mustParse(t, outcomesConfig))
+			srv.SetConfig(mustParse(t, servertest.OutcomesConfig))
 			for _, descs := range tt.calls {
 				if _, err := srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: descs}); err != nil {
 					t.Fatal(err)

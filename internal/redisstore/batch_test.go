@@ -21,8 +21,7 @@ import (
 // their own fast ones. Redis sees far fewer round trips than Takes, and
 // the slow bucket admits exactly its burst, not one more.
 func TestCoalescesConcurrentTakes(t *testing.T) {
-	c := standalone(t).Client()
-	s := newStore(t, c, redisstore.CallerClock)
+	s := callerClockStore(t)
 	slow := limiter.Limit{Count: 1, Period: time.Hour, Burst: 100}
 	fast := limiter.Limit{Count: 1e6, Period: time.Second, Burst: 1e6}
 	const goroutines, perGoroutine = 64, 40
@@ -127,8 +126,7 @@ func TestNewRejectsNegativeBatchMax(t *testing.T) {
 // once with a *limiter.DeadlineError of a call never sent (no backend
 // failure), and its call never reaches Redis.
 func TestDoneContextIsNotSent(t *testing.T) {
-	c := standalone(t).Client()
-	s := newStore(t, c, redisstore.CallerClock)
+	s := callerClockStore(t)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -175,8 +173,7 @@ func TestDeadlineReturnsPromptly(t *testing.T) {
 
 // TestClosedStoreFails: after Close, Take fails with ErrUnavailable.
 func TestClosedStoreFails(t *testing.T) {
-	c := standalone(t).Client()
-	s := newStore(t, c, redisstore.CallerClock)
+	s := callerClockStore(t)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
 	take(t, s, t0, limiter.Request{Key: "k", Limit: l, Hits: 0})
 	s.Close()

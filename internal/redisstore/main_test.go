@@ -85,6 +85,13 @@ func prefix(t testing.TB) string {
 }
 
 // newStore returns a Store over c with the test's prefix.
+// callerClockStore is a Store on a standalone server of its own, deciding
+// at the now it is given (exact values).
+func callerClockStore(t testing.TB) *redisstore.Store {
+	t.Helper()
+	return newStore(t, standalone(t).Client(), redisstore.CallerClock)
+}
+
 func newStore(t testing.TB, c redisstore.Client, clock redisstore.Clock) *redisstore.Store {
 	t.Helper()
 	return newStoreOpts(t, c, redisstore.Options{Clock: clock})

@@ -1,0 +1,35 @@
+package servertest
+
+import (
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// OutcomesConfig has, in domain api, a rule for each way a descriptor's
+// outcome can go: blocked (requests_per_unit 0), trial (the same, in shadow
+// mode), free (unlimited), a (100 a minute) and b (1 a minute). The tests
+// of what the observers count (metrics, the /limits page) share it.
+const OutcomesConfig = `
+domain: api
+descriptors:
+  - key: blocked
+    rate_limit: {unit: minute, requests_per_unit: 0, name: blocked}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0, name: trial}
+  - key: free
+    rate_limit: {unlimited: true, name: free}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 100, name: a}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1, name: b}
+`
+
+// WithHits is the descriptor key=value asking for hits tokens (its
+// hits_addend set, so 0 is a check).
+func WithHits(key, value string, hits uint64) *ratelimitv3.RateLimitDescriptor {
+	return &ratelimitv3.RateLimitDescriptor{
+		Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}},
+		HitsAddend: wrapperspb.UInt64(hits),
+	}
+}
