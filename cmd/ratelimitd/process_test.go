@@ -747,28 +747,3 @@ func TestHeapFloorReachesTheRuntime(t *testing.T) {
 	}
 }
 
-// TestDynamicMetadataFlagReachesTheServer: --dynamic-metadata off leaves
-// an admitted call's answer without dynamic_metadata, which the default
-// (all) sends.
-func TestDynamicMetadataFlagReachesTheServer(t *testing.T) {
-	dir := writeConfig(t, map[string]string{"api.yaml": `domain: api
-descriptors:
-  - {key: client, rate_limit: {unit: hour, requests_per_unit: 100}}
-`})
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
-	}}}
-	for _, tt := range []struct {
-		flag string
-		want bool
-	}{{"all", true}, {"off", false}} {
-		p := startProc(t, "--config", dir, "--dynamic-metadata", tt.flag)
-		resp, err := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr)).ShouldRateLimit(context.Background(), req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := resp.GetDynamicMetadata() != nil; got != tt.want {
-			t.Errorf("--dynamic-metadata %s: answer has dynamic_metadata %v, want %v", tt.flag, got, tt.want)
-		}
-	}
-}

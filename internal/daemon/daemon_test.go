@@ -1,0 +1,145 @@
+package daemon_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+)
+
+// oneAnHour has one token an hour for each client: the second call is
+// denied.
+const oneAnHour = `domain: api
+descriptors:
+  - {key: client, rate_limit: {unit: hour, requests_per_unit: 1, name: hourly}}
+`
+
+// start runs a daemon of cfg (on the memory backend, loopback ports, the
+// descriptor file oneAnHour) until the test ends, and returns a client of
+// it and its HTTP address. It checks that Run returns nil once told to stop.
+func start(t *testing.T, cfg daemon.Config) (*grpc.ClientConn, string) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(oneAnHour), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConfigPath, cfg.GRPCAddr, cfg.HTTPAddr = dir, "127.0.0.1:0", "127.0.0.1:0"
+	d, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run = %v after its context ended, want nil", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return within 10s of its context ending")
+		}
+	})
+	conn, err := grpc.NewClient(d.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, d.HTTPAddr().String()
+}
+
+// TestConfigReachesTheAnswers: each answer-shaping field of Config is what
+// the service answers with (the flags that set them are cmd/ratelimitd's
+// table tests): two calls on a one-token bucket, the second denied.
+func TestConfigReachesTheAnswers(t *testing.T) {
+	tests := []struct {
+		name         string
+		cfg          daemon.Config
+		wantMetadata bool
+		wantRetry    bool // Retry-After on the denial
+		wantXHeaders bool // X-RateLimit-* on the denial
+	}{
+		{"defaults", daemon.Config{}, true, true, false},
+		{"no dynamic metadata", daemon.Config{DynamicMetadata: server.DynamicMetadataOff}, false, true, false},
+		{"Retry-After left to Envoy", daemon.Config{RetryAfter: server.RetryAfterOmit}, true, false, false},
+		{"draft-03 headers", daemon.Config{RateLimitHeaders: server.RateLimitHeadersDraft03}, true, true, true},
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
+	}}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, _ := start(t, tt.cfg)
+			rls := rlsv3.NewRateLimitServiceClient(conn)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			first, err := rls.ShouldRateLimit(ctx, req)
+			if err != nil || first.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("first call = %v, %v; want OK", first.GetOverallCode(), err)
+			}
+			if got := first.GetDynamicMetadata() != nil; got != tt.wantMetadata {
+				t.Errorf("dynamic_metadata present %v, want %v", got, tt.wantMetadata)
+			}
+			second, err := rls.ShouldRateLimit(ctx, req)
+			if err != nil || second.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+				t.Fatalf("second call = %v, %v; want OVER_LIMIT", second.GetOverallCode(), err)
+			}
+			headers := map[string]bool{}
+			for _, h := range second.GetResponseHeadersToAdd() {
+				headers[http.CanonicalHeaderKey(h.GetKey())] = true
+			}
+			if headers["Retry-After"] != tt.wantRetry || headers["X-Ratelimit-Limit"] != tt.wantXHeaders {
+				t.Errorf("denial's headers %v: want Retry-After %v, X-RateLimit-Limit %v", headers, tt.wantRetry, tt.wantXHeaders)
+			}
+		})
+	}
+}
+
+// TestHealthAndReadiness: on the memory backend a daemon is SERVING under
+// every health name and ready at once.
+func TestHealthAndReadiness(t *testing.T) {
+	conn, httpAddr := start(t, daemon.Config{})
+	hc := healthpb.NewHealthClient(conn)
+	for _, name := range daemon.HealthNames {
+		resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health %q = %v, %v; want SERVING", name, resp.GetStatus(), err)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get("http://" + httpAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s = %d %q, want 200", path, resp.StatusCode, body)
+		}
+	}
+}
+
+// TestNewRejectsAMissingConfig: New without a config path, or with one that
+// does not load, fails and opens nothing.
+func TestNewRejectsAMissingConfig(t *testing.T) {
+	for _, path := range []string{"", filepath.Join(t.TempDir(), "missing")} {
+		if _, err := daemon.New(daemon.Config{ConfigPath: path, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"}, slog.New(slog.DiscardHandler)); err == nil {
+			t.Errorf("New(ConfigPath %q) succeeded, want an error", path)
+		}
+	}
+}
