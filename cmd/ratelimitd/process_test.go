@@ -746,4 +746,3 @@ func TestHeapFloorReachesTheRuntime(t *testing.T) {
 		}
 	}
 }
-
