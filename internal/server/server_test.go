@@ -577,24 +577,55 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 	}
 }
 
-func TestBackendFailuresAreLoggedOnceASecond(t *testing.T) {
-	var logs bytes.Buffer
-	clk := clocktest.New()
+// fallbackStore answers every request as a failure mode does: allowed, by
+// no bucket, because of cause.
+type fallbackStore struct{ cause limiter.Fallback }
+
+func (f fallbackStore) Take(_ context.Context, _ time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	d := make([]limiter.Decision, len(reqs))
+	for i := range d {
+		d[i] = limiter.Decision{Allowed: true, Fallback: f.cause}
+	}
+	return d, nil
+}
+
+// TestFailuresAndFallbacksAreLoggedOnceASecond: backend failures, and
+// answers a store made per its failure mode (in the modes that answer),
+// are logged at most once a second, each line with what it did not log.
+func TestFailuresAndFallbacksAreLoggedOnceASecond(t *testing.T) {
 	down := fmt.Errorf("redis take: %w: connection refused", limiter.ErrUnavailable)
-	c, _ := startServer(t, server.Options{Store: failingStore{down}, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
-		server.MustParse(t, testConfig))
-	for range 3 {
-		for range 10 {
-			c.ShouldRateLimit(context.Background(), request("api", desc("model", "gpt-4o")))
-		}
-		clk.Advance(time.Second)
-	}
-	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("30 failures over 3 s logged %d lines, want 3:\n%s", len(lines), logs.String())
-	}
-	if !strings.Contains(lines[1], "unlogged_since_last=9") {
-		t.Errorf("second line %q does not count the 9 failures it did not log", lines[1])
+	for _, tt := range []struct {
+		name  string
+		store limiter.Store
+		want  string // in every line
+	}{
+		{"backend failed", failingStore{down}, `msg="backend failed"`},
+		{"answered per the failure mode", fallbackStore{limiter.FallbackOverloaded}, `msg="answered per the failure mode" domain=api cause=overloaded`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			clk := clocktest.New()
+			c, _ := startServer(t, server.Options{Store: tt.store, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+				server.MustParse(t, testConfig))
+			for range 3 {
+				for range 10 {
+					c.ShouldRateLimit(context.Background(), request("api", desc("model", "gpt-4o")))
+				}
+				clk.Advance(time.Second)
+			}
+			lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+			if len(lines) != 3 {
+				t.Fatalf("30 calls over 3 s logged %d lines, want 3:\n%s", len(lines), logs.String())
+			}
+			for _, l := range lines {
+				if !strings.Contains(l, tt.want) {
+					t.Errorf("line %q lacks %q", l, tt.want)
+				}
+			}
+			if !strings.Contains(lines[1], "unlogged_since_last=9") {
+				t.Errorf("second line %q does not count the 9 it did not log", lines[1])
+			}
+		})
 	}
 }
 
