@@ -6,6 +6,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
+	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
 )
 
 // Defaults of Config, for the zero value of each field and for the flags
@@ -35,6 +36,13 @@ type Config struct {
 	// WatchConfig reloads the config when its files change (SIGHUP, sent
 	// to the process, reloads it in any case; see Daemon.Reload).
 	WatchConfig bool
+	// XDS, when XDS.Addr is set, takes the descriptor config from an xDS
+	// management server instead of files: ConfigPath must then be empty.
+	XDS xdsconfig.Options
+	// StartWithoutConfig serves before the first config has arrived from
+	// XDS, answering every call as for an unknown domain; without it the
+	// daemon reports NOT_SERVING until then.
+	StartWithoutConfig bool
 
 	// GRPCAddr and HTTPAddr are the listen addresses; default
 	// DefaultGRPCAddr and DefaultHTTPAddr. Port 0 picks a free one.

@@ -69,6 +69,10 @@ type Daemon struct {
 // line.
 func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	cfg = cfg.withDefaults()
+	if cfg.XDS.Enabled() {
+		// Wired in the commit that brings the xDS client.
+		return nil, errors.New("daemon: the xDS config source is not built yet")
+	}
 	if cfg.ConfigPath == "" {
 		return nil, errors.New("daemon: Config.ConfigPath is required")
 	}
