@@ -47,6 +47,24 @@ type Config struct {
 	// GRPCAddr and HTTPAddr are the listen addresses; default
 	// DefaultGRPCAddr and DefaultHTTPAddr. Port 0 picks a free one.
 	GRPCAddr, HTTPAddr string
+	// DebugAddr, when set, is a third HTTP listener with the operators'
+	// endpoints envoyproxy/ratelimit keeps on its debug port (6070):
+	// /rlconfig and, with Pprof, /debug/pprof/. MetricsAddr, when set,
+	// serves /metrics on a listener of its own (envoyproxy/ratelimit's
+	// PROMETHEUS_ADDR, :19001) as well as on HTTPAddr.
+	DebugAddr, MetricsAddr string
+	// MaxConnectionAge, when positive, closes each gRPC connection after
+	// about that long (with ±10% jitter), giving its calls
+	// MaxConnectionAgeGrace to finish, so that Envoy, which keeps its
+	// connections for ever, spreads over new replicas.
+	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
+	// IncumbentMetrics also exports envoyproxy/ratelimit's metric names
+	// (ratelimit_service_*), as its default Prometheus mapper shapes them,
+	// so that dashboards and alerts written for it keep working.
+	IncumbentMetrics bool
+	// ShadowMode makes every rule a shadow rule: counted, never denying
+	// (envoyproxy/ratelimit's SHADOW_MODE).
+	ShadowMode bool
 	// GRPCTLS, when CertFile is set, serves gRPC over TLS.
 	GRPCTLS TLSFiles
 	// MaxMessageBytes bounds a gRPC request; default DefaultMaxMessageBytes.
