@@ -178,7 +178,7 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 			o.Outcome = FailureMode
 		case st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
 			o.Outcome = OverLimit
-		case it.rule.ShadowMode && (it.denyAll || it.limited && !o.Decision.Allowed):
+		case it.shadow && (it.denyAll || it.limited && !o.Decision.Allowed):
 			o.Outcome = ShadowOverLimit
 		case !admitted:
 			o.Outcome = DeniedByOther

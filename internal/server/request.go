@@ -90,6 +90,9 @@ type item struct {
 	// configured is set when rule and limits come from the loaded config
 	// (not from a limit override), so their protobuf parts can be cached.
 	configured bool
+	// shadow is set when the rule is a shadow rule: its own shadow_mode,
+	// or every rule with Options.ShadowMode.
+	shadow bool
 }
 
 // planRequest matches each descriptor of a checked request to its rule and
@@ -97,7 +100,8 @@ type item struct {
 // value longer than maxValue bytes is matched as it is, then replaced by
 // its stand-in (see longValue) for everything after: its bucket, the
 // override's path, and what observers see.
-func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int) (plan, error) {
+// With shadowAll every rule is a shadow rule (Options.ShadowMode).
+func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int, shadowAll bool) (plan, error) {
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
 	p := plan{items: make([]item, len(descs)), descs: descs}
@@ -128,6 +132,7 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 				return plan{}, fmt.Errorf("descriptors[%d].limit: %w", i, err)
 			}
 		}
+		it.shadow = it.rule != nil && (it.rule.ShadowMode || shadowAll)
 		p.items[i] = it
 	}
 	if replacing {
@@ -137,7 +142,7 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 	// checked, so that they report their state and spend nothing.
 	checkOnly := false
 	for _, it := range p.items {
-		checkOnly = checkOnly || it.denyAll && !it.replaced && !it.rule.ShadowMode
+		checkOnly = checkOnly || it.denyAll && !it.replaced && !it.shadow
 	}
 	var kb [256]byte // keys are built here, then copied into their string
 	key := kb[:0]
@@ -155,7 +160,7 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 		hits := hitsOf(req, d)
 		for j, l := range it.limits {
 			key = it.rule.AppendKey(key[:0], j, entries)
-			r := limiter.Request{Key: string(key), Limit: l.Limit, Hits: hits, Shadow: it.rule.ShadowMode}
+			r := limiter.Request{Key: string(key), Limit: l.Limit, Hits: hits, Shadow: it.shadow}
 			if d.GetIsNegativeHits() {
 				refund := r
 				p.refunds = append(p.refunds, refund)

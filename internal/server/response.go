@@ -129,12 +129,12 @@ func setStatuses(resp *rlsv3.RateLimitResponse, p plan, decisions []limiter.Deci
 		st.DurationUntilReset.Seconds = ceilSeconds(wait)
 		// The headers speak for enforced rules only: a shadow rule must not
 		// change what clients see.
-		if !it.rule.ShadowMode && (sum.least < 0 || st.LimitRemaining < resp.Statuses[sum.least].LimitRemaining) {
+		if !it.shadow && (sum.least < 0 || st.LimitRemaining < resp.Statuses[sum.least].LimitRemaining) {
 			sum.least = i
 		}
 		switch {
 		case allowed:
-		case it.rule.ShadowMode:
+		case it.shadow:
 			sum.shadow = append(sum.shadow, it.rule)
 		default:
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT

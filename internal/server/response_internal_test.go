@@ -40,7 +40,7 @@ func plannedFor(t *testing.T, set *config.Set, keys ...string) plan {
 		}
 		req.Descriptors = append(req.Descriptors, descriptor(k, "v", o))
 	}
-	p, err := planRequest(set, req, 0, 1024)
+	p, err := planRequest(set, req, 0, 1024, false)
 	if err != nil {
 		t.Fatalf("planRequest(%v): %v", keys, err)
 	}

@@ -125,6 +125,10 @@ type Options struct {
 	// MaxWait caps every limit's max_wait: how long a call may be held for
 	// reserved tokens. Default 5s.
 	MaxWait time.Duration
+	// ShadowMode makes every rule, limit overrides included, a shadow
+	// rule: decided and counted, never denying (envoyproxy/ratelimit's
+	// SHADOW_MODE).
+	ShadowMode bool
 }
 
 // Server answers ShouldRateLimit. It is safe for concurrent use; the config
@@ -139,6 +143,7 @@ type Server struct {
 	answer   answerOptions
 	observer Observer
 	maxWait  time.Duration
+	shadow   bool // Options.ShadowMode
 	current  atomic.Pointer[loaded]
 	waits    waitQueues
 
@@ -164,6 +169,7 @@ func New(opts Options) (*Server, error) {
 		answer:   answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders, metadata: opts.DynamicMetadata},
 		observer: opts.Observer,
 		maxWait:  opts.MaxWait,
+		shadow:   opts.ShadowMode,
 	}
 	if s.maxWait <= 0 {
 		s.maxWait = 5 * time.Second
@@ -240,7 +246,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if cur == nil {
 		return plan{}, nil, nil, answerFor(codes.Unavailable, ErrNoConfig)
 	}
-	p, err := planRequest(cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes)
+	p, err := planRequest(cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow)
 	if err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -1,0 +1,114 @@
+package server_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// shadowAllConfig has a one-token rule, a block rule (requests_per_unit 0)
+// and a rule that is a shadow rule of its own.
+const shadowAllConfig = `domain: api
+descriptors:
+  - {key: client, rate_limit: {unit: hour, requests_per_unit: 1}}
+  - {key: blocked, rate_limit: {unit: hour, requests_per_unit: 0}}
+  - {key: own, shadow_mode: true, rate_limit: {unit: hour, requests_per_unit: 1}}
+`
+
+// shadowOutcomes records the outcome of each descriptor observed.
+type shadowOutcomes struct {
+	mu  sync.Mutex
+	got []server.Outcome
+}
+
+func (o *shadowOutcomes) ObserveCall(c server.Call) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, d := range c.Descriptors {
+		o.got = append(o.got, d.Outcome)
+	}
+}
+
+func (o *shadowOutcomes) last() server.Outcome {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.got) == 0 {
+		return 0
+	}
+	return o.got[len(o.got)-1]
+}
+
+// TestShadowModeEverywhere: with Options.ShadowMode every rule, a block
+// rule and a limit override included, is a shadow rule: the calls its
+// bucket would deny are admitted (descriptor status OK) and observed as
+// ShadowOverLimit; without it they are denied.
+func TestShadowModeEverywhere(t *testing.T) {
+	override := func(key string) *ratelimitv3.RateLimitDescriptor {
+		return &ratelimitv3.RateLimitDescriptor{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: "x"}},
+			Limit:   &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR},
+		}
+	}
+	entry := func(key string) *ratelimitv3.RateLimitDescriptor {
+		return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: "x"}}}
+	}
+	tests := []struct {
+		name  string
+		desc  func() *ratelimitv3.RateLimitDescriptor
+		calls int // the last one is over the limit
+	}{
+		{"limited rule", func() *ratelimitv3.RateLimitDescriptor { return entry("client") }, 2},
+		{"block rule", func() *ratelimitv3.RateLimitDescriptor { return entry("blocked") }, 1},
+		{"own shadow rule", func() *ratelimitv3.RateLimitDescriptor { return entry("own") }, 2},
+		{"limit override", func() *ratelimitv3.RateLimitDescriptor { return override("unmatched") }, 2},
+	}
+	for _, shadowAll := range []bool{false, true} {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				obs := &shadowOutcomes{}
+				srv, err := server.New(server.Options{
+					Store:      limiter.NewMemoryStore(limiter.MemoryOptions{}),
+					Observer:   obs,
+					ShadowMode: shadowAll,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				srv.SetConfig(server.MustParse(t, shadowAllConfig))
+				rls := servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: []grpc.ServerOption{server.Codec()}}).Client()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				var resp *rlsv3.RateLimitResponse
+				for range tt.calls {
+					if resp, err = rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{tt.desc()}}); err != nil {
+						t.Fatalf("ShouldRateLimit: %v", err)
+					}
+				}
+				shadow := shadowAll || tt.name == "own shadow rule"
+				wantCode, wantOutcome := rlsv3.RateLimitResponse_OVER_LIMIT, server.OverLimit
+				if shadow {
+					wantCode, wantOutcome = rlsv3.RateLimitResponse_OK, server.ShadowOverLimit
+				}
+				if got := resp.GetOverallCode(); got != wantCode {
+					t.Errorf("ShadowMode %v: call %d overall_code = %v, want %v", shadowAll, tt.calls, got, wantCode)
+				}
+				if got := resp.GetStatuses()[0].GetCode(); got != wantCode {
+					t.Errorf("ShadowMode %v: call %d status code = %v, want %v", shadowAll, tt.calls, got, wantCode)
+				}
+				if got := obs.last(); got != wantOutcome {
+					t.Errorf("ShadowMode %v: call %d observed %v, want %v", shadowAll, tt.calls, got, wantOutcome)
+				}
+			})
+		}
+	}
+}
