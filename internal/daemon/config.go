@@ -53,6 +53,10 @@ type Config struct {
 	// serves /metrics on a listener of its own (envoyproxy/ratelimit's
 	// PROMETHEUS_ADDR, :19001) as well as on HTTPAddr.
 	DebugAddr, MetricsAddr string
+	// MetricsPath is the path of the metrics on MetricsAddr
+	// (envoyproxy/ratelimit's PROMETHEUS_PATH); default DefaultMetricsPath.
+	// HTTPAddr serves them at /metrics whatever it is.
+	MetricsPath string
 	// MaxConnectionAge, when positive, closes each gRPC connection after
 	// about that long (with ±10% jitter), giving its calls
 	// MaxConnectionAgeGrace to finish, so that Envoy, which keeps its
@@ -124,6 +128,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = DefaultHTTPAddr
+	}
+	if c.MetricsPath == "" {
+		c.MetricsPath = DefaultMetricsPath
 	}
 	if c.MaxMessageBytes <= 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes

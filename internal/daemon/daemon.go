@@ -55,6 +55,7 @@ type Daemon struct {
 	http     *http.Server
 	grpcLis  net.Listener
 	httpLis  net.Listener
+	extra    []*listener // the debug and metrics listeners Config asks for
 	tlsMode  string
 	stopping context.Context // done when shutdown begins
 	stop     context.CancelFunc
@@ -116,6 +117,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		RateLimitHeaders: cfg.RateLimitHeaders,
 		DynamicMetadata:  cfg.DynamicMetadata,
 		Observer:         d.obs.observer(),
+		ShadowMode:       cfg.ShadowMode,
 	})
 	if err != nil {
 		return nil, err
@@ -134,6 +136,14 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("listen for HTTP: %w", err)
 	}
 	undo = append(undo, func() { d.httpLis.Close() })
+	if d.extra, err = d.openListeners(); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() {
+		for _, l := range d.extra {
+			l.lis.Close()
+		}
+	})
 	// The watcher last: with WatchFiles it holds a file watch (an inotify
 	// descriptor and a goroutine) that only its Run releases, so nothing
 	// may fail between it and Run.
@@ -142,6 +152,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}
 
 	sopts := append(append(grpcOpts, d.obs.grpcOptions...), grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), server.Codec())
+	sopts = append(sopts, keepaliveOptions(cfg)...)
 	if cfg.StreamWorkers > 0 {
 		// Calls beyond the workers get goroutines of their own.
 		sopts = append(sopts, grpc.NumStreamWorkers(uint32(cfg.StreamWorkers)))
@@ -204,10 +215,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("ratelimitd started",
 		"config", d.cfg.ConfigPath, "config_hash", set.Hash(), "domains", len(domains), "rules", rules,
 		"backend", d.backend.Name(), "grpc_addr", d.grpcLis.Addr().String(), "http_addr", d.httpLis.Addr().String(),
-		"grpc_tls", d.tlsMode, "watch", d.cfg.WatchConfig)
+		"grpc_tls", d.tlsMode, "watch", d.cfg.WatchConfig, "shadow_mode", d.cfg.ShadowMode)
+	for _, l := range d.extra {
+		d.log.Info("listening", "listener", l.name, "addr", l.lis.Addr().String())
+	}
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 2)
+	errc := make(chan error, 2+len(d.extra))
 	wg.Go(func() {
 		if err := d.grpc.Serve(d.grpcLis); err != nil {
 			errc <- fmt.Errorf("gRPC server: %w", err)
@@ -218,6 +232,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("HTTP server: %w", err)
 		}
 	})
+	d.serveExtra(wg.Go, errc)
 	if d.cfg.Redis.Enabled() {
 		wg.Go(d.awaitBackend)
 		// Half the open time (a due probe comes at most half of it late),
@@ -269,6 +284,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.http.Shutdown(shutdownCtx); err != nil {
 		d.http.Close()
 	}
+	d.shutdownExtra(shutdownCtx)
 	wg.Wait()
 	d.log.Info("stopped")
 	return runErr
@@ -351,9 +367,11 @@ func (d *Daemon) awaitBackend() {
 
 // probes serves liveness (/healthz) and readiness (/readyz): readiness
 // fails while shutting down, without a config, and, in failure mode error,
-// while the backend fails (else it says degraded).
+// while the backend fails (else it says degraded); and envoyproxy/ratelimit's
+// /healthcheck (see Daemon.healthcheck).
 func (d *Daemon) probes() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("/healthcheck", d.healthcheck)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})

@@ -34,6 +34,7 @@ func newObservability(ctx context.Context, c Config, backend string) (*observabi
 		MaxValuesPerRule: c.MaxMetricValues,
 		Backend:          backend,
 		ProcessMetrics:   true,
+		IncumbentNames:   c.IncumbentMetrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)

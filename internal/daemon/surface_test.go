@@ -1,0 +1,298 @@
+package daemon_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+)
+
+// running is a daemon started by run, its client and how to stop it.
+type running struct {
+	d    *daemon.Daemon
+	conn *grpc.ClientConn
+	// stop ends Run's context and returns Run's error (once; later calls
+	// return nil).
+	stop func() error
+}
+
+// run starts a daemon of cfg on loopback ports with the descriptor file
+// yaml, stopped (if the test did not) when the test ends.
+func run(t *testing.T, cfg daemon.Config, yaml string) *running {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConfigPath, cfg.GRPCAddr, cfg.HTTPAddr = dir, "127.0.0.1:0", "127.0.0.1:0"
+	d, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(15 * time.Second):
+			t.Error("Run did not return within 15s of its context ending")
+			return nil
+		}
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("Run = %v after its context ended, want nil", err)
+		}
+	})
+	conn, err := grpc.NewClient(d.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &running{d: d, conn: conn, stop: stop}
+}
+
+// get returns the status and body of a GET of url.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// healthOf is the gRPC health status under the name "ratelimit".
+func healthOf(t *testing.T, conn *grpc.ClientConn) healthpb.HealthCheckResponse_ServingStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	if err != nil {
+		t.Fatalf("health Check(ratelimit): %v", err)
+	}
+	return resp.GetStatus()
+}
+
+// TestHealthcheckFollowsRedis: /healthcheck is envoyproxy/ratelimit's: 500
+// with no body while the Redis backend is down at start, in step with
+// gRPC health (NOT_SERVING under "ratelimit") and /readyz (503); 200 "OK"
+// once Redis is up, with SERVING and /readyz 200.
+func TestHealthcheckFollowsRedis(t *testing.T) {
+	redis := redistest.Start(t)
+	redis.Stop()
+	r := run(t, daemon.Config{Redis: daemon.Redis{URL: "redis://" + redis.Addr}}, oneAnHour)
+	base := "http://" + r.d.HTTPAddr().String()
+
+	code, body := get(t, base+"/healthcheck")
+	if code != http.StatusInternalServerError || body != "" {
+		t.Errorf("Redis down: GET /healthcheck = %d %q, want 500 with no body", code, body)
+	}
+	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("Redis down: gRPC health = %v, want NOT_SERVING", st)
+	}
+	if code, body := get(t, base+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("Redis down: GET /readyz = %d %q, want 503", code, body)
+	}
+
+	if err := redis.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		code, body = get(t, base+"/healthcheck")
+		if code == http.StatusOK || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code != http.StatusOK || body != "OK" {
+		t.Fatalf("Redis up: GET /healthcheck = %d %q, want 200 \"OK\" within 15s", code, body)
+	}
+	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("Redis up: gRPC health = %v, want SERVING", st)
+	}
+	if code, body := get(t, base+"/readyz"); code != http.StatusOK {
+		t.Errorf("Redis up: GET /readyz = %d %q, want 200", code, body)
+	}
+	// Any method, as the incumbent's router answers.
+	resp, err := http.Head(base + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("HEAD /healthcheck = %d, want 200", resp.StatusCode)
+	}
+}
+
+// waitsTwoSeconds has one token every 2s, and lets a call wait for it.
+const waitsTwoSeconds = `domain: api
+descriptors:
+  - key: client
+    rate_limit: {unit: second, unit_multiplier: 2, requests_per_unit: 1, max_wait: 5s}
+`
+
+// TestHealthcheckDuringShutdown: once shutdown has begun (gRPC health
+// Watch says NOT_SERVING) and while a call in flight holds the drain,
+// /healthcheck answers 500; the call is still answered.
+func TestHealthcheckDuringShutdown(t *testing.T) {
+	r := run(t, daemon.Config{}, waitsTwoSeconds)
+	base := "http://" + r.d.HTTPAddr().String()
+	if code, body := get(t, base+"/healthcheck"); code != http.StatusOK || body != "OK" {
+		t.Fatalf("GET /healthcheck = %d %q, want 200 \"OK\"", code, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	watch, err := healthpb.NewHealthClient(r.conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, err := watch.Recv(); err != nil || first.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Watch first = %v, %v; want SERVING", first.GetStatus(), err)
+	}
+	rls := rlsv3.NewRateLimitServiceClient(r.conn)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
+	}}}
+	if _, err := rls.ShouldRateLimit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan error, 1)
+	go func() {
+		resp, err := rls.ShouldRateLimit(ctx, req) // waits for the next token, about 2s
+		if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Errorf("held call = %v, want OK after its wait", resp.GetOverallCode())
+		}
+		held <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // let the held call reach the server
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.stop() }()
+	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("Watch after shutdown began = %v, %v; want NOT_SERVING", st.GetStatus(), err)
+	}
+	if code, body := get(t, base+"/healthcheck"); code != http.StatusInternalServerError {
+		t.Errorf("shutting down: GET /healthcheck = %d %q, want 500", code, body)
+	}
+	if err := <-held; err != nil {
+		t.Errorf("held call: %v, want an answer (drained)", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("Run = %v, want nil", err)
+	}
+}
+
+// TestDebugAndMetricsListeners: DebugAddr serves the index, /rlconfig and
+// /stats (pprof only with Pprof); MetricsAddr serves the metrics at
+// MetricsPath (and nothing else), as HTTPAddr does at /metrics.
+func TestDebugAndMetricsListeners(t *testing.T) {
+	for _, pprof := range []bool{false, true} {
+		r := run(t, daemon.Config{DebugAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", MetricsPath: "/prom", Pprof: pprof}, oneAnHour)
+		debug := "http://" + r.d.DebugAddr().String()
+		code, body := get(t, debug+"/rlconfig")
+		if want := "api > client: limited name=hourly requests_per_unit=1 unit=hour, shadow_mode: false ("; code != http.StatusOK || !strings.Contains(body, want) || !strings.Contains(body, "api.yaml:3)\n") {
+			t.Errorf("GET debug /rlconfig = %d %q, want 200 with %q", code, body, want)
+		}
+		if code, body := get(t, debug+"/stats"); code != http.StatusOK || !strings.Contains(body, "memstats: ") {
+			t.Errorf("GET debug /stats = %d %q, want 200 with memstats", code, body)
+		}
+		code, body = get(t, debug+"/")
+		if code != http.StatusOK || !strings.Contains(body, "/rlconfig: ") || strings.Contains(body, "/debug/pprof/") != pprof {
+			t.Errorf("Pprof %v: GET debug / = %d %q, want the index, /debug/pprof/ listed iff Pprof", pprof, code, body)
+		}
+		want := http.StatusNotFound
+		if pprof {
+			want = http.StatusOK
+		}
+		if code, _ := get(t, debug+"/debug/pprof/"); code != want {
+			t.Errorf("Pprof %v: GET debug /debug/pprof/ = %d, want %d", pprof, code, want)
+		}
+
+		metrics := "http://" + r.d.MetricsAddr().String()
+		if code, body := get(t, metrics+"/prom"); code != http.StatusOK || !strings.Contains(body, "ratelimitd_config_reloads_total") {
+			t.Errorf("GET metrics /prom = %d, want 200 with ratelimitd_config_reloads_total", code)
+		}
+		if code, _ := get(t, metrics+"/metrics"); code != http.StatusNotFound {
+			t.Errorf("GET metrics /metrics = %d, want 404 (MetricsPath is /prom)", code)
+		}
+		if code, body := get(t, "http://"+r.d.HTTPAddr().String()+"/metrics"); code != http.StatusOK || !strings.Contains(body, "ratelimitd_config_reloads_total") {
+			t.Errorf("GET http /metrics = %d, want 200 with the metrics", code)
+		}
+		if err := r.stop(); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+		for name, addr := range map[string]string{"debug": debug, "metrics": metrics} {
+			if resp, err := http.Get(addr + "/"); err == nil {
+				resp.Body.Close()
+				t.Errorf("after Run returned: the %s listener still answers", name)
+			}
+		}
+	}
+}
+
+// TestNewClosesListenersOnFailure: a listener that cannot open fails New
+// and leaves every port it opened free again.
+func TestNewClosesListenersOnFailure(t *testing.T) {
+	taken := run(t, daemon.Config{}, oneAnHour)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(oneAnHour), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	free := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	// The gRPC, HTTP and debug listeners open; the metrics one, on a port
+	// in use, fails.
+	cfg := daemon.Config{ConfigPath: dir, GRPCAddr: free(), HTTPAddr: free(),
+		DebugAddr: free(), MetricsAddr: taken.d.HTTPAddr().String()}
+	if _, err := daemon.New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "metrics") {
+		t.Fatalf("New with the metrics port taken = %v, want an error naming the metrics listener", err)
+	}
+	for _, addr := range []string{cfg.GRPCAddr, cfg.HTTPAddr, cfg.DebugAddr} {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("after New failed, %s is still in use: %v", addr, err)
+			continue
+		}
+		l.Close()
+	}
+	// A bad MetricsPath is an error naming the field.
+	cfg.MetricsAddr, cfg.MetricsPath = "127.0.0.1:0", "metrics"
+	if _, err := daemon.New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "MetricsPath") {
+		t.Fatalf("New with MetricsPath %q = %v, want an error naming MetricsPath", cfg.MetricsPath, err)
+	}
+}
