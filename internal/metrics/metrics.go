@@ -96,6 +96,9 @@ type Options struct {
 	Backend string
 	// ProcessMetrics adds the Go runtime and process collectors.
 	ProcessMetrics bool
+	// IncumbentNames also exports envoyproxy/ratelimit's metrics
+	// (ratelimit_service_*, see incumbent.go) beside ratelimitd's own.
+	IncumbentNames bool
 }
 
 // Metrics counts calls, descriptors, backend errors and config reloads.
@@ -119,6 +122,8 @@ type Metrics struct {
 	configInfo                       *prometheus.GaugeVec
 	failureMode                      *prometheus.CounterVec
 	ruleInfo                         *prometheus.GaugeVec
+	// inc is envoyproxy/ratelimit's metrics; nil without IncumbentNames.
+	inc *incumbent
 
 	// byCode holds the latency histogram's children, by gRPC code.
 	byCode [codes.Unauthenticated + 1]prometheus.Observer
@@ -214,6 +219,10 @@ func New(opts Options) (*Metrics, error) {
 	m.rules.Store(&ruleCache{})
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
 		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.failureMode, m.ruleInfo}
+	if opts.IncumbentNames {
+		m.inc = newIncumbent(opts.NearLimitRatio, opts.MaxValuesPerRule)
+		cs = append(cs, m.inc)
+	}
 	if opts.ProcessMetrics {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
@@ -243,6 +252,9 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 func (m *Metrics) ConfigLoaded(set *config.Set) {
 	hash := set.Hash()
 	m.reloads.WithLabelValues("ok").Inc()
+	if m.inc != nil {
+		m.inc.configLoaded()
+	}
 	if old := m.hash.Swap(&hash); old != nil && *old != hash {
 		m.configInfo.DeleteLabelValues(*old)
 	}
@@ -275,6 +287,9 @@ func (m *Metrics) ConfigLoaded(set *config.Set) {
 // ConfigRejected records a reload that failed (the config in force stays).
 func (m *Metrics) ConfigRejected(error) {
 	m.reloads.WithLabelValues("failed").Inc()
+	if m.inc != nil {
+		m.inc.configRejected()
+	}
 }
 
 // FailureModeActivated records that a failure mode (for example a fallback
@@ -324,6 +339,9 @@ func (m *Metrics) ObserveCall(c server.Call) {
 	m.calls.WithLabelValues(domain, c.Code.String(), overall).Inc()
 	if c.Code == codes.Unavailable && errors.Is(c.Err, server.ErrNoConfig) {
 		m.BackendError("no_config")
+	}
+	if m.inc != nil {
+		m.inc.observe(&c, domain)
 	}
 	admitted := c.Code == codes.OK && c.Overall == rlsv3.RateLimitResponse_OK
 	for i := range c.Descriptors {
