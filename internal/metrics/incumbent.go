@@ -46,7 +46,10 @@ import (
 //
 // Differences, by design: ratelimitd's buckets are token buckets, so the
 // "limit" the split into within/near/over is measured against is the
-// bucket's burst, and its use the tokens taken from it; a descriptor
+// bucket's burst, and its use the tokens taken from it; a denied call
+// counts all its hits over_limit (a token bucket takes nothing from it;
+// the incumbent's fixed window counts them in and splits a call that
+// crosses the limit into near_limit and over_limit parts); a descriptor
 // within its limit on a request another denied counts within_limit (the
 // incumbent's counter would have been incremented) though ratelimitd took
 // nothing from it; response_time is measured in seconds, not truncated to
@@ -208,9 +211,10 @@ func (inc *incumbent) observe(c *server.Call, domain string) {
 }
 
 // observeDescriptor counts one descriptor as the incumbent's limiter does
-// (base_limiter.go GetResponseDescriptorStatus@f2fb157): the limit is the
-// bucket's burst, before and after its use before and after this call's
-// hits.
+// (base_limiter.go GetResponseDescriptorStatus@f2fb157), the limit being
+// the bucket's burst and its use the tokens taken from it: near_limit is
+// the part of an admitted call's hits that took the use past
+// floor(limit × NearLimitRatio), over_limit all the hits of a denied one.
 func (inc *incumbent) observeDescriptor(domain string, d *server.DescriptorOutcome) {
 	switch d.Outcome {
 	case server.WithinLimit, server.DeniedByOther, server.OverLimit, server.ShadowOverLimit, server.FailureMode:
@@ -238,16 +242,14 @@ func (inc *incumbent) observeDescriptor(domain string, d *server.DescriptorOutco
 			c.n[incNear].Add(uint64(after - max(before, near)))
 		}
 	case server.OverLimit, server.ShadowOverLimit:
-		before, after := used, used+int64(hits)
-		over := hits
-		if before < limit && after > limit {
-			over = uint64(after - limit)
-			c.n[incNear].Add(uint64(limit - max(near, before)))
-		}
-		c.n[incOver].Add(over)
+		// A denied request takes nothing from a token bucket: all of its
+		// hits are over the limit (the incumbent's fixed window, which
+		// counts them in, splits a call that crosses the limit into near
+		// and over parts).
+		c.n[incOver].Add(hits)
 		if d.Rule.ShadowMode {
 			// A global SHADOW_MODE counts over_limit only, as there.
-			c.n[incShadow].Add(over)
+			c.n[incShadow].Add(hits)
 		}
 	}
 }
