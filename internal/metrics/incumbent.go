@@ -67,15 +67,15 @@ type incumbent struct {
 	nearRatio float32
 	maxValues int
 
-	// keys are the descriptor series by stat key (string → *incCounters);
-	// at most maxIncKeys. They are kept across reloads, as the incumbent's
-	// are.
-	keys sync.Map
-	// ruleKeys caches each loaded rule's stat key (*config.Rule → string);
-	// emptied by a reload.
-	ruleKeys sync.Map
-	mu       sync.Mutex // orders the creation of keys
-	nkeys    int
+	// mu guards keys and detailed.
+	mu sync.RWMutex
+	// keys are the descriptor series by stat key; at most maxIncKeys. They
+	// are kept across reloads, as the incumbent's are.
+	keys map[string]*incCounters
+	// ruleKeys caches each loaded rule's stat key (*config.Rule → string),
+	// and byRule the counters of each rule without detailed_metric
+	// (*config.Rule → *incCounters); both are emptied by a reload.
+	ruleKeys, byRule sync.Map
 	// detailed counts the distinct detailed_metric (and override) stat keys
 	// per rule stat key, bounded by maxValues: the ones past it count on
 	// the rule's own key (an override's on domain._other).
@@ -110,6 +110,7 @@ func newIncumbent(nearRatio float64, maxValues int) *incumbent {
 		nearRatio: float32(nearRatio),
 		maxValues: maxValues,
 		detailed:  make(map[string]int),
+		keys:      make(map[string]*incCounters),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:        incPrefix + "response_time_seconds",
 			Help:        "Time to answer ShouldRateLimit (envoyproxy/ratelimit's name).",
@@ -144,11 +145,12 @@ func (inc *incumbent) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(inc.errDesc, prometheus.CounterValue, float64(inc.serviceErrors.Load()), "service_error")
 	ch <- prometheus.MustNewConstMetric(inc.okDesc, prometheus.CounterValue, float64(inc.loadOK.Load()))
 	ch <- prometheus.MustNewConstMetric(inc.failDesc, prometheus.CounterValue, float64(inc.loadFailed.Load()))
-	var series []*incCounters
-	inc.keys.Range(func(_, v any) bool {
-		series = append(series, v.(*incCounters))
-		return true
-	})
+	inc.mu.RLock()
+	series := make([]*incCounters, 0, len(inc.keys))
+	for _, c := range inc.keys {
+		series = append(series, c)
+	}
+	inc.mu.RUnlock()
 	// Stat keys that map to one label set (deeper levels dropped) are one
 	// series, summed, as the mapper sums them.
 	sums := make(map[string]*[5]uint64)
@@ -180,6 +182,7 @@ func (inc *incumbent) Collect(ch chan<- prometheus.Metric) {
 func (inc *incumbent) configLoaded() {
 	inc.loadOK.Add(1)
 	inc.ruleKeys.Clear()
+	inc.byRule.Clear()
 }
 
 // configRejected records one that failed.
@@ -258,50 +261,82 @@ func (inc *incumbent) observeDescriptor(domain string, d *server.DescriptorOutco
 // maxIncKeys.
 func (inc *incumbent) counters(domain string, d *server.DescriptorOutcome) *incCounters {
 	r := d.Rule
-	var key, parent string
-	switch {
-	case r.File == "":
-		// A limit override: the request's entries (config_impl.go
-		// descriptorKey@f2fb157).
-		key = domain + "." + entriesKey(d.Descriptor.GetEntries(), false)
+	if r.File != "" && !r.DetailedMetric {
+		if c, ok := inc.byRule.Load(r); ok {
+			return c.(*incCounters)
+		}
+		c := inc.lookup(nil, inc.ruleKey(r), "")
+		if c != nil {
+			inc.byRule.Store(r, c)
+		}
+		return c
+	}
+	// The request's entries: with detailed_metric each as key_value, for a
+	// limit override (config_impl.go descriptorKey@f2fb157) as key or
+	// key_value; built in place, looked up without an allocation.
+	var kb [256]byte
+	var key []byte
+	var parent string
+	if r.File == "" {
+		key = append(append(kb[:0], domain...), '.')
+		key = appendEntries(key, d.Descriptor.GetEntries(), false)
 		parent = domain + "." + incOverflow
-	case r.DetailedMetric:
-		key = r.Domain + "." + entriesKey(d.Descriptor.GetEntries(), true)
+	} else {
+		key = append(append(kb[:0], r.Domain...), '.')
+		key = appendEntries(key, d.Descriptor.GetEntries(), true)
 		parent = inc.ruleKey(r)
-	default:
-		key = inc.ruleKey(r)
 	}
-	if parent != "" {
-		key = sanitizeStatName(key)
+	for i, c := range key {
+		if c == ':' || c == '|' {
+			key[i] = '_'
+		}
 	}
-	if c, ok := inc.keys.Load(key); ok {
-		return c.(*incCounters)
+	if maybeIPv4(key) {
+		key = []byte(sanitizeStatName(string(key)))
+	}
+	return inc.lookup(key, "", parent)
+}
+
+// lookup returns the counters of the stat key key (or, when key is nil,
+// keyStr), creating them; parent, when set, is the key that counts past
+// the maxValues keys created under it.
+func (inc *incumbent) lookup(key []byte, keyStr, parent string) *incCounters {
+	inc.mu.RLock()
+	c, ok := inc.keys[string(key)]
+	if key == nil {
+		c, ok = inc.keys[keyStr]
+	}
+	inc.mu.RUnlock()
+	if ok {
+		return c
+	}
+	if key != nil {
+		keyStr = string(key)
 	}
 	inc.mu.Lock()
 	defer inc.mu.Unlock()
-	if c, ok := inc.keys.Load(key); ok {
-		return c.(*incCounters)
+	if c, ok := inc.keys[keyStr]; ok {
+		return c
 	}
 	if parent != "" {
 		if inc.detailed[parent] >= inc.maxValues {
-			key = parent
-			if c, ok := inc.keys.Load(key); ok {
-				return c.(*incCounters)
+			keyStr = parent
+			if c, ok := inc.keys[keyStr]; ok {
+				return c
 			}
 		} else {
 			inc.detailed[parent]++
 		}
 	}
-	if inc.nkeys >= maxIncKeys {
+	if len(inc.keys) >= maxIncKeys {
 		return nil
 	}
-	labels := statLabels(key)
+	labels := statLabels(keyStr)
 	if labels == nil {
 		return nil
 	}
-	c := &incCounters{labels: labels}
-	inc.keys.Store(strings.Clone(key), c)
-	inc.nkeys++
+	c = &incCounters{labels: labels}
+	inc.keys[keyStr] = c
 	return c
 }
 
@@ -330,30 +365,58 @@ func (inc *incumbent) ruleKey(r *config.Rule) string {
 	return k
 }
 
-// entriesKey joins a request's entries as the incumbent's stat keys do:
-// key_value, or, unless always, key alone for an empty value.
-func entriesKey(entries []*ratelimitv3.RateLimitDescriptor_Entry, always bool) string {
-	var b strings.Builder
+// appendEntries appends a request's entries as the incumbent's stat keys
+// join them: key_value, or, unless always, key alone for an empty value.
+func appendEntries(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry, always bool) []byte {
 	for i, e := range entries {
 		if i > 0 {
-			b.WriteByte('.')
+			b = append(b, '.')
 		}
-		b.WriteString(e.GetKey())
+		b = append(b, e.GetKey()...)
 		if always || e.GetValue() != "" {
-			b.WriteByte('_')
-			b.WriteString(e.GetValue())
+			b = append(b, '_')
+			b = append(b, e.GetValue()...)
 		}
 	}
-	return b.String()
+	return b
 }
 
 // ipv4 is an IPv4 address, whose dots the incumbent's stat names lose.
 var ipv4 = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
 
+// maybeIPv4 reports whether b may hold an IPv4 address: four runs of
+// digits joined by single dots (a superset of what ipv4 matches), so that
+// the regexp runs only on keys that may need it.
+func maybeIPv4(b []byte) bool {
+	digit := func(c byte) bool { return '0' <= c && c <= '9' }
+	runs := 0
+	for i := 0; i < len(b); {
+		if !digit(b[i]) {
+			runs, i = 0, i+1
+			continue
+		}
+		j := i
+		for j < len(b) && digit(b[j]) {
+			j++
+		}
+		if runs++; runs == 4 {
+			return true
+		}
+		if j+1 < len(b) && b[j] == '.' && digit(b[j+1]) {
+			i = j + 1
+			continue
+		}
+		runs, i = 0, j
+	}
+	return false
+}
+
+var statReplacer = strings.NewReplacer(":", "_", "|", "_")
+
 // sanitizeStatName is utils.SanitizeStatName@f2fb157: ':' and '|' become
 // '_', and so do the dots of IPv4 addresses.
 func sanitizeStatName(s string) string {
-	s = strings.NewReplacer(":", "_", "|", "_").Replace(s)
+	s = statReplacer.Replace(s)
 	return ipv4.ReplaceAllStringFunc(s, func(ip string) string { return strings.ReplaceAll(ip, ".", "_") })
 }
 

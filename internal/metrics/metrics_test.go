@@ -339,8 +339,15 @@ func TestHandlerServesText(t *testing.T) {
 	}
 }
 
+// BenchmarkObserveCall counts a call of two descriptors, with and without
+// envoyproxy/ratelimit's names beside ratelimitd's.
 func BenchmarkObserveCall(b *testing.B) {
-	m, err := metrics.New(metrics.Options{})
+	b.Run("native", func(b *testing.B) { benchmarkObserveCall(b, metrics.Options{}) })
+	b.Run("incumbent names too", func(b *testing.B) { benchmarkObserveCall(b, metrics.Options{IncumbentNames: true}) })
+}
+
+func benchmarkObserveCall(b *testing.B, opts metrics.Options) {
+	m, err := metrics.New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
