@@ -57,17 +57,18 @@ type Config struct {
 	// (envoyproxy/ratelimit's PROMETHEUS_PATH); default DefaultMetricsPath.
 	// HTTPAddr serves them at /metrics whatever it is.
 	MetricsPath string
-	// MaxConnectionAge, when positive, closes each gRPC connection after
-	// about that long (with ±10% jitter), giving its calls
-	// MaxConnectionAgeGrace to finish, so that Envoy, which keeps its
-	// connections for ever, spreads over new replicas.
+	// MaxConnectionAge, when positive, closes each gRPC connection (GOAWAY)
+	// after about that long (grpc-go adds a random ±10%), giving its calls
+	// in flight MaxConnectionAgeGrace to finish (0: as long as they take),
+	// so that Envoy, which keeps its connections for ever, spreads over new
+	// replicas.
 	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
 	// IncumbentMetrics also exports envoyproxy/ratelimit's metric names
 	// (ratelimit_service_*), as its default Prometheus mapper shapes them,
 	// so that dashboards and alerts written for it keep working.
 	IncumbentMetrics bool
 	// ShadowMode makes every rule a shadow rule: counted, never denying
-	// (envoyproxy/ratelimit's SHADOW_MODE).
+	// (envoyproxy/ratelimit's SHADOW_MODE; see server.Options.ShadowMode).
 	ShadowMode bool
 	// GRPCTLS, when CertFile is set, serves gRPC over TLS.
 	GRPCTLS TLSFiles

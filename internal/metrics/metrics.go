@@ -35,6 +35,9 @@
 //	ratelimitd_failure_mode_answers_total      (none: calls answered per the failure mode, by cause)
 //	ratelimitd_rule_limit_info                 (none: each rule's limits, as loaded)
 //
+// With Options.IncumbentNames the registry also carries envoyproxy/ratelimit's
+// names (ratelimit_service_*, see incumbent.go), counted from the same calls.
+//
 // The Redis backend's own counters (ratelimitd_redis_*,
 // ratelimitd_denial_cache_*) are registered on the same registry by
 // cmd/ratelimitd, read from the store and the cache when scraped.
