@@ -121,8 +121,9 @@ func (d *Daemon) shutdownExtra(ctx context.Context) {
 // and liveness probes ask: 200 with the body "OK" while the daemon is
 // SERVING under the gRPC health name "ratelimit" (so in step with gRPC
 // health: not before the Redis backend is ready, not while failure mode
-// error finds it failing, not once shutdown has begun) and has a config;
-// else 500 with no body. Like the incumbent's it answers any method.
+// error finds it failing, not once shutdown has begun) and has a config
+// (unless Config.StartWithoutConfig); else 500 with no body. Like the
+// incumbent's it answers any method.
 func (d *Daemon) healthcheck(w http.ResponseWriter, r *http.Request) {
 	if d.healthy(r.Context()) {
 		io.WriteString(w, "OK")
@@ -132,9 +133,11 @@ func (d *Daemon) healthcheck(w http.ResponseWriter, r *http.Request) {
 }
 
 // healthy reports whether gRPC health says SERVING for "ratelimit", the
-// daemon is not shutting down and it has a config.
+// daemon is not shutting down and it has a config, or need not wait for
+// one (Config.StartWithoutConfig: envoyproxy/ratelimit with
+// FORCE_START_WITHOUT_INITIAL_CONFIG is healthy before its first config).
 func (d *Daemon) healthy(ctx context.Context) bool {
-	if d.shuttingDown.Load() || d.srv.Config() == nil {
+	if d.shuttingDown.Load() || d.srv.Config() == nil && !d.cfg.StartWithoutConfig {
 		return false
 	}
 	resp, err := d.health.Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
