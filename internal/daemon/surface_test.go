@@ -15,8 +15,10 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
@@ -109,7 +111,7 @@ func healthOf(t *testing.T, conn *grpc.ClientConn) healthpb.HealthCheckResponse_
 func TestHealthcheckFollowsRedis(t *testing.T) {
 	redis := redistest.Start(t)
 	redis.Stop()
-	r := run(t, daemon.Config{Redis: daemon.Redis{URL: "redis://" + redis.Addr}}, oneAnHour)
+	r := run(t, daemon.Config{Redis: daemon.Redis{URL: "redis://" + redis.Addr}, IncumbentMetrics: true}, oneAnHour)
 	base := "http://" + r.d.HTTPAddr().String()
 
 	code, body := get(t, base+"/healthcheck")
@@ -121,6 +123,17 @@ func TestHealthcheckFollowsRedis(t *testing.T) {
 	}
 	if code, body := get(t, base+"/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("Redis down: GET /readyz = %d %q, want 503", code, body)
+	}
+	// A call meanwhile fails, and counts as the incumbent's redis_error.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := rlsv3.NewRateLimitServiceClient(r.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
+	}}}); status.Code(err) != codes.Unavailable {
+		t.Errorf("Redis down: ShouldRateLimit = %v, want UNAVAILABLE (failure mode error)", err)
+	}
+	if got := scrape(t, base+"/metrics")[`ratelimit_service_should_rate_limit_error{err_type="redis_error"}`]; got != 1 {
+		t.Errorf("Redis down: should_rate_limit_error{redis_error} = %v after one failed call, want 1", got)
 	}
 
 	if err := redis.Restart(); err != nil {
@@ -294,5 +307,33 @@ func TestNewClosesListenersOnFailure(t *testing.T) {
 	cfg.MetricsAddr, cfg.MetricsPath = "127.0.0.1:0", "metrics"
 	if _, err := daemon.New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "MetricsPath") {
 		t.Fatalf("New with MetricsPath %q = %v, want an error naming MetricsPath", cfg.MetricsPath, err)
+	}
+}
+
+// TestShadowModeReachesTheServer: with Config.ShadowMode the call a
+// one-token bucket would deny is admitted.
+func TestShadowModeReachesTheServer(t *testing.T) {
+	for _, shadow := range []bool{false, true} {
+		r := run(t, daemon.Config{ShadowMode: shadow}, oneAnHour)
+		rls := rlsv3.NewRateLimitServiceClient(r.conn)
+		req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
+		}}}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var resp *rlsv3.RateLimitResponse
+		var err error
+		for range 2 {
+			if resp, err = rls.ShouldRateLimit(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cancel()
+		want := rlsv3.RateLimitResponse_OVER_LIMIT
+		if shadow {
+			want = rlsv3.RateLimitResponse_OK
+		}
+		if got := resp.GetOverallCode(); got != want {
+			t.Errorf("ShadowMode %v: second call = %v, want %v", shadow, got, want)
+		}
 	}
 }
