@@ -1,0 +1,400 @@
+package xdsconfig
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
+)
+
+// TypeURL is the type of the resources the client subscribes to
+// (go-control-plane's resource.RateLimitConfigType).
+const TypeURL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
+
+// maxNACKBytes bounds the error_detail message of a NACK. config.Parse
+// already reports at most 100 problems; this keeps long values in them
+// from making a NACK of megabytes.
+const maxNACKBytes = 64 << 10
+
+// Status is what the client has done so far.
+type Status struct {
+	// Version is the version_info of the config last applied; "" before
+	// the first.
+	Version string
+	// Connected is true while a stream to the management server is open.
+	Connected bool
+	// Applied is true once a config has been applied; it stays true while
+	// disconnected (the last good config stays in use).
+	Applied bool
+	// LastError is why the last connection attempt or stream failed; ""
+	// while connected.
+	LastError string
+	// LastNACK is the error_detail of the latest push if it was refused;
+	// "" before any refusal and again once a later push is applied.
+	LastNACK string
+	// Updated is when Version was applied (the zero time before).
+	Updated time.Time
+}
+
+// Client keeps ratelimitd's descriptor config in step with an xDS
+// management server: it holds one ADS stream open, converts each push of
+// RateLimitConfig resources to descriptor files (see File), checks them
+// with config.Parse as a whole and hands the Set to apply before it ACKs;
+// a push that cannot be converted or parsed is NACKed with the reason and
+// changes nothing. When the stream breaks or cannot be opened, the client
+// waits (see Options.ConnectRetryInterval) and dials again; the last
+// applied config stays in use, and apply is never called because of a
+// disconnect. Run serves; Status is safe to call from any goroutine.
+type Client struct {
+	opts  Options
+	apply func(*config.Set, string)
+	log   *slog.Logger
+	node  *corev3.Node
+	md    metadata.MD
+
+	// session runs one connection until it breaks and reports whether
+	// the server sent anything; Run's retry loop is tested with another.
+	session func(ctx context.Context) (responded bool, err error)
+	// random draws the jitter of the waits, in [0, 1).
+	random func() float64
+
+	// Used by the goroutine of Run only.
+	acked       string      // version_info of the last ACK
+	appliedHash string      // config.Set.Hash of the last config applied
+	lastTLS     *tls.Config // the last TLS configuration read from the files
+	errLog      repeatLog
+
+	mu sync.Mutex
+	st Status
+}
+
+// New checks opts and returns a client that calls apply with every config
+// the server pushes that is valid, with the push's version_info; apply is
+// called from the goroutine of Run, one call at a time, before the push
+// is ACKed, and must not block for long (it holds up the stream). log
+// receives connection events and refusals (nil: discard).
+//
+// New fails on options that cannot work: no Addr, negative durations or
+// sizes, a header name gRPC does not accept, a client certificate without
+// its key, TLS files that cannot be read now.
+func New(opts Options, apply func(set *config.Set, version string), log *slog.Logger) (*Client, error) {
+	if opts.Addr == "" {
+		return nil, errors.New("xdsconfig: no management server address (Options.Addr)")
+	}
+	if apply == nil {
+		return nil, errors.New("xdsconfig: apply is nil")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.NodeID == "" {
+		opts.NodeID = DefaultNodeID
+	}
+	if opts.ConnectRetryInterval < 0 || opts.MaxBackoff < 0 || opts.MaxMessageBytes < 0 {
+		return nil, fmt.Errorf("xdsconfig: negative ConnectRetryInterval (%v), MaxBackoff (%v) or MaxMessageBytes (%d)",
+			opts.ConnectRetryInterval, opts.MaxBackoff, opts.MaxMessageBytes)
+	}
+	if opts.ConnectRetryInterval == 0 {
+		opts.ConnectRetryInterval = DefaultConnectRetryInterval
+	}
+	if opts.MaxBackoff == 0 {
+		opts.MaxBackoff = max(DefaultMaxBackoff, opts.ConnectRetryInterval)
+	}
+	opts.MaxBackoff = max(opts.MaxBackoff, opts.ConnectRetryInterval)
+	if opts.MaxMessageBytes == 0 {
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	c := &Client{opts: opts, apply: apply, log: log, random: rand.Float64}
+	for k, v := range opts.Headers {
+		if err := checkHeader(k, v); err != nil {
+			return nil, fmt.Errorf("xdsconfig: header %q: %w", k, err)
+		}
+	}
+	if len(opts.Headers) > 0 {
+		c.md = metadata.New(opts.Headers)
+	}
+	fields := make(map[string]*structpb.Value, len(opts.NodeMetadata))
+	for k, v := range opts.NodeMetadata {
+		fields[k] = structpb.NewStringValue(v)
+	}
+	c.node = &corev3.Node{Id: opts.NodeID, Metadata: &structpb.Struct{Fields: fields}, UserAgentName: "ratelimitd"}
+	if t := opts.TLS; t != nil {
+		if (t.CertFile == "") != (t.KeyFile == "") {
+			return nil, errors.New("xdsconfig: TLS.CertFile and TLS.KeyFile go together (the client certificate and its key)")
+		}
+		if _, err := c.transport(); err != nil {
+			return nil, fmt.Errorf("xdsconfig: %w", err)
+		}
+	}
+	c.session = c.connect
+	return c, nil
+}
+
+// checkHeader refuses what gRPC would refuse on every stream: names that
+// are empty, reserved ("grpc-…", pseudo-headers) or not lower-case-able
+// header tokens, and values with control characters.
+func checkHeader(k, v string) error {
+	name := strings.ToLower(k)
+	switch {
+	case name == "":
+		return errors.New("empty name")
+	case strings.HasPrefix(name, "grpc-") || strings.HasPrefix(name, ":"):
+		return errors.New("reserved name")
+	case strings.HasSuffix(name, "-bin"):
+		return errors.New("binary headers are not supported")
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("name has %q (want letters, digits, '-', '_' or '.')", c)
+		}
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c == 0x7f {
+			return errors.New("value has a control character")
+		}
+	}
+	return nil
+}
+
+// Status returns what the client has done so far.
+func (c *Client) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st
+}
+
+// Run connects to the management server and keeps the config up to date
+// until ctx is done, then returns nil. Connection failures are not errors
+// of Run: it logs them, records them in Status and tries again, after a
+// wait that starts at Options.ConnectRetryInterval and doubles, with
+// jitter, up to Options.MaxBackoff; the wait starts over after a stream
+// on which the server sent a response. Run must not be called twice at a
+// time.
+func (c *Client) Run(ctx context.Context) error {
+	failures := 0
+	for {
+		responded, err := c.session(ctx)
+		c.mu.Lock()
+		c.st.Connected = false
+		if ctx.Err() == nil && err != nil {
+			c.st.LastError = err.Error()
+		}
+		c.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if responded {
+			failures = 0
+		}
+		wait := retryWait(c.opts.ConnectRetryInterval, c.opts.MaxBackoff, failures, c.random())
+		failures++
+		c.errLog.report(c.log, err, wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// connect runs one connection: dial, open the stream, subscribe, answer
+// every push, until the stream breaks or ctx is done.
+func (c *Client) connect(ctx context.Context) (responded bool, err error) {
+	creds, err := c.transport()
+	if err != nil {
+		return false, err
+	}
+	conn, err := grpc.NewClient(c.opts.Addr,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.opts.MaxMessageBytes)),
+		grpc.WithUserAgent("ratelimitd-xds"),
+	)
+	if err != nil {
+		return false, fmt.Errorf("xDS server %s: %w", c.opts.Addr, err)
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if c.md != nil {
+		sctx = metadata.NewOutgoingContext(sctx, c.md)
+	}
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
+	if err != nil {
+		return false, fmt.Errorf("xDS server %s: open stream: %w", c.opts.Addr, err)
+	}
+	c.mu.Lock()
+	c.st.Connected, c.st.LastError = true, ""
+	c.mu.Unlock()
+	c.errLog.connected(c.log, c.opts.Addr)
+	if err := stream.Send(c.request("", nil)); err != nil {
+		return false, fmt.Errorf("xDS server %s: subscribe: %w", c.opts.Addr, err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return responded, fmt.Errorf("xDS server %s: stream: %w", c.opts.Addr, err)
+		}
+		responded = true
+		if err := stream.Send(c.handle(resp)); err != nil {
+			return responded, fmt.Errorf("xDS server %s: answer version %q: %w", c.opts.Addr, resp.GetVersionInfo(), err)
+		}
+	}
+}
+
+// transport returns the credentials of the next connection. The TLS files
+// are read again for every connection, so that rotated certificates are
+// used from the next one on; files that cannot be used (half-written
+// during a rotation) leave the previous ones in use, with a warning.
+func (c *Client) transport() (credentials.TransportCredentials, error) {
+	t := c.opts.TLS
+	if t == nil {
+		return insecure.NewCredentials(), nil
+	}
+	cfg, err := tlsreload.ClientConfig("xds-tls", t.CAFile, t.CertFile, t.KeyFile)
+	if err != nil {
+		if c.lastTLS == nil {
+			return nil, err
+		}
+		c.log.Warn("xDS TLS files cannot be used; keeping the previous ones", "err", err)
+		cfg = c.lastTLS
+	}
+	cfg.ServerName = t.ServerName
+	c.lastTLS = cfg
+	return credentials.NewTLS(cfg.Clone()), nil
+}
+
+// request is the DiscoveryRequest that answers the response of nonce
+// (none for the first request of a stream): an ACK when detail is nil,
+// else a NACK. version_info is always the last version ACKed, as the xDS
+// protocol asks.
+func (c *Client) request(nonce string, detail *status.Status) *discoveryv3.DiscoveryRequest {
+	return &discoveryv3.DiscoveryRequest{
+		VersionInfo:   c.acked,
+		Node:          c.node,
+		TypeUrl:       TypeURL,
+		ResponseNonce: nonce,
+		ErrorDetail:   detail,
+	}
+}
+
+// handle applies one push and returns its ACK or NACK.
+func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
+	version := resp.GetVersionInfo()
+	set, err := c.parse(resp)
+	if err != nil {
+		msg := err.Error()
+		if len(msg) > maxNACKBytes {
+			msg = msg[:maxNACKBytes] + "…"
+		}
+		c.log.Warn("xDS config refused (NACK); the previous config stays in use",
+			"version", version, "err", msg)
+		c.mu.Lock()
+		c.st.LastNACK = msg
+		c.mu.Unlock()
+		return c.request(resp.GetNonce(), &status.Status{Code: int32(codes.InvalidArgument), Message: msg})
+	}
+	c.mu.Lock()
+	same := c.st.Applied && c.st.Version == version && c.appliedHash == set.Hash()
+	c.mu.Unlock()
+	if !same {
+		c.apply(set, version)
+		c.log.Info("xDS config applied", "version", version, "domains", len(set.Domains()))
+	}
+	c.appliedHash = set.Hash()
+	c.acked = version
+	c.mu.Lock()
+	if !same {
+		c.st.Version, c.st.Applied, c.st.Updated = version, true, time.Now()
+	}
+	c.st.LastNACK = ""
+	c.mu.Unlock()
+	return c.request(resp.GetNonce(), nil)
+}
+
+// parse converts a push to a Set: every resource must be a
+// RateLimitConfig, and all of them must parse together.
+func (c *Client) parse(resp *discoveryv3.DiscoveryResponse) (*config.Set, error) {
+	if resp.GetTypeUrl() != TypeURL {
+		return nil, fmt.Errorf("response of type %s, subscribed to %s only", resp.GetTypeUrl(), TypeURL)
+	}
+	rcs := make([]*rlsconfv3.RateLimitConfig, 0, len(resp.GetResources()))
+	for i, a := range resp.GetResources() {
+		if a.GetTypeUrl() != TypeURL {
+			return nil, fmt.Errorf("resource %d: type %s, want %s", i, a.GetTypeUrl(), TypeURL)
+		}
+		rc := new(rlsconfv3.RateLimitConfig)
+		if err := proto.Unmarshal(a.GetValue(), rc); err != nil {
+			return nil, fmt.Errorf("resource %d: decode RateLimitConfig: %w", i, err)
+		}
+		rcs = append(rcs, rc)
+	}
+	files, err := Files(rcs)
+	if err != nil {
+		return nil, err
+	}
+	set, err := config.Parse(files)
+	if err != nil {
+		if c.log.Enabled(context.Background(), slog.LevelDebug) {
+			for _, f := range files {
+				c.log.Debug("xDS resource as descriptor YAML", "file", f.Name, "yaml", string(f.Data))
+			}
+		}
+		return nil, err
+	}
+	return set, nil
+}
+
+// repeatLog logs connection failures at warning level when they change or
+// once a minute, and the same failure in between at debug level only, so
+// that a server that is down for an hour does not fill the log.
+type repeatLog struct {
+	last       string
+	at         time.Time
+	suppressed int
+}
+
+const repeatEvery = time.Minute
+
+func (r *repeatLog) report(log *slog.Logger, err error, wait time.Duration) {
+	msg := "stream ended"
+	if err != nil {
+		msg = err.Error()
+	}
+	now := time.Now()
+	if msg == r.last && now.Sub(r.at) < repeatEvery {
+		r.suppressed++
+		log.Debug("xDS connection failed again", "err", msg, "retry_in", wait)
+		return
+	}
+	log.Warn("xDS connection failed; the last config stays in use", "err", msg, "retry_in", wait,
+		"repeats_not_logged", r.suppressed)
+	r.last, r.at, r.suppressed = msg, now, 0
+}
+
+// connected logs a stream that opened and forgets the last failure.
+func (r *repeatLog) connected(log *slog.Logger, addr string) {
+	log.Info("xDS stream open", "addr", addr)
+	r.last, r.suppressed = "", 0
+}

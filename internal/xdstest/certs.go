@@ -1,0 +1,169 @@
+package xdstest
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// ServerName is the DNS name in the server certificate of NewCerts (with
+// "localhost" and the loopback addresses).
+const ServerName = "xds.test"
+
+// CA is a certificate authority made for one test.
+type CA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	// File is the CA certificate as a PEM file.
+	File string
+}
+
+// Certs are the files of a mutual-TLS setup: a CA, a server certificate
+// for ServerName and the loopback addresses, and a client certificate
+// with the common name "ratelimitd-1", all signed by the CA.
+type Certs struct {
+	CA                   *CA
+	ServerCert, ServerKey string
+	ClientCert, ClientKey string
+}
+
+// NewCerts makes a CA and its server and client certificates, and writes
+// them to a temporary directory of the test.
+func NewCerts(t testing.TB) *Certs {
+	t.Helper()
+	dir := t.TempDir()
+	ca := NewCA(t, dir, "xdstest CA")
+	c := &Certs{
+		CA:         ca,
+		ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server.key"),
+		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client.key"),
+	}
+	ca.Issue(t, "xds management server", true, c.ServerCert, c.ServerKey)
+	ca.Issue(t, "ratelimitd-1", false, c.ClientCert, c.ClientKey)
+	return c
+}
+
+// NewCA makes a self-signed CA named name and writes its certificate to
+// dir/<name>.pem. A second call makes an unrelated CA: certificates of one
+// do not verify against the other.
+func NewCA(t testing.TB, dir, name string) *CA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(t),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, safeName(name)+".pem")
+	writePEM(t, file, "CERTIFICATE", der)
+	return &CA{cert: cert, key: key, File: file}
+}
+
+// Issue signs a certificate with the common name cn, for a server
+// (ServerName, localhost, 127.0.0.1, ::1) or a client, and writes it and
+// its key to certFile and keyFile, replacing what is there (the key is
+// written first, then the certificate, each by renaming a complete file,
+// as a secret volume update would leave them).
+func (ca *CA) Issue(t testing.TB, cn string, server bool, certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(t),
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if server {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.DNSNames = []string{ServerName, "localhost"}
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, keyFile, "PRIVATE KEY", keyDER)
+	writePEM(t, certFile, "CERTIFICATE", der)
+}
+
+// ServerConfig is the server side of c as Envoy Gateway serves xDS: TLS
+// 1.3 at least, a client certificate signed by c.CA required.
+func (c *Certs) ServerConfig() (*tls.Config, error) {
+	pair, err := tls.LoadX509KeyPair(c.ServerCert, c.ServerKey)
+	if err != nil {
+		return nil, fmt.Errorf("server certificate: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(c.CA.cert)
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{pair},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+		NextProtos:   []string{"h2"},
+	}, nil
+}
+
+func serial(t testing.TB) *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func writePEM(t testing.TB, file, typ string, der []byte) {
+	t.Helper()
+	tmp := file + ".tmp"
+	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, file); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func safeName(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}

@@ -1,0 +1,102 @@
+package xdstest
+
+import (
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// The node ids and domain the two control planes use.
+const (
+	// EGNodeID is the node id Envoy Gateway sets its rate-limit snapshot
+	// for (internal/globalratelimit/runner/runner.go@d32f282942).
+	EGNodeID = "envoy-ratelimit"
+	// AIGatewayNodeID and AIGatewayDomain are Envoy AI Gateway's
+	// (internal/ratelimit/runner/runner.go@c217da8a5).
+	AIGatewayNodeID = "envoy-ai-gateway-ratelimit"
+	AIGatewayDomain = "ai-gateway-quota"
+)
+
+// EGConfig is a RateLimitConfig shaped like the output of Envoy Gateway's
+// translator (internal/xds/translator/ratelimit.go) for one listener
+// (the domain) with one route that has four global rules. Under the top
+// descriptor key=value=route:
+//
+//	rule-0-match-0=rule-0-match-0                   10 per minute   (a header with an exact value)
+//	rule-1-match-0 (key only)                        5 per second   (a "Distinct" header: one bucket per value)
+//	rule-2-match--1=rule-2-match--1                  0 per hour     (match everything; requests: 0 blocks)
+//	rule-3-match-0=rule-3-match-0 >
+//	  rule-3-match-1=rule-3-match-1               1000 per week     (two matches chained)
+//
+// The limit is on the leaf only, and shadow_mode, when set, is on every
+// level, as EG copies it down. Envoy sends, for rule 0, the entries
+// [route=route, rule-0-match-0=rule-0-match-0].
+func EGConfig(domain, route string, shadow bool) *rlsconfv3.RateLimitConfig {
+	leaf := func(key, value string, n uint32, unit rlsconfv3.RateLimitUnit) *rlsconfv3.RateLimitDescriptor {
+		return &rlsconfv3.RateLimitDescriptor{
+			Key: key, Value: value, ShadowMode: shadow,
+			RateLimit: &rlsconfv3.RateLimitPolicy{Unit: unit, RequestsPerUnit: n},
+		}
+	}
+	return &rlsconfv3.RateLimitConfig{
+		Name:   domain,
+		Domain: domain,
+		Descriptors: []*rlsconfv3.RateLimitDescriptor{{
+			Key: route, Value: route, ShadowMode: shadow,
+			Descriptors: []*rlsconfv3.RateLimitDescriptor{
+				leaf("rule-0-match-0", "rule-0-match-0", 10, rlsconfv3.RateLimitUnit_MINUTE),
+				leaf("rule-1-match-0", "", 5, rlsconfv3.RateLimitUnit_SECOND),
+				leaf("rule-2-match--1", "rule-2-match--1", 0, rlsconfv3.RateLimitUnit_HOUR),
+				{
+					Key: "rule-3-match-0", Value: "rule-3-match-0", ShadowMode: shadow,
+					Descriptors: []*rlsconfv3.RateLimitDescriptor{
+						leaf("rule-3-match-1", "rule-3-match-1", 1000, rlsconfv3.RateLimitUnit_WEEK),
+					},
+				},
+			},
+		}},
+	}
+}
+
+// AIGatewayConfig is a RateLimitConfig shaped like Envoy AI Gateway's
+// QuotaPolicy translation (internal/ratelimit/translator/translator.go@c217da8a5):
+// domain AIGatewayDomain, quota_mode on every level, and
+//
+//	backend_name=default/openai > model_name_override=gpt-4o           1000 per minute
+//	backend_name=default/openai > model_name_override=gpt-4o >
+//	  rule-0-x-tenant|acme-match-0=rule-0-x-tenant|acme-match-0          100 per minute
+//	backend_name=default/azure  > model_name_override=gpt-4o            500 per hour
+//
+// Each backend level carries metadata {"backend": <name>, "priority": n}
+// so that converters can be tested with a Struct.
+func AIGatewayConfig() *rlsconfv3.RateLimitConfig {
+	backend := func(name string, priority float64, model string, n uint32, unit rlsconfv3.RateLimitUnit, client *rlsconfv3.RateLimitDescriptor) *rlsconfv3.RateLimitDescriptor {
+		md := &structpb.Struct{Fields: map[string]*structpb.Value{
+			"backend":  structpb.NewStringValue(name),
+			"priority": structpb.NewNumberValue(priority),
+		}}
+		m := &rlsconfv3.RateLimitDescriptor{
+			Key: "model_name_override", Value: model, QuotaMode: true,
+			RateLimit: &rlsconfv3.RateLimitPolicy{Unit: unit, RequestsPerUnit: n},
+		}
+		if client != nil {
+			m.Descriptors = []*rlsconfv3.RateLimitDescriptor{client}
+		}
+		return &rlsconfv3.RateLimitDescriptor{
+			Key: "backend_name", Value: name, QuotaMode: true, Metadata: md,
+			Descriptors: []*rlsconfv3.RateLimitDescriptor{m},
+		}
+	}
+	const bucket = "rule-0-x-tenant|acme-match-0"
+	client := &rlsconfv3.RateLimitDescriptor{
+		Key: bucket, Value: bucket, QuotaMode: true,
+		RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_MINUTE, RequestsPerUnit: 100},
+	}
+	return &rlsconfv3.RateLimitConfig{
+		Name:   AIGatewayDomain,
+		Domain: AIGatewayDomain,
+		Descriptors: []*rlsconfv3.RateLimitDescriptor{
+			backend("default/openai", 1, "gpt-4o", 1000, rlsconfv3.RateLimitUnit_MINUTE, client),
+			backend("default/azure", 2, "gpt-4o", 500, rlsconfv3.RateLimitUnit_HOUR, nil),
+		},
+	}
+}
