@@ -194,6 +194,9 @@ func (c *Client) Run(ctx context.Context) error {
 	failures := 0
 	for {
 		responded, err := c.session(ctx)
+		if err != nil && !responded && c.opts.TLS != nil {
+			err = c.explain(ctx, err)
+		}
 		c.mu.Lock()
 		c.st.Connected = false
 		if ctx.Err() == nil && err != nil {

@@ -74,6 +74,7 @@ type Server struct {
 	t     testing.TB
 	addr  string
 	cache cachev3.SnapshotCache
+	xds   serverv3.Server // one for the server's life, so stream ids stay unique across Restart
 	tls   *tls.Config
 
 	mu       sync.Mutex
@@ -106,6 +107,10 @@ func Start(t testing.TB, opts Options) *Server {
 		}
 		s.tls = cfg
 	}
+	s.xds = serverv3.NewServer(context.Background(), s.cache, serverv3.CallbackFuncs{
+		StreamOpenFunc:    s.onOpen,
+		StreamRequestFunc: s.onRequest,
+	})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("xdstest: listen: %v", err)
@@ -125,12 +130,7 @@ func (s *Server) serve(lis net.Listener) {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}
 	gs := grpc.NewServer(opts...)
-	cb := serverv3.CallbackFuncs{
-		StreamOpenFunc:    s.onOpen,
-		StreamRequestFunc: s.onRequest,
-	}
-	xds := serverv3.NewServer(context.Background(), s.cache, cb)
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xds)
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, s.xds)
 	s.mu.Lock()
 	s.gs = gs
 	s.mu.Unlock()
