@@ -33,7 +33,7 @@ type CA struct {
 // for ServerName and the loopback addresses, and a client certificate
 // with the common name "ratelimitd-1", all signed by the CA.
 type Certs struct {
-	CA                   *CA
+	CA                    *CA
 	ServerCert, ServerKey string
 	ClientCert, ClientKey string
 }
