@@ -350,3 +350,52 @@ func TestFileLines(t *testing.T) {
 		t.Logf("YAML:\n%s", f.Data)
 	}
 }
+
+// TestFileAIGateway: the AI Gateway fixture keeps quota_mode on every
+// level and the backends' metadata (checked on the YAML, as config does
+// not read these two fields yet).
+func TestFileAIGateway(t *testing.T) {
+	f, err := File(xdstest.AIGatewayConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Name != "xds:"+xdstest.AIGatewayDomain {
+		t.Errorf("file name %q", f.Name)
+	}
+	var doc struct {
+		Domain      string
+		Descriptors []yamlDesc
+	}
+	if err := yaml.Unmarshal(f.Data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	levels := 0
+	var walk func(path string, ds []yamlDesc)
+	walk = func(path string, ds []yamlDesc) {
+		for _, d := range ds {
+			p := path + " > " + d.Key + "=" + d.Value
+			levels++
+			if d.QuotaMode == nil || !*d.QuotaMode {
+				t.Errorf("%s: quota_mode %v, want true", p, d.QuotaMode)
+			}
+			if d.Key == "backend_name" && (d.Metadata["backend"] != d.Value || d.Metadata["priority"] == nil) {
+				t.Errorf("%s: metadata %v, want backend %q and a priority", p, d.Metadata, d.Value)
+			}
+			if d.Key != "backend_name" && d.Metadata != nil {
+				t.Errorf("%s: metadata %v, want none", p, d.Metadata)
+			}
+			walk(p, d.Descriptors)
+		}
+	}
+	walk(doc.Domain, doc.Descriptors)
+	if doc.Domain != xdstest.AIGatewayDomain || levels != 5 {
+		t.Errorf("domain %q with %d descriptors, want %s with 5", doc.Domain, levels, xdstest.AIGatewayDomain)
+	}
+}
+
+type yamlDesc struct {
+	Key, Value  string
+	QuotaMode   *bool          `yaml:"quota_mode"`
+	Metadata    map[string]any `yaml:"metadata"`
+	Descriptors []yamlDesc
+}

@@ -5,7 +5,7 @@
 // one per domain, subscribed to by wildcard. Each push is converted to
 // descriptor files, validated by config.Parse and applied as a whole, then
 // ACKed; a push that fails validation is NACKed with the loader's message
-// and changes nothing.
+// and changes nothing. docs/xds.md is the operator's page.
 package xdsconfig
 
 import "time"
@@ -34,16 +34,25 @@ type Options struct {
 	// TLS, when set, dials over TLS: CAFile verifies the server (the
 	// system roots when empty), CertFile and KeyFile are the client
 	// certificate for mutual TLS, ServerName overrides the name checked
-	// in the server's certificate. The files are re-read when they change.
+	// in the server's certificate (default: the host of Addr). The files
+	// are read again for every new connection, so rotated certificates
+	// are used from the next one on. The client speaks TLS 1.2 or 1.3.
 	TLS *TLSFiles
-	// Headers are extra gRPC metadata sent on the stream.
+	// Headers are extra gRPC metadata sent on the stream. Names are
+	// lower-cased; reserved names (grpc-…, pseudo-headers) and binary
+	// (…-bin) headers are refused by New.
 	Headers map[string]string
-	// ConnectRetryInterval is the first wait between attempts to connect;
-	// MaxBackoff the longest. Defaults DefaultConnectRetryInterval and
-	// DefaultMaxBackoff.
+	// ConnectRetryInterval is the shortest wait between attempts to
+	// connect, MaxBackoff the longest: after n failures in a row the wait
+	// is drawn at random from [max(ConnectRetryInterval, h/2), h] with
+	// h = min(MaxBackoff, ConnectRetryInterval·2^(n+1)), and n starts over
+	// after a stream on which the server sent a response. Defaults
+	// DefaultConnectRetryInterval and DefaultMaxBackoff; a MaxBackoff
+	// below ConnectRetryInterval counts as ConnectRetryInterval.
 	ConnectRetryInterval, MaxBackoff time.Duration
-	// MaxMessageBytes bounds a DiscoveryResponse; default
-	// DefaultMaxMessageBytes.
+	// MaxMessageBytes bounds a DiscoveryResponse (gRPC's
+	// MaxCallRecvMsgSize): a larger one breaks the stream, is not applied
+	// and is retried after the backoff. Default DefaultMaxMessageBytes.
 	MaxMessageBytes int
 }
 
