@@ -2,7 +2,9 @@ package xdsconfig
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,6 +83,8 @@ type Client struct {
 	// Used by the goroutine of Run only.
 	acked       string      // version_info of the last ACK
 	appliedHash string      // config.Set.Hash of the last config applied
+	nacked      string      // pushKey of the last push NACKed, "" after an ACK
+	nackRepeats int         // NACKs of that same push since, for their wait
 	lastTLS     *tls.Config // the last TLS configuration read from the files
 	errLog      repeatLog
 
@@ -251,6 +255,27 @@ func (c *Client) connect(ctx context.Context) (responded bool, err error) {
 	c.st.Connected, c.st.LastError = true, ""
 	c.mu.Unlock()
 	c.errLog.connected(c.log, c.opts.Addr)
+	return c.serve(sctx, stream)
+}
+
+// adsStream is the client side of an ADS stream.
+type adsStream interface {
+	Send(*discoveryv3.DiscoveryRequest) error
+	Recv() (*discoveryv3.DiscoveryResponse, error)
+}
+
+// serve subscribes on an open stream and answers every push until the
+// stream breaks or ctx is done.
+//
+// go-control-plane's snapshot cache answers a NACK by sending the refused
+// snapshot again at once (envoyproxy/go-control-plane#962), which would
+// make a loop as fast as the two can parse. So when a push is the very
+// push refused last (same version, same bytes), its NACK is sent after a
+// wait that grows like the reconnect backoff, from ConnectRetryInterval
+// to MaxBackoff. The server cannot push a corrected snapshot before it
+// has the answer, so a correction reaches the client at most one such
+// wait late.
+func (c *Client) serve(ctx context.Context, stream adsStream) (responded bool, err error) {
 	if err := stream.Send(c.request("", nil)); err != nil {
 		return false, fmt.Errorf("xDS server %s: subscribe: %w", c.opts.Addr, err)
 	}
@@ -260,7 +285,19 @@ func (c *Client) connect(ctx context.Context) (responded bool, err error) {
 			return responded, fmt.Errorf("xDS server %s: stream: %w", c.opts.Addr, err)
 		}
 		responded = true
-		if err := stream.Send(c.handle(resp)); err != nil {
+		req, again := c.handle(resp)
+		if again {
+			wait := retryWait(c.opts.ConnectRetryInterval, c.opts.MaxBackoff, c.nackRepeats, c.random())
+			c.nackRepeats++
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return responded, ctx.Err()
+			case <-t.C:
+			}
+		}
+		if err := stream.Send(req); err != nil {
 			return responded, fmt.Errorf("xDS server %s: answer version %q: %w", c.opts.Addr, resp.GetVersionInfo(), err)
 		}
 	}
@@ -302,8 +339,9 @@ func (c *Client) request(nonce string, detail *status.Status) *discoveryv3.Disco
 	}
 }
 
-// handle applies one push and returns its ACK or NACK.
-func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
+// handle applies one push and returns its ACK or NACK, and whether it is
+// a NACK of the same push as the NACK before.
+func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) (answer *discoveryv3.DiscoveryRequest, again bool) {
 	version := resp.GetVersionInfo()
 	set, err := c.parse(resp)
 	if err != nil {
@@ -311,13 +349,22 @@ func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) *discoveryv3.Discov
 		if len(msg) > maxNACKBytes {
 			msg = msg[:maxNACKBytes] + "…"
 		}
-		c.log.Warn("xDS config refused (NACK); the previous config stays in use",
-			"version", version, "err", msg)
+		key := pushKey(resp)
+		again = key == c.nacked
+		c.nacked = key
+		if again {
+			c.log.Debug("xDS config refused again (NACK)", "version", version)
+		} else {
+			c.nackRepeats = 0
+			c.log.Warn("xDS config refused (NACK); the previous config stays in use",
+				"version", version, "err", msg)
+		}
 		c.mu.Lock()
 		c.st.LastNACK = msg
 		c.mu.Unlock()
-		return c.request(resp.GetNonce(), &status.Status{Code: int32(codes.InvalidArgument), Message: msg})
+		return c.request(resp.GetNonce(), &status.Status{Code: int32(codes.InvalidArgument), Message: msg}), again
 	}
+	c.nacked, c.nackRepeats = "", 0
 	c.mu.Lock()
 	same := c.st.Applied && c.st.Version == version && c.appliedHash == set.Hash()
 	c.mu.Unlock()
@@ -333,7 +380,27 @@ func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) *discoveryv3.Discov
 	}
 	c.st.LastNACK = ""
 	c.mu.Unlock()
-	return c.request(resp.GetNonce(), nil)
+	return c.request(resp.GetNonce(), nil), false
+}
+
+// pushKey identifies a push by its version and the bytes of its
+// resources, each length-prefixed.
+func pushKey(resp *discoveryv3.DiscoveryResponse) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, part := range append([]string{resp.GetTypeUrl(), resp.GetVersionInfo()}, anyParts(resp)...) {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
+		h.Write([]byte(part))
+	}
+	return string(h.Sum(nil))
+}
+
+func anyParts(resp *discoveryv3.DiscoveryResponse) []string {
+	parts := make([]string, 0, 2*len(resp.GetResources()))
+	for _, a := range resp.GetResources() {
+		parts = append(parts, a.GetTypeUrl(), string(a.GetValue()))
+	}
+	return parts
 }
 
 // parse converts a push to a Set: every resource must be a
@@ -386,14 +453,34 @@ func (r *repeatLog) report(log *slog.Logger, err error, wait time.Duration) {
 		msg = err.Error()
 	}
 	now := time.Now()
-	if msg == r.last && now.Sub(r.at) < repeatEvery {
+	if key := withoutDigits(msg); key == r.last && now.Sub(r.at) < repeatEvery {
 		r.suppressed++
 		log.Debug("xDS connection failed again", "err", msg, "retry_in", wait)
 		return
 	}
 	log.Warn("xDS connection failed; the last config stays in use", "err", msg, "retry_in", wait,
 		"repeats_not_logged", r.suppressed)
-	r.last, r.at, r.suppressed = msg, now, 0
+	r.last, r.at, r.suppressed = withoutDigits(msg), now, 0
+}
+
+// withoutDigits is msg with each run of digits replaced by "#", so that
+// failures that differ only in an ephemeral port or a byte count count as
+// the same failure.
+func withoutDigits(msg string) string {
+	var b strings.Builder
+	digits := false
+	for _, r := range msg {
+		if '0' <= r && r <= '9' {
+			if !digits {
+				b.WriteByte('#')
+			}
+			digits = true
+			continue
+		}
+		digits = false
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // connected logs a stream that opened and forgets the last failure.

@@ -66,19 +66,28 @@ func File(rc *rlsconfv3.RateLimitConfig) (config.File, error) {
 
 // Files converts the resources of one push, in order. Resources that share
 // a file name (the same domain) get a suffix "#2", "#3", … after the
-// first, so that config.Parse sees them as separate files of one domain.
+// first (skipping names another resource already has), so that
+// config.Parse sees them as separate files of one domain.
 func Files(rcs []*rlsconfv3.RateLimitConfig) ([]config.File, error) {
 	files := make([]config.File, 0, len(rcs))
-	seen := make(map[string]int, len(rcs))
+	reserved := make(map[string]bool, len(rcs)) // every resource's own name
+	for _, rc := range rcs {
+		reserved[FileName(rc)] = true
+	}
+	taken := make(map[string]bool, len(rcs))
 	for _, rc := range rcs {
 		f, err := File(rc)
 		if err != nil {
 			return nil, err
 		}
-		seen[f.Name]++
-		if n := seen[f.Name]; n > 1 {
-			f.Name += "#" + strconv.Itoa(n)
+		name := f.Name
+		for n := 2; taken[name]; n++ {
+			if name = f.Name + "#" + strconv.Itoa(n); reserved[name] {
+				name = f.Name // taken by that resource: try the next n
+			}
 		}
+		taken[name] = true
+		f.Name = name
 		files = append(files, f)
 	}
 	return files, nil

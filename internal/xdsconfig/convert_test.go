@@ -322,6 +322,19 @@ func TestFilesSameDomain(t *testing.T) {
 	if want := []string{"xds:api", "xds:api#2", "xds:api#3"}; !reflect.DeepEqual(names, want) {
 		t.Fatalf("file names %q, want %q", names, want)
 	}
+	// A domain that looks like a suffixed name keeps its name.
+	odd := &rlsconfv3.RateLimitConfig{Domain: "api#2"}
+	files2, err := Files([]*rlsconfv3.RateLimitConfig{a, a, odd, a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names = names[:0]
+	for _, f := range files2 {
+		names = append(names, f.Name)
+	}
+	if want := []string{"xds:api", "xds:api#3", "xds:api#2", "xds:api#4"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("file names %q, want %q", names, want)
+	}
 	set, err := config.Parse(files[:2])
 	if err != nil {
 		t.Fatal(err)

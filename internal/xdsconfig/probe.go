@@ -34,8 +34,12 @@ func probeTLS(ctx context.Context, addr string, cfg *tls.Config) error {
 	}
 	d := tls.Dialer{Config: cfg}
 	conn, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
+	var opErr *net.OpError
+	switch {
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return nil // not a TLS problem; the connection error says it
+	case err != nil:
+		return err // the handshake failed
 	}
 	defer conn.Close()
 	deadline, _ := ctx.Deadline()
@@ -66,7 +70,7 @@ func isRemoteTLSError(err error) bool {
 
 // explain adds to err what probeTLS found, if anything.
 func (c *Client) explain(ctx context.Context, err error) error {
-	if c.lastTLS == nil || ctx.Err() != nil || strings.Contains(err.Error(), "remote error: tls:") {
+	if msg := err.Error(); c.lastTLS == nil || ctx.Err() != nil || strings.Contains(msg, "tls:") || strings.Contains(msg, "x509:") {
 		return err
 	}
 	if perr := probeTLS(ctx, c.opts.Addr, c.lastTLS); perr != nil {

@@ -3,6 +3,7 @@ package xdsconfig
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -112,7 +113,8 @@ func TestRunBackoff(t *testing.T) {
 				cancel()
 				return false, ctx.Err()
 			}
-			return responds[len(starts)-1], errors.New("connection refused")
+			// The local port changes from one attempt to the next.
+			return responds[len(starts)-1], fmt.Errorf("write tcp 127.0.0.1:%d->127.0.0.1:1: broken pipe", 40000+len(starts))
 		}
 		if err := c.Run(ctx); err != nil {
 			t.Fatalf("Run = %v, want nil", err)
@@ -133,7 +135,7 @@ func TestRunBackoff(t *testing.T) {
 		if n := logs.count(slog.LevelDebug, "xDS connection failed again"); n != len(starts)-2 {
 			t.Errorf("%d debug records of repeats, want %d", n, len(starts)-2)
 		}
-		if st := c.Status(); st.Connected || st.LastError != "connection refused" {
+		if st := c.Status(); st.Connected || st.LastError != "write tcp 127.0.0.1:40007->127.0.0.1:1: broken pipe" {
 			t.Errorf("Status = %+v, want disconnected with the last error", st)
 		}
 	})
@@ -212,7 +214,7 @@ func TestHandle(t *testing.T) {
 			}
 			c.acked = "7"
 			tt.resp.VersionInfo, tt.resp.Nonce = "8", "nonce-8"
-			req := c.handle(tt.resp)
+			req, _ := c.handle(tt.resp)
 			if req.GetResponseNonce() != "nonce-8" || req.GetTypeUrl() != TypeURL || req.GetNode().GetId() != "n" {
 				t.Errorf("answer %v, want nonce-8, the type and the node", req)
 			}
@@ -234,7 +236,7 @@ func TestHandle(t *testing.T) {
 				t.Errorf("apply calls %q, want one with %d domains", versions, tt.domains)
 			}
 			// The same push again (a reconnect) is ACKed without applying.
-			if req := c.handle(proto.Clone(tt.resp).(*discoveryv3.DiscoveryResponse)); req.GetErrorDetail() != nil {
+			if req, _ := c.handle(proto.Clone(tt.resp).(*discoveryv3.DiscoveryResponse)); req.GetErrorDetail() != nil {
 				t.Fatalf("second answer is a NACK: %v", req.GetErrorDetail())
 			}
 			if _, versions := a.calls(); len(versions) != 1 {
@@ -259,7 +261,7 @@ func TestNACKBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := c.handle(&discoveryv3.DiscoveryResponse{TypeUrl: TypeURL, Resources: []*anypb.Any{a}, Nonce: "1"})
+	req, _ := c.handle(&discoveryv3.DiscoveryResponse{TypeUrl: TypeURL, Resources: []*anypb.Any{a}, Nonce: "1"})
 	if msg := req.GetErrorDetail().GetMessage(); len(msg) == 0 || len(msg) > maxNACKBytes+len("…") {
 		t.Errorf("NACK of %d bytes, want 1 to %d", len(msg), maxNACKBytes)
 	}
@@ -302,4 +304,101 @@ func TestNew(t *testing.T) {
 	if c.opts.NodeID != DefaultNodeID || c.opts.MaxBackoff != time.Minute || c.opts.MaxMessageBytes != DefaultMaxMessageBytes {
 		t.Errorf("defaults: node %q, max backoff %v, max message %d", c.opts.NodeID, c.opts.MaxBackoff, c.opts.MaxMessageBytes)
 	}
+}
+
+// fakeStream is an ADS stream inside a synctest bubble: Recv takes the
+// pushes the test sends, Send records the answers with their time.
+type fakeStream struct {
+	pushes  chan *discoveryv3.DiscoveryResponse
+	mu      sync.Mutex
+	answers []*discoveryv3.DiscoveryRequest
+	at      []time.Time
+}
+
+func (f *fakeStream) Send(r *discoveryv3.DiscoveryRequest) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.answers = append(f.answers, r)
+	f.at = append(f.at, time.Now())
+	return nil
+}
+
+func (f *fakeStream) Recv() (*discoveryv3.DiscoveryResponse, error) {
+	r, ok := <-f.pushes
+	if !ok {
+		return nil, errors.New("stream closed")
+	}
+	return r, nil
+}
+
+func (f *fakeStream) sent() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.answers)
+}
+
+// TestRepeatedNACK: a server that pushes a refused snapshot again at once
+// (go-control-plane does) gets its NACKs at a growing pace, not in a hot
+// loop; a different push is answered at once.
+func TestRepeatedNACK(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, err := New(Options{Addr: "x:1", ConnectRetryInterval: time.Second, MaxBackoff: 8 * time.Second},
+			func(*config.Set, string) {}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.random = func() float64 { return 0.5 }
+		badRC := one(&rlsconfv3.RateLimitDescriptor{Key: "k", RateLimit: policy0(rlsconfv3.RateLimitUnit_UNKNOWN, 1)})
+		bad, err := anypb.New(badRC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		good, err := anypb.New(xdstest.EGConfig(egDomain, "r", false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &fakeStream{pushes: make(chan *discoveryv3.DiscoveryResponse)}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if _, err := c.serve(t.Context(), f); err == nil {
+				t.Errorf("serve = nil error after the stream closed")
+			}
+		}()
+		push := func(version, nonce string, a *anypb.Any) {
+			f.pushes <- &discoveryv3.DiscoveryResponse{TypeUrl: TypeURL, VersionInfo: version, Nonce: nonce, Resources: []*anypb.Any{a}}
+			synctest.Wait()
+		}
+		expect := func(step string, answers int) {
+			t.Helper()
+			if got := f.sent(); got != answers {
+				t.Fatalf("%s: %d answers, want %d", step, got, answers)
+			}
+		}
+		synctest.Wait()
+		expect("subscribed", 1)
+		push("2", "a", bad)
+		expect("first NACK at once", 2)
+		for i, n := range []int{0, 1, 2, 3} {
+			push("2", "again-"+string(rune('a'+i)), bad)
+			wait := retryWait(time.Second, 8*time.Second, n, 0.5)
+			time.Sleep(wait - time.Nanosecond)
+			synctest.Wait()
+			expect("before the wait of repeat "+string(rune('1'+i)), 2+i)
+			time.Sleep(time.Nanosecond)
+			synctest.Wait()
+			expect("after the wait of repeat "+string(rune('1'+i)), 3+i)
+		}
+		push("3", "b", good)
+		expect("ACK at once", 7)
+		push("2", "c", bad)
+		expect("a NACK after an ACK at once", 8)
+		close(f.pushes)
+		<-done
+		for i, r := range f.answers[1:] {
+			if (r.GetErrorDetail() == nil) != (i == 5) {
+				t.Errorf("answer %d: error_detail %v", i+1, r.GetErrorDetail())
+			}
+		}
+	})
 }

@@ -6,6 +6,10 @@
 // required and verified, as EG's internal/crypto/cert_load.go does). It
 // records every DiscoveryRequest the clients send, so that tests can wait
 // for the ACK of a version or for a NACK and read what the client said.
+//
+// Like EG's server it pushes a snapshot that a client NACKed again right
+// away (envoyproxy/go-control-plane#962): a client under test sees the
+// refused version until the test sets a new snapshot.
 package xdstest
 
 import (
