@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -88,8 +89,9 @@ type Client struct {
 	lastTLS     *tls.Config // the last TLS configuration read from the files
 	errLog      repeatLog
 
-	mu sync.Mutex
-	st Status
+	running atomic.Bool
+	mu      sync.Mutex
+	st      Status
 }
 
 // New checks opts and returns a client that calls apply with every config
@@ -192,9 +194,13 @@ func (c *Client) Status() Status {
 // of Run: it logs them, records them in Status and tries again, after a
 // wait that starts at Options.ConnectRetryInterval and doubles, with
 // jitter, up to Options.MaxBackoff; the wait starts over after a stream
-// on which the server sent a response. Run must not be called twice at a
-// time.
+// on which the server sent a response. Run may be called once at a time:
+// a second call while one runs returns an error at once.
 func (c *Client) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("xdsconfig: Run is already running")
+	}
+	defer c.running.Store(false)
 	failures := 0
 	for {
 		responded, err := c.session(ctx)

@@ -167,6 +167,9 @@ func TestRunStops(t *testing.T) {
 		if n := logs.count(slog.LevelWarn, "xDS connection failed"); n != 2 {
 			t.Errorf("%d warnings over 60s of the same failure, want 2 (at 0 and at 60s)", n)
 		}
+		if err := c.Run(ctx); err == nil || !strings.Contains(err.Error(), "already running") {
+			t.Errorf("second Run = %v, want an error saying one runs", err)
+		}
 		start := time.Now()
 		cancel()
 		if err := <-done; err != nil {
