@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -351,10 +352,7 @@ func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) (answer *discoveryv
 	version := resp.GetVersionInfo()
 	set, err := c.parse(resp)
 	if err != nil {
-		msg := err.Error()
-		if len(msg) > maxNACKBytes {
-			msg = msg[:maxNACKBytes] + "…"
-		}
+		msg := nackMessage(err)
 		key := pushKey(resp)
 		again = key == c.nacked
 		c.nacked = key
@@ -387,6 +385,20 @@ func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) (answer *discoveryv
 	c.st.LastNACK = ""
 	c.mu.Unlock()
 	return c.request(resp.GetNonce(), nil), false
+}
+
+// nackMessage is err as a NACK's error_detail: valid UTF-8 (a proto3
+// string must be), cut on a character boundary at maxNACKBytes.
+func nackMessage(err error) string {
+	msg := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	if len(msg) <= maxNACKBytes {
+		return msg
+	}
+	cut := maxNACKBytes
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
 }
 
 // pushKey identifies a push by its version and the bytes of its

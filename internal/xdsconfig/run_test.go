@@ -10,6 +10,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unicode/utf8"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
@@ -252,8 +253,8 @@ func TestHandle(t *testing.T) {
 // TestNACKBounded: a NACK message is cut at maxNACKBytes.
 func TestNACKBounded(t *testing.T) {
 	var ds []*rlsconfv3.RateLimitDescriptor
-	for range 200 {
-		ds = append(ds, &rlsconfv3.RateLimitDescriptor{Key: strings.Repeat("k", 250), Value: strings.Repeat("v", 4000),
+	for i := range 30 { // 30 problems of about 4 KB each
+		ds = append(ds, &rlsconfv3.RateLimitDescriptor{Key: strings.Repeat("k", 250), Value: fmt.Sprintf("%04d", i) + strings.Repeat("v", 4000),
 			RateLimit: policy0(rlsconfv3.RateLimitUnit_UNKNOWN, 1)})
 	}
 	a, err := anypb.New(one(ds...))
@@ -265,8 +266,16 @@ func TestNACKBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	req, _ := c.handle(&discoveryv3.DiscoveryResponse{TypeUrl: TypeURL, Resources: []*anypb.Any{a}, Nonce: "1"})
-	if msg := req.GetErrorDetail().GetMessage(); len(msg) == 0 || len(msg) > maxNACKBytes+len("…") {
-		t.Errorf("NACK of %d bytes, want 1 to %d", len(msg), maxNACKBytes)
+	if msg := req.GetErrorDetail().GetMessage(); len(msg) != maxNACKBytes+len("…") || !strings.HasSuffix(msg, "…") {
+		t.Errorf("NACK of %d bytes, want it cut at %d and marked", len(msg), maxNACKBytes)
+	}
+	if _, err := proto.Marshal(req); err != nil {
+		t.Errorf("the NACK does not marshal: %v", err)
+	}
+	// A cut never splits a character.
+	long := errors.New("x" + strings.Repeat("é", maxNACKBytes)) // odd: a cut at maxNACKBytes lands inside a character
+	if msg := nackMessage(long); !utf8.ValidString(msg) || len(msg) > maxNACKBytes+len("…") {
+		t.Errorf("nackMessage of %d bytes of 'é' = %d bytes, valid UTF-8 %v", maxNACKBytes*2, len(msg), utf8.ValidString(msg))
 	}
 }
 
