@@ -401,24 +401,22 @@ func nackMessage(err error) string {
 	return msg[:cut] + "…"
 }
 
-// pushKey identifies a push by its version and the bytes of its
-// resources, each length-prefixed.
+// pushKey identifies a push by its type, version and the bytes of its
+// resources, each part length-prefixed.
 func pushKey(resp *discoveryv3.DiscoveryResponse) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
-	for _, part := range append([]string{resp.GetTypeUrl(), resp.GetVersionInfo()}, anyParts(resp)...) {
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
-		h.Write([]byte(part))
+	part := func(b []byte) {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(b)))])
+		h.Write(b)
+	}
+	part([]byte(resp.GetTypeUrl()))
+	part([]byte(resp.GetVersionInfo()))
+	for _, a := range resp.GetResources() {
+		part([]byte(a.GetTypeUrl()))
+		part(a.GetValue())
 	}
 	return string(h.Sum(nil))
-}
-
-func anyParts(resp *discoveryv3.DiscoveryResponse) []string {
-	parts := make([]string, 0, 2*len(resp.GetResources()))
-	for _, a := range resp.GetResources() {
-		parts = append(parts, a.GetTypeUrl(), string(a.GetValue()))
-	}
-	return parts
 }
 
 // parse converts a push to a Set: every resource must be a
