@@ -66,7 +66,7 @@ type LeaseRequest struct {
 
 // Validate reports whether r can be given to a LeaseStore.
 func (r LeaseRequest) Validate() error {
-	if err := validLeaseID(r.ID); err != nil {
+	if err := ValidateLeaseID(r.ID); err != nil {
 		return err
 	}
 	if r.MaxWait < 0 || r.MaxWait > MaxLease {
@@ -78,7 +78,9 @@ func (r LeaseRequest) Validate() error {
 	return nil
 }
 
-func validLeaseID(id string) error {
+// ValidateLeaseID reports whether id can name a lease: 1 to MaxLeaseID
+// bytes. The error wraps ErrInvalidRequest.
+func ValidateLeaseID(id string) error {
 	if len(id) == 0 || len(id) > MaxLeaseID {
 		return fmt.Errorf("%w: lease id of %d bytes: must be 1 to %d", ErrInvalidRequest, len(id), MaxLeaseID)
 	}
@@ -347,7 +349,7 @@ func (m *MemoryLeases) Acquire(ctx context.Context, now time.Time, r LeaseReques
 
 // Release implements LeaseStore.
 func (m *MemoryLeases) Release(ctx context.Context, now time.Time, pool, id string) (LeaseRelease, error) {
-	if err := validLeaseID(id); err != nil {
+	if err := ValidateLeaseID(id); err != nil {
 		return LeaseRelease{}, fmt.Errorf("release lease: %w", err)
 	}
 	sh, nowUS := m.lock(pool, now)

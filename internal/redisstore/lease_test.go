@@ -1,0 +1,371 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/limiter"
+	"github.com/ratelimitd/ratelimitd/limiter/leasetest"
+)
+
+// TestLeaseConformance runs limiter's lease table on both servers, at the
+// caller's clock (exact values).
+func TestLeaseConformance(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		client func(testing.TB) redisstore.Client
+	}{
+		{"standalone", func(t testing.TB) redisstore.Client { return standalone(t).Client() }},
+		{"cluster", func(t testing.TB) redisstore.Client { return cluster(t).Client() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tt.client(t)
+			leasetest.Run(t, func(t *testing.T) limiter.LeaseStore { return newStore(t, c, redisstore.CallerClock) })
+		})
+	}
+}
+
+// TestLeaseKeys pins the keys of a pool: apart from buckets' and the
+// probe's, and the waiting mark in the pool's Cluster slot.
+func TestLeaseKeys(t *testing.T) {
+	s, err := redisstore.New(standaloneClientless{}, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.LeaseKey("pool"), "ratelimitd:lease{cG9vbA}"; got != want {
+		t.Errorf("LeaseKey(pool) = %q, want %q", got, want)
+	}
+	if got, want := s.LeaseChannel("pool"), "ratelimitd:lease{cG9vbA}"; got != want {
+		t.Errorf("LeaseChannel(pool) = %q, want %q", got, want)
+	}
+	if got, want := s.LeaseChannelPattern(), "ratelimitd:lease{*"; got != want {
+		t.Errorf("LeaseChannelPattern() = %q, want %q", got, want)
+	}
+	if s.LeaseKey("pool") == s.Key("pool") {
+		t.Errorf("a pool and a bucket of one name share the key %q", s.Key("pool"))
+	}
+	if got := redisstore.Slot(s.LeaseKey("pool")); got != redisstore.Slot(s.Key("pool")) {
+		t.Errorf("Slot(LeaseKey) = %d, want the slot of the identity's hash tag, %d", got, redisstore.Slot(s.Key("pool")))
+	}
+	glob, err := redisstore.New(standaloneClientless{}, redisstore.Options{Prefix: `a*b?[c]\:`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := glob.LeaseChannelPattern(), `a\*b\?\[c\]\\:lease{*`; got != want {
+		t.Errorf("LeaseChannelPattern() with a glob prefix = %q, want %q", got, want)
+	}
+}
+
+// TestLeaseServerClock: on Redis's own clock, a short lease frees its slot
+// once it has expired, every expired lease is counted once, and the pool's
+// key disappears with its last lease, with no call to remove it.
+func TestLeaseServerClock(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.ServerClock)
+	ctx := context.Background()
+	const lease = 200 * time.Millisecond
+	l := limiter.PoolLimit{MaxInFlight: 8, Lease: lease}
+	pool := t.Name()
+	start := time.Now()
+	for i := range 8 {
+		d, err := s.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: pool, ID: fmt.Sprint(i), Limit: l})
+		if err != nil || !d.Allowed || d.InFlight != int64(i+1) {
+			t.Fatalf("Acquire(%d) = %+v, %v; want admitted, %d in flight", i, d, err, i+1)
+		}
+	}
+	d, err := s.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: pool, ID: "ninth", Limit: l})
+	if err != nil || d.Allowed || d.InFlight != 8 || d.RetryAfter <= 0 || d.RetryAfter > lease {
+		t.Fatalf("Acquire(ninth) = %+v, %v; want full, 8 in flight, retry after (0, %v]", d, err, lease)
+	}
+	if elapsed := time.Since(start); elapsed < lease-d.RetryAfter-5*time.Millisecond {
+		// RetryAfter counts from Redis's clock: at most the lease less the
+		// time since the first acquire (by this clock, a few ms apart).
+		t.Errorf("RetryAfter %v after %v: more than the first lease has left", d.RetryAfter, elapsed)
+	}
+	// Retry (bounded) until the slots free: never before the lease is over.
+	var expired int64
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		d, err = s.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: pool, ID: "ninth", Limit: l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		expired += d.Expired
+		if d.Allowed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ninth lease is still denied %v after the first 8, of %v, were taken: %+v", time.Since(start), lease, d)
+		}
+		time.Sleep(min(d.RetryAfter, 20*time.Millisecond))
+	}
+	if elapsed := time.Since(start); elapsed < lease {
+		t.Errorf("a slot freed %v after the leases were taken, before their %v", elapsed, lease)
+	}
+	st, err := s.InFlight(ctx, time.Time{}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if expired += st.Expired; expired+st.InFlight != 9 || st.InFlight < 1 {
+		t.Errorf("expired %d, then %d in flight: want the 8 first leases counted expired once each (the ninth held)", expired, st.InFlight)
+	}
+	// The key lives as long as its latest lease: then it is gone, unread.
+	for key := s.LeaseKey(pool); ; time.Sleep(20 * time.Millisecond) {
+		n, err := c.Exists(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			pttl, _ := c.PTTL(ctx, key).Result()
+			t.Fatalf("the pool's key %s is still there %v after its last lease (ttl %v)", key, time.Since(start), pttl)
+		}
+	}
+}
+
+// TestLeaseReleasePublishes subscribes for real: a release from one
+// replica that frees a slot of a pool someone waits on (a denied acquire
+// with MaxWait, from another replica) is published on the pool's channel;
+// releases of a pool no one waits on, and releases that free nothing,
+// publish nothing.
+func TestLeaseReleasePublishes(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		sub  func(t *testing.T, ctx context.Context, pattern string) *redis.PubSub
+		c    func(t testing.TB) redisstore.Client
+	}{
+		{"standalone",
+			func(t *testing.T, ctx context.Context, p string) *redis.PubSub {
+				return standalone(t).Client().PSubscribe(ctx, p)
+			},
+			func(t testing.TB) redisstore.Client { return standalone(t).Client() }},
+		{"cluster",
+			func(t *testing.T, ctx context.Context, p string) *redis.PubSub {
+				return cluster(t).Client().PSubscribe(ctx, p)
+			},
+			func(t testing.TB) redisstore.Client { return cluster(t).Client() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			p := prefix(t)
+			var replicas [2]*redisstore.Store
+			for i := range replicas {
+				s, err := redisstore.New(tt.c(t), redisstore.Options{Prefix: p})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Close() })
+				replicas[i] = s
+			}
+			a, b := replicas[0], replicas[1]
+			sub := tt.sub(t, ctx, a.LeaseChannelPattern())
+			defer sub.Close()
+			if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+				t.Fatal(err)
+			}
+			msgs := sub.Channel()
+			l := limiter.PoolLimit{MaxInFlight: 1, Lease: time.Minute}
+			must := func(err error) {
+				t.Helper()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			// next returns the next message, failing after a bound.
+			next := func() *redis.Message {
+				t.Helper()
+				select {
+				case m := <-msgs:
+					return m
+				case <-time.After(3 * time.Second):
+					t.Fatal("no message within 3s")
+				}
+				return nil
+			}
+			// A pool no one waits on: its releases publish nothing. The
+			// test's own PUBLISH then comes first.
+			quiet := "quiet"
+			_, err := a.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: quiet, ID: "x", Limit: l})
+			must(err)
+			d, err := b.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: quiet, ID: "y", Limit: l}) // full, no wait
+			must(err)
+			if d.Allowed {
+				t.Fatalf("Acquire(y) in a full pool = %+v", d)
+			}
+			r, err := a.Release(ctx, time.Time{}, quiet, "x")
+			must(err)
+			if !r.Released {
+				t.Fatalf("Release(x) = %+v, want released", r)
+			}
+			pub := standalonePublisher(t, tt.name)
+			must(pub(ctx, a.LeaseChannel(quiet), "marker-1"))
+			if m := next(); m.Payload != "marker-1" {
+				t.Fatalf("after a release no one waited for, got %q on %s, want the test's marker first", m.Payload, m.Channel)
+			}
+
+			// A pool someone waits on.
+			busy := "busy"
+			_, err = a.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: busy, ID: "x", Limit: l})
+			must(err)
+			d, err = b.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: busy, ID: "y", Limit: l, MaxWait: 2 * time.Second})
+			must(err)
+			if d.Allowed {
+				t.Fatalf("Acquire(y) in a full pool = %+v", d)
+			}
+			// A release that frees nothing publishes nothing.
+			_, err = a.Release(ctx, time.Time{}, busy, "unknown")
+			must(err)
+			released := time.Now()
+			_, err = a.Release(ctx, time.Time{}, busy, "x")
+			must(err)
+			m := next()
+			if m.Channel != b.LeaseChannel(busy) || m.Payload != "0" {
+				t.Fatalf("after the release, got %q on %s; want \"0\" on %s", m.Payload, m.Channel, b.LeaseChannel(busy))
+			}
+			t.Logf("the release reached the subscriber %v after it was sent", time.Since(released))
+			d, err = b.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: busy, ID: "y", Limit: l, MaxWait: 2 * time.Second})
+			if err != nil || !d.Allowed {
+				t.Fatalf("the woken Acquire(y) = %+v, %v; want admitted", d, err)
+			}
+			// The second release of x frees nothing: no message; the marker
+			// comes first.
+			_, err = a.Release(ctx, time.Time{}, busy, "x")
+			must(err)
+			must(pub(ctx, a.LeaseChannel(busy), "marker-2"))
+			if m := next(); m.Payload != "marker-2" {
+				t.Fatalf("after a release that freed nothing, got %q on %s, want the test's marker", m.Payload, m.Channel)
+			}
+		})
+	}
+}
+
+// standalonePublisher returns a PUBLISH through a fresh client of the
+// server kind named.
+func standalonePublisher(t *testing.T, kind string) func(ctx context.Context, channel, msg string) error {
+	if kind == "cluster" {
+		c := cluster(t).Client()
+		return func(ctx context.Context, ch, msg string) error { return c.Publish(ctx, ch, msg).Err() }
+	}
+	c := standalone(t).Client()
+	return func(ctx context.Context, ch, msg string) error { return c.Publish(ctx, ch, msg).Err() }
+}
+
+// TestLeaseHammer: three replicas, each its own client and connections,
+// hammer one pool of 8 on Redis's clock while another client reads ZCARD
+// of the pool's key as fast as it can: never more than 8.
+func TestLeaseHammer(t *testing.T) {
+	for _, kind := range []string{"standalone", "cluster"} {
+		t.Run(kind, func(t *testing.T) {
+			p := prefix(t)
+			var stores []limiter.LeaseStore
+			var reader redis.Cmdable
+			var first *redisstore.Store
+			for range 3 {
+				var c redisstore.Client
+				if kind == "cluster" {
+					c = cluster(t).Client()
+				} else {
+					c = standalone(t).Client()
+				}
+				s, err := redisstore.New(c, redisstore.Options{Prefix: p})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Close() })
+				stores = append(stores, s)
+				first = s
+			}
+			if kind == "cluster" {
+				reader = cluster(t).Client()
+			} else {
+				reader = standalone(t).Client()
+			}
+			leasetest.Hammer(t, "hammer", leasetest.HammerOptions{
+				Stores: stores,
+				Now:    time.Now,
+				Held: func(pool string) (int64, error) {
+					return reader.ZCard(context.Background(), first.LeaseKey(pool)).Result()
+				},
+				Goroutines: 24, Rounds: 40,
+			})
+		})
+	}
+}
+
+// TestLeaseErrors: a pool's key that holds something else is an error, not
+// a panic nor an admission; a stopped server is limiter.ErrUnavailable.
+func TestLeaseErrors(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.ServerClock)
+	ctx := context.Background()
+	if err := c.Set(ctx, s.LeaseKey("wrong"), "x", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l := limiter.PoolLimit{MaxInFlight: 1, Lease: time.Second}
+	if d, err := s.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: "wrong", ID: "a", Limit: l}); err == nil {
+		t.Errorf("Acquire on a string key = %+v, want an error", d)
+	}
+	srv := redistest.Start(t)
+	gone := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialerRetries: 1})
+	defer gone.Close()
+	ds := newStore(t, gone, redisstore.ServerClock)
+	srv.Stop()
+	if _, err := ds.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: "p", ID: "a", Limit: l}); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Acquire on a dead server: %v, want ErrUnavailable", err)
+	}
+	if _, err := ds.Release(ctx, time.Time{}, "p", "a"); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Release on a dead server: %v, want ErrUnavailable", err)
+	}
+	if _, err := ds.InFlight(ctx, time.Time{}, "p"); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("InFlight on a dead server: %v, want ErrUnavailable", err)
+	}
+}
+
+// BenchmarkLease measures an Acquire and its Release on a standalone
+// server, one caller (two round trips) and parallel callers (coalesced).
+func BenchmarkLease(b *testing.B) {
+	s := newStore(b, standalone(b).Client(), redisstore.ServerClock)
+	ctx := context.Background()
+	l := limiter.PoolLimit{MaxInFlight: 1 << 20, Lease: time.Minute}
+	b.Run("acquire+release", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			id := fmt.Sprintf("%08x-4f0e-4b5e-9c1d-%012x", i, i)
+			if d, err := s.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: "p", ID: id, Limit: l}); err != nil || !d.Allowed {
+				b.Fatal(d, err)
+			}
+			if r, err := s.Release(ctx, time.Time{}, "p", id); err != nil || !r.Released {
+				b.Fatal(r, err)
+			}
+		}
+	})
+	b.Run("acquire+release/parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(8)
+		var n atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				id := fmt.Sprint("id-", n.Add(1))
+				if _, err := s.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: "p", ID: id, Limit: l}); err != nil {
+					b.Error(err)
+					return
+				}
+				if _, err := s.Release(ctx, time.Time{}, "p", id); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
