@@ -369,3 +369,21 @@ func BenchmarkLease(b *testing.B) {
 		})
 	})
 }
+
+// TestLeasePrepareLoadsScript: after Prepare, on a server that never ran
+// it, the lease script costs no NOSCRIPT retry: one round trip a call.
+func TestLeasePrepareLoadsScript(t *testing.T) {
+	s := newStoreOpts(t, redistest.Start(t).Client(), redisstore.Options{BatchMax: 1})
+	ctx := context.Background()
+	if err := s.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Stats().RoundTrips
+	l := limiter.PoolLimit{MaxInFlight: 1, Lease: time.Second}
+	if d, err := s.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: "p", ID: "a", Limit: l}); err != nil || !d.Allowed {
+		t.Fatalf("Acquire = %+v, %v", d, err)
+	}
+	if n := s.Stats().RoundTrips - before; n != 1 {
+		t.Errorf("Acquire after Prepare took %d round trips, want 1 (the script loaded)", n)
+	}
+}

@@ -60,7 +60,7 @@ func (s *Store) Probe(ctx context.Context) error {
 // and ends with a Probe. Call it before reporting the service ready; it
 // returns the first failure.
 func (s *Store) Prepare(ctx context.Context) error {
-	for _, sc := range []*redis.Script{s.take, s.takeOne, s.giveBack, s.refund} {
+	for _, sc := range []*redis.Script{s.take, s.takeOne, s.giveBack, s.refund, leaseScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("redis: load scripts: %w", err)
 		}
