@@ -122,6 +122,11 @@ func BenchmarkMemoryLeases(b *testing.B) {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("%08x-4f0e-4b5e-9c1d-%012x", i, i) // x-request-id sized
 	}
+	// A pool in use: four other leases held throughout, so that the pool
+	// itself stays (an emptied pool is dropped, and made again).
+	for i := range 4 {
+		m.Acquire(ctx, leasetest.T0, limiter.LeaseRequest{Pool: "p", ID: fmt.Sprint("held", i), Limit: l})
+	}
 	b.Run("acquire+release", func(b *testing.B) {
 		b.ReportAllocs()
 		now := leasetest.T0
@@ -138,6 +143,11 @@ func BenchmarkMemoryLeases(b *testing.B) {
 	b.Run("acquire+release/parallel", func(b *testing.B) {
 		b.ReportAllocs()
 		big := limiter.PoolLimit{MaxInFlight: 1 << 20, Lease: time.Minute}
+		for p := range 4 {
+			for i := range 4 {
+				m.Acquire(ctx, leasetest.T0, limiter.LeaseRequest{Pool: fmt.Sprint("pool", p), ID: fmt.Sprint("held", i), Limit: big})
+			}
+		}
 		var n atomic.Int64
 		b.RunParallel(func(pb *testing.PB) {
 			pool := fmt.Sprint("pool", n.Add(1)%4)
@@ -150,4 +160,35 @@ func BenchmarkMemoryLeases(b *testing.B) {
 			}
 		})
 	})
+}
+
+// A pool of two: a third request is denied until a lease is released or
+// expires; a retry of a held id keeps its one slot.
+func ExampleMemoryLeases() {
+	pools := limiter.NewMemoryLeases(limiter.MemoryOptions{})
+	ctx := context.Background()
+	vllm := limiter.PoolLimit{MaxInFlight: 2, Lease: 10 * time.Minute}
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	acquire := func(at time.Duration, id string) {
+		d, _ := pools.Acquire(ctx, t0.Add(at), limiter.LeaseRequest{Pool: "llama-3.1-70b", ID: id, Limit: vllm})
+		fmt.Printf("%v %s: allowed %v renewed %v, %d in flight, %d free, retry after %v\n",
+			at, id, d.Allowed, d.Renewed, d.InFlight, d.Remaining, d.RetryAfter)
+	}
+	acquire(0, "req-1")
+	acquire(time.Second, "req-2")
+	acquire(2*time.Second, "req-2") // an Envoy retry of req-2
+	acquire(3*time.Second, "req-3")
+	r, _ := pools.Release(ctx, t0.Add(4*time.Second), "llama-3.1-70b", "req-1")
+	fmt.Printf("release req-1: released %v, %d in flight\n", r.Released, r.InFlight)
+	r, _ = pools.Release(ctx, t0.Add(5*time.Second), "llama-3.1-70b", "req-1")
+	fmt.Printf("release req-1 again: released %v, %d in flight\n", r.Released, r.InFlight)
+	acquire(5*time.Second, "req-3")
+	// Output:
+	// 0s req-1: allowed true renewed false, 1 in flight, 1 free, retry after 0s
+	// 1s req-2: allowed true renewed false, 2 in flight, 0 free, retry after 0s
+	// 2s req-2: allowed true renewed true, 2 in flight, 0 free, retry after 0s
+	// 3s req-3: allowed false renewed false, 2 in flight, 0 free, retry after 9m57s
+	// release req-1: released true, 1 in flight
+	// release req-1 again: released false, 1 in flight
+	// 5s req-3: allowed true renewed false, 2 in flight, 0 free, retry after 0s
 }
