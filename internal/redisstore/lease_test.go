@@ -387,3 +387,80 @@ func TestLeasePrepareLoadsScript(t *testing.T) {
 		t.Errorf("Acquire after Prepare took %d round trips, want 1 (the script loaded)", n)
 	}
 }
+
+// TestLeaseWaitingMark: a denied Acquire with a MaxWait marks the pool for
+// that long (rounded up to the millisecond), a longer wait extends the
+// mark and a shorter one does not shorten it, a denial without a wait or
+// an admission sets none, and once the mark is gone a release publishes
+// nothing.
+func TestLeaseWaitingMark(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.ServerClock)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l := limiter.PoolLimit{MaxInFlight: 1, Lease: time.Minute}
+	pool, mark := "p", s.LeaseWaitingKey("p")
+	acquire := func(id string, wait time.Duration) limiter.LeaseDecision {
+		t.Helper()
+		d, err := s.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: pool, ID: id, Limit: l, MaxWait: wait})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	pttl := func() time.Duration {
+		t.Helper()
+		d, err := c.PTTL(ctx, mark).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := acquire("a", time.Second); !d.Allowed {
+		t.Fatalf("Acquire(a) = %+v", d)
+	}
+	if ttl := pttl(); ttl != -2*time.Nanosecond && ttl != -2*time.Millisecond {
+		t.Errorf("after an admission, the mark's PTTL = %v, want none (-2)", ttl)
+	}
+	acquire("b", 0)
+	if n, _ := c.Exists(ctx, mark).Result(); n != 0 {
+		t.Errorf("a denial without a wait set the mark")
+	}
+	acquire("b", 1500*time.Microsecond) // 2 ms
+	if ttl := pttl(); ttl <= 0 || ttl > 2*time.Millisecond {
+		t.Errorf("after a denial with a 1.5ms wait, the mark's PTTL = %v, want (0, 2ms]", ttl)
+	}
+	acquire("b", 10*time.Second)
+	acquire("c", 300*time.Millisecond)
+	if ttl := pttl(); ttl <= 5*time.Second || ttl > 10*time.Second {
+		t.Errorf("after waits of 10s then 300ms, the mark's PTTL = %v, want about 10s", ttl)
+	}
+	// A short mark, then gone: the release publishes nothing.
+	if err := c.Del(ctx, mark).Err(); err != nil {
+		t.Fatal(err)
+	}
+	acquire("b", 50*time.Millisecond)
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		if n, err := c.Exists(ctx, mark).Result(); err != nil || n == 0 {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("the mark of a 50ms wait is still there after %v", time.Since(start))
+		}
+	}
+	sub := standalone(t).Client().Subscribe(ctx, s.LeaseChannel(pool))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Release(ctx, time.Time{}, pool, "a"); err != nil || !r.Released {
+		t.Fatalf("Release(a) = %+v, %v", r, err)
+	}
+	if err := c.Publish(ctx, s.LeaseChannel(pool), "marker").Err(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.ReceiveMessage(ctx)
+	if err != nil || m.Payload != "marker" {
+		t.Errorf("after the mark expired, the first message = %+v, %v; want the test's marker", m, err)
+	}
+}
