@@ -18,7 +18,10 @@ import (
 // LeaseKey(pool); one script (lease.lua) runs each Acquire, Release and
 // InFlight atomically on it, purging the expired leases first, on the
 // Redis server's clock (ServerClock) or at the now given (CallerClock).
-// The key expires with its latest lease, so an abandoned pool disappears.
+// The key expires one lease (the Lease of the latest Acquire) after its
+// latest lease does: an abandoned pool disappears, and a call within that
+// grace still counts the leases that expired unreleased (past it they
+// vanish uncounted).
 // The pool's identity is the key's hash tag: a pool lives in one Cluster
 // slot, whatever the slots of the buckets beside it. The calls travel like
 // Takes' (coalesced into pipelines, or sent directly when Redis is idle),

@@ -47,13 +47,14 @@ if op == 'a' then
     if not renewed then
       held = held + 1
     end
-    -- The key lives until its latest lease expires: an abandoned pool
-    -- disappears by itself.
-    local last = tonumber(redis.call('ZRANGE', pool, -1, -1, 'WITHSCORES')[2])
+    -- The key lives one lease past its latest lease's expiry: an
+    -- abandoned pool disappears by itself, and a call in that grace still
+    -- finds (and counts) the leases that expired unreleased.
+    local gone = tonumber(redis.call('ZRANGE', pool, -1, -1, 'WITHSCORES')[2]) + lease
     if server_clock then
-      redis.call('PEXPIREAT', pool, (divmod(last + 999, 1000)))
+      redis.call('PEXPIREAT', pool, (divmod(gone + 999, 1000)))
     else
-      redis.call('PEXPIRE', pool, (divmod(last - now + 999, 1000)))
+      redis.call('PEXPIRE', pool, (divmod(gone - now + 999, 1000)))
     end
     return {1, renewed and 1 or 0, held, expired, 0, now}
   end

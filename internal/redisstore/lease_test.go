@@ -66,12 +66,12 @@ func TestLeaseKeys(t *testing.T) {
 
 // TestLeaseServerClock: on Redis's own clock, a short lease frees its slot
 // once it has expired, every expired lease is counted once, and the pool's
-// key disappears with its last lease, with no call to remove it.
+// key disappears one lease after its last lease, with no call to remove it.
 func TestLeaseServerClock(t *testing.T) {
 	c := standalone(t).Client()
 	s := newStore(t, c, redisstore.ServerClock)
 	ctx := context.Background()
-	const lease = 200 * time.Millisecond
+	const lease = 300 * time.Millisecond
 	l := limiter.PoolLimit{MaxInFlight: 8, Lease: lease}
 	pool := t.Name()
 	start := time.Now()
@@ -117,13 +117,18 @@ func TestLeaseServerClock(t *testing.T) {
 	if expired += st.Expired; expired+st.InFlight != 9 || st.InFlight < 1 {
 		t.Errorf("expired %d, then %d in flight: want the 8 first leases counted expired once each (the ninth held)", expired, st.InFlight)
 	}
-	// The key lives as long as its latest lease: then it is gone, unread.
+	// The key lives one lease past its latest lease: then it is gone,
+	// unread.
+	ninth := time.Now()
 	for key := s.LeaseKey(pool); ; time.Sleep(20 * time.Millisecond) {
 		n, err := c.Exists(ctx, key).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n == 0 {
+			if held := time.Since(ninth); held < lease {
+				t.Errorf("the pool's key was gone %v after its last lease was taken, before the lease (%v) was over", held, lease)
+			}
 			break
 		}
 		if time.Since(start) > 10*time.Second {
