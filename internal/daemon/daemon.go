@@ -50,7 +50,7 @@ type Daemon struct {
 	obs      *observability
 	srv      *server.Server
 	health   *health.Server
-	watcher  *reload.Watcher
+	source   configSource
 	grpc     *grpc.Server
 	http     *http.Server
 	grpcLis  net.Listener
@@ -61,6 +61,12 @@ type Daemon struct {
 	stop     context.CancelFunc
 
 	shuttingDown atomic.Bool
+	// backendServing is whether the backend lets this replica answer
+	// (see refreshHealth); configVersion the xDS version in force, nil
+	// for files and before the first push.
+	backendServing atomic.Bool
+	configVersion  atomic.Pointer[string]
+	healthMu       sync.Mutex // orders refreshHealth's reads and writes
 }
 
 // New builds the daemon cfg describes and opens its listeners: it loads
@@ -70,16 +76,9 @@ type Daemon struct {
 // line.
 func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	cfg = cfg.withDefaults()
-	if cfg.XDS.Enabled() {
-		// Wired in the commit that brings the xDS client.
-		return nil, errors.New("daemon: the xDS config source is not built yet")
-	}
-	if cfg.ConfigPath == "" {
-		return nil, errors.New("daemon: Config.ConfigPath is required")
-	}
-	set, err := config.Load(cfg.ConfigPath)
+	set, err := initialConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("load config %s:\n%w", cfg.ConfigPath, err)
+		return nil, err
 	}
 	d := &Daemon{cfg: cfg, log: log, health: health.NewServer()}
 	d.stopping, d.stop = context.WithCancel(context.Background())
@@ -122,8 +121,13 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d.obs.metrics.ConfigLoaded(set)
-	d.srv.SetConfig(set)
+	if set != nil {
+		d.obs.metrics.ConfigLoaded(set)
+		d.srv.SetConfig(set)
+	}
+	if !cfg.XDS.Enabled() {
+		d.obs.metrics.ConfigSource("file", "")
+	}
 	grpcOpts, err := d.grpcTLS()
 	if err != nil {
 		return nil, err
@@ -144,11 +148,18 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			l.lis.Close()
 		}
 	})
-	// The watcher last: with WatchFiles it holds a file watch (an inotify
-	// descriptor and a goroutine) that only its Run releases, so nothing
+	// The source last: a file watcher holds a file watch (an inotify
+	// descriptor and a goroutine) that only its run releases, so nothing
 	// may fail between it and Run.
-	if d.watcher, err = d.newWatcher(set); err != nil {
+	if d.source, err = d.newSource(set); err != nil {
 		return nil, err
+	}
+	if x, ok := d.source.(*xdsSource); ok {
+		for _, col := range xdsCollectors(x.client) {
+			if err := d.obs.metrics.Registry().Register(col); err != nil {
+				return nil, fmt.Errorf("metrics: %w", err)
+			}
+		}
 	}
 
 	sopts := append(append(grpcOpts, d.obs.grpcOptions...), grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), server.Codec())
@@ -159,17 +170,14 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}
 	d.grpc = grpc.NewServer(sopts...)
 	rlsv3.RegisterRateLimitServiceServer(d.grpc, d.srv)
-	if cfg.Redis.Enabled() {
-		// NOT_SERVING (health.NewServer says SERVING for "") until the
-		// backend is ready, so that Envoy sends no call that would pay for
-		// a dial, a TLS handshake and the scripts' first load.
-		d.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
-	} else {
-		d.setHealth(healthpb.HealthCheckResponse_SERVING)
-	}
+	// With Redis, NOT_SERVING (health.NewServer says SERVING for "")
+	// until the backend is ready, so that Envoy sends no call that would
+	// pay for a dial, a TLS handshake and the scripts' first load.
+	d.backendServing.Store(!cfg.Redis.Enabled())
+	d.refreshHealth()
 	healthpb.RegisterHealthServer(d.grpc, healthService{Server: d.health, stopping: d.stopping})
 	d.http = &http.Server{
-		Handler:           d.obs.handler(d.probes(), d.srv),
+		Handler:           d.obs.handler(d.probes(), d.srv, d.configSource),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	return d, nil
@@ -186,8 +194,8 @@ func (d *Daemon) Reload() {
 	if d.stopping.Err() != nil {
 		return
 	}
-	d.log.Info("reloading config", "config", d.cfg.ConfigPath)
-	d.watcher.Reload()
+	d.log.Info("reloading config", "source", d.source.kind(), "config", d.source.where())
+	d.source.reload()
 }
 
 // Run serves until ctx is done, then shuts down gracefully: health says
@@ -213,7 +221,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		rules += len(dom.Rules)
 	}
 	d.log.Info("ratelimitd started",
-		"config", d.cfg.ConfigPath, "config_hash", set.Hash(), "domains", len(domains), "rules", rules,
+		"config_source", d.source.kind(), "config", d.source.where(), "config_hash", set.Hash(), "domains", len(domains), "rules", rules,
 		"backend", d.backend.Name(), "grpc_addr", d.grpcLis.Addr().String(), "http_addr", d.httpLis.Addr().String(),
 		"grpc_tls", d.tlsMode, "watch", d.cfg.WatchConfig, "shadow_mode", d.cfg.ShadowMode)
 	for _, l := range d.extra {
@@ -250,9 +258,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		})
 	}
 	wg.Go(func() { every(d.stopping, time.Minute, d.backend.Sweep) })
-	// Reload on file changes (unless WatchConfig is false) and on Reload.
-	wg.Go(func() { d.watcher.Run(d.stopping) })
-	d.watcher.Reload() // a change made between the first load and the watch
+	// Files: reload on changes (unless WatchConfig is false) and on
+	// Reload; xDS: apply what the management server pushes.
+	wg.Go(func() { d.source.run(d.stopping) })
 
 	var runErr error
 	select {
@@ -305,12 +313,24 @@ func (d *Daemon) onHealth(healthy bool) {
 		d.obs.metrics.FailureModeActivated(d.cfg.Failure.Mode.String())
 	}
 	if d.cfg.Failure.Mode == failover.Error || d.cfg.Failure.Mode == 0 {
-		st := healthpb.HealthCheckResponse_SERVING
-		if !healthy {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
-		}
-		d.setHealth(st)
+		d.backendServing.Store(healthy)
+		d.refreshHealth()
 	}
+}
+
+// refreshHealth sets gRPC health from the backend's state and the
+// config's: SERVING only while the backend lets this replica answer and a
+// config is in force (the files', a push's, or the empty one that
+// Config.StartWithoutConfig starts with). Once shutdown has begun,
+// health.Server ignores it.
+func (d *Daemon) refreshHealth() {
+	d.healthMu.Lock()
+	defer d.healthMu.Unlock()
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if d.backendServing.Load() && d.srv.Config() != nil {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	d.setHealth(st)
 }
 
 // openBackend returns the backend cfg selects.
@@ -336,7 +356,8 @@ const (
 func (d *Daemon) awaitBackend() {
 	serving := func() {
 		if d.backend.Healthy() && d.stopping.Err() == nil {
-			d.setHealth(healthpb.HealthCheckResponse_SERVING)
+			d.backendServing.Store(true)
+			d.refreshHealth()
 		}
 	}
 	for attempt := 0; ; attempt++ {
@@ -381,7 +402,7 @@ func (d *Daemon) probes() http.Handler {
 			return
 		}
 		if d.srv.Config() == nil {
-			http.Error(w, "no config loaded", http.StatusServiceUnavailable)
+			http.Error(w, "no config loaded"+d.sourceNote(), http.StatusServiceUnavailable)
 			return
 		}
 		var failing error
@@ -404,9 +425,46 @@ func (d *Daemon) probes() http.Handler {
 			fmt.Fprintln(w, msg)
 			return
 		}
-		fmt.Fprintln(w, "ready")
+		fmt.Fprintln(w, "ready"+d.sourceNote())
 	})
 	return mux
+}
+
+// configSource says where the config in force came from, for the
+// /limits page.
+func (d *Daemon) configSource() (kind, version string) {
+	if v := d.configVersion.Load(); v != nil {
+		version = *v
+	}
+	return d.source.kind(), version
+}
+
+// sourceNote is what readiness adds about an xDS source: that no config
+// has come yet (and so every call is answered as for an unknown domain,
+// with Config.StartWithoutConfig), or that the server is unreachable and
+// the last config stays in force; "" when there is nothing to say.
+func (d *Daemon) sourceNote() string {
+	x, ok := d.source.(*xdsSource)
+	if !ok {
+		return ""
+	}
+	st := x.client.Status()
+	why := ""
+	switch {
+	case st.LastError != "":
+		why = ": " + st.LastError
+	case st.LastNACK != "":
+		why = ": its last push was refused: " + st.LastNACK
+	}
+	switch {
+	case !st.Applied && d.cfg.StartWithoutConfig:
+		return fmt.Sprintf("; no config from the xDS server %s yet%s; until one comes every call is answered OK, as for an unknown domain", x.addr, why)
+	case !st.Applied:
+		return fmt.Sprintf(": waiting for the first config from the xDS server %s%s", x.addr, why)
+	case why != "":
+		return fmt.Sprintf("; xDS server %s%s; the config of version %q stays in force", x.addr, why, st.Version)
+	}
+	return ""
 }
 
 // every calls f with the time every period until ctx is done.

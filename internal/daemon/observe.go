@@ -64,11 +64,11 @@ func (o *observability) close() {
 
 // handler serves /metrics, /limits, /limits.json and, with --pprof,
 // /debug/pprof/; everything else goes to next.
-func (o *observability) handler(next http.Handler, srv *server.Server) http.Handler {
+func (o *observability) handler(next http.Handler, srv *server.Server, source func() (kind, version string)) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", next)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.metrics.Registry(), promhttp.HandlerOpts{}))
-	page, err := limitspage.NewHandler(limitspage.Options{Config: srv.Config, Tracker: o.tracker})
+	page, err := limitspage.NewHandler(limitspage.Options{Config: srv.Config, Tracker: o.tracker, Source: source})
 	if err == nil { // it fails only without Config or Tracker
 		mux.Handle("GET /limits", page)
 		mux.Handle("GET /limits.json", page)

@@ -34,14 +34,17 @@ type running struct {
 }
 
 // run starts a daemon of cfg on loopback ports with the descriptor file
-// yaml, stopped (if the test did not) when the test ends.
+// yaml (none if yaml is "", for a config from xDS), stopped (if the test did not) when the test ends.
 func run(t *testing.T, cfg daemon.Config, yaml string) *running {
 	t.Helper()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
+	if yaml != "" {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConfigPath = dir
 	}
-	cfg.ConfigPath, cfg.GRPCAddr, cfg.HTTPAddr = dir, "127.0.0.1:0", "127.0.0.1:0"
+	cfg.GRPCAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
 	d, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

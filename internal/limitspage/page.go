@@ -24,6 +24,9 @@ type Options struct {
 	// Config returns the config in force (server.Server.Config); nil
 	// before one is loaded.
 	Config func() *config.Set
+	// Source, when set, says where the config in force came from: "file"
+	// or "xds", and for xds the management server's version of it.
+	Source func() (kind, version string)
 	// Tracker supplies the traffic.
 	Tracker *Tracker
 	// Now is the clock the page is computed at; default time.Now.
@@ -58,6 +61,10 @@ type Page struct {
 	GeneratedAt time.Time `json:"generated_at"`
 	// ConfigHash identifies the config in force ("" when none is).
 	ConfigHash string `json:"config_hash"`
+	// ConfigSource is where the config came from ("file", "xds"; "" when
+	// unknown), ConfigVersion its xDS version.
+	ConfigSource  string `json:"config_source,omitempty"`
+	ConfigVersion string `json:"config_version,omitempty"`
 	// WindowSeconds is the span of every rule's LastMinute.
 	WindowSeconds int `json:"window_seconds"`
 	// Domains lists every configured domain, by name.
@@ -107,6 +114,9 @@ func (h *Handler) Build(now time.Time) Page {
 	set := h.opts.Config()
 	p := Page{GeneratedAt: now, ConfigHash: set.Hash(), WindowSeconds: int(Window / time.Second),
 		Domains: []DomainPage{}, Busiest: h.opts.Tracker.Busiest(h.opts.TopBuckets, now)}
+	if h.opts.Source != nil {
+		p.ConfigSource, p.ConfigVersion = h.opts.Source()
+	}
 	for _, d := range set.Domains() {
 		dp := DomainPage{Name: d.Name, Files: d.Files, Rules: make([]RulePage, 0, len(d.Rules))}
 		for _, r := range d.Rules {

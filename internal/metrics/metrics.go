@@ -123,6 +123,9 @@ type Metrics struct {
 	fallbacks                        *prometheus.CounterVec
 	reloads                          *prometheus.CounterVec
 	configInfo                       *prometheus.GaugeVec
+	configSource                     *prometheus.GaugeVec
+	sourceMu                         sync.Mutex
+	sourceLabels                     [2]string // the configSource series set, if any
 	failureMode                      *prometheus.CounterVec
 	ruleInfo                         *prometheus.GaugeVec
 	// inc is envoyproxy/ratelimit's metrics; nil without IncumbentNames.
@@ -211,6 +214,10 @@ func New(opts Options) (*Metrics, error) {
 			Name: "ratelimitd_config_info",
 			Help: "1, labelled with the SHA-256 of the config files in force.",
 		}, []string{"hash"}),
+		configSource: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratelimitd_config_source_info",
+			Help: "1, labelled with where the config in force came from (source: file or xds) and, for xds, the version the management server gave it.",
+		}, []string{"source", "version"}),
 		failureMode: counter("ratelimitd_failure_mode_activations_total",
 			"Times a failure mode took over from normal decisions, by mode.", "mode"),
 		ruleInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -221,7 +228,7 @@ func New(opts Options) (*Metrics, error) {
 	m.domains.max = opts.MaxDomains
 	m.rules.Store(&ruleCache{})
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
-		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.failureMode, m.ruleInfo}
+		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.ruleInfo}
 	if opts.IncumbentNames {
 		m.inc = newIncumbent(opts.NearLimitRatio, opts.MaxValuesPerRule)
 		cs = append(cs, m.inc)
@@ -285,6 +292,25 @@ func (m *Metrics) ConfigLoaded(set *config.Set) {
 			delete(m.byID, id)
 		}
 	}
+}
+
+// maxVersionBytes bounds the version label of ratelimitd_config_source_info:
+// a management server chooses it.
+const maxVersionBytes = 128
+
+// ConfigSource records where the config in force came from: source is
+// "file" or "xds", version the xDS version_info ("" for files).
+func (m *Metrics) ConfigSource(source, version string) {
+	if len(version) > maxVersionBytes {
+		version = version[:maxVersionBytes]
+	}
+	m.sourceMu.Lock()
+	defer m.sourceMu.Unlock()
+	if old := m.sourceLabels; old != [2]string{} && old != [2]string{source, version} {
+		m.configSource.DeleteLabelValues(old[0], old[1])
+	}
+	m.sourceLabels = [2]string{source, version}
+	m.configSource.WithLabelValues(source, version).Set(1)
 }
 
 // ConfigRejected records a reload that failed (the config in force stays).

@@ -58,6 +58,9 @@ type Status struct {
 	LastNACK string
 	// Updated is when Version was applied (the zero time before).
 	Updated time.Time
+	// NACKs counts the pushes refused, a push sent again after its NACK
+	// included.
+	NACKs uint64
 }
 
 // Client keeps ratelimitd's descriptor config in step with an xDS
@@ -365,7 +368,11 @@ func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) (answer *discoveryv
 		}
 		c.mu.Lock()
 		c.st.LastNACK = msg
+		c.st.NACKs++
 		c.mu.Unlock()
+		if c.opts.OnRefused != nil && !again {
+			c.opts.OnRefused(err)
+		}
 		return c.request(resp.GetNonce(), &status.Status{Code: int32(codes.InvalidArgument), Message: msg}), again
 	}
 	c.nacked, c.nackRepeats = "", 0

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,7 +175,8 @@ func TestNACK(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := xdstest.Start(t, xdstest.Options{})
 			s.SetSnapshot("n", "1", xdstest.EGConfig(egDomain, "route-a", false))
-			c, a := start(t, Options{Addr: s.Addr(), NodeID: "n"})
+			var refused atomic.Int64
+			c, a := start(t, Options{Addr: s.Addr(), NodeID: "n", OnRefused: func(error) { refused.Add(1) }})
 			s.WaitForACK(t, "1")
 
 			s.SetSnapshot("n", "2", tt.rcs...)
@@ -191,8 +193,11 @@ func TestNACK(t *testing.T) {
 			if _, versions := a.calls(); len(versions) != 1 {
 				t.Errorf("apply versions %q after the NACK, want [1]", versions)
 			}
-			if st := c.Status(); st.LastNACK != msg || st.Version != "1" {
-				t.Errorf("Status = %+v, want LastNACK %q and version 1", st, msg)
+			if st := c.Status(); st.LastNACK != msg || st.Version != "1" || st.NACKs == 0 {
+				t.Errorf("Status = %+v, want LastNACK %q, version 1 and NACKs counted", st, msg)
+			}
+			if n := refused.Load(); n != 1 {
+				t.Errorf("OnRefused called %d times, want once", n)
 			}
 
 			s.SetSnapshot("n", "3", xdstest.EGConfig(egDomain, "route-c", false))

@@ -54,6 +54,10 @@ type Options struct {
 	// MaxCallRecvMsgSize): a larger one breaks the stream, is not applied
 	// and is retried after the backoff. Default DefaultMaxMessageBytes.
 	MaxMessageBytes int
+	// OnRefused, when set, is called with the reason of each push the
+	// client NACKs (once for a push the server sends again unchanged),
+	// from the goroutine of Run.
+	OnRefused func(err error)
 }
 
 // TLSFiles name the PEM files of the client's TLS.
