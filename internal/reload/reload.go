@@ -8,8 +8,10 @@
 // a temporary file and rename it over the old one, Kubernetes ConfigMap
 // volumes (whose files are links through a "..data" link that is swapped
 // atomically), writes seen half-done (the half fails validation, the whole is
-// picked up when it lands), and the directory being deleted and created
-// again.
+// picked up when it lands), the directory being deleted and created again,
+// and a symbolic link among the path's ancestors being swapped to another
+// tree (envoyproxy/ratelimit's RUNTIME_ROOT with RUNTIME_WATCH_ROOT, where a
+// deployment tool points a "current" link at each new release).
 package reload
 
 import (
@@ -83,6 +85,7 @@ type Watcher struct {
 	dir    string            // the directory watched: Path, or Path's parent
 	parent string            // dir's parent, watched to see dir come back
 	file   string            // Path when it is a file, else ""
+	links  map[string]bool   // the ancestors of dir that are symbolic links
 	hash   string            // hash of the Set in force
 	kick   chan struct{}     // Reload requests, coalesced
 }
@@ -128,8 +131,11 @@ func New(opts Options) (*Watcher, error) {
 
 // watch sets up the fsnotify watches: the config directory (or the file's
 // directory: editors and ConfigMaps replace files by rename, which a watch
-// on the file itself would lose) and that directory's parent, to notice
-// the directory being removed and created again.
+// on the file itself would lose), that directory's parent, to notice the
+// directory being removed and created again, and the parent of each
+// ancestor that is a symbolic link, to notice the link being swapped
+// (inotify watches what a path resolves to when the watch is added, so a
+// swapped link leaves the watches on the old tree: see rewatch).
 func (w *Watcher) watch() error {
 	abs, err := filepath.Abs(w.opts.Path)
 	if err != nil {
@@ -159,7 +165,49 @@ func (w *Watcher) watch() error {
 		}
 	}
 	w.fsw = fsw
+	if err := w.watchLinks(); err != nil {
+		fsw.Close()
+		return err
+	}
 	return nil
+}
+
+// watchLinks finds the ancestors of dir that are symbolic links and
+// watches the directory each is in.
+func (w *Watcher) watchLinks() error {
+	w.links = map[string]bool{}
+	for p := w.parent; ; p = filepath.Dir(p) {
+		if st, err := os.Lstat(p); err == nil && st.Mode()&os.ModeSymlink != 0 {
+			w.links[p] = true
+			if err := w.fsw.Add(filepath.Dir(p)); err != nil {
+				return fmt.Errorf("reload: watch %s (the directory of the link %s): %w", filepath.Dir(p), p, err)
+			}
+		}
+		if filepath.Dir(p) == p {
+			return nil
+		}
+	}
+}
+
+// rewatch drops every watch and sets them up again through the paths as
+// they resolve now: after a link among dir's ancestors was swapped, the
+// old watches are on the tree it pointed at before. If the new tree is
+// not (yet) whole, the next event or Reload tries again; the load that
+// follows reads whatever the paths resolve to.
+func (w *Watcher) rewatch() error {
+	for _, p := range w.fsw.WatchList() {
+		_ = w.fsw.Remove(p)
+	}
+	var errs []error
+	for _, p := range []string{w.dir, w.parent} {
+		if err := w.fsw.Add(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("watch %s: %w", p, err))
+		}
+	}
+	if err := w.watchLinks(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Reload asks Run to load the files now, without waiting for the debounce.
@@ -200,7 +248,18 @@ func (w *Watcher) translate(changes chan<- struct{}, errs chan<- error, done <-c
 			if !w.relevant(ev) {
 				continue
 			}
-			if ev.Name == w.dir && ev.Has(fsnotify.Create) {
+			switch {
+			case w.links[ev.Name] && ev.Has(fsnotify.Create):
+				// A link among the ancestors was swapped (a new link renamed
+				// over it, or removed and made again): follow it.
+				if err := w.rewatch(); err != nil {
+					select {
+					case errs <- err:
+					case <-done:
+						return
+					}
+				}
+			case ev.Name == w.dir && ev.Has(fsnotify.Create):
 				// The directory is back (or another was renamed to its name):
 				// watch it. If it is already gone again, the next Create says so.
 				_ = w.fsw.Add(w.dir)
@@ -228,8 +287,8 @@ func (w *Watcher) relevant(ev fsnotify.Event) bool {
 	if ev.Op == fsnotify.Chmod {
 		return false // touch, chmod: contents are the same
 	}
-	if ev.Name == w.dir {
-		return true // the directory itself: removed, renamed, created
+	if ev.Name == w.dir || w.links[ev.Name] {
+		return true // the directory itself, or a link above it: removed, renamed, created
 	}
 	if filepath.Dir(ev.Name) != w.dir {
 		return false // something else in the parent
