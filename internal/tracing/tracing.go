@@ -8,12 +8,16 @@ package tracing
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -41,13 +45,31 @@ const (
 	EnvSamplerArg  = "OTEL_TRACES_SAMPLER_ARG"
 )
 
+// Protocol is the OTLP transport. The zero value means ProtocolGRPC.
+type Protocol int
+
+const (
+	// ProtocolGRPC exports over OTLP/gRPC (collectors listen on 4317).
+	ProtocolGRPC Protocol = iota
+	// ProtocolHTTP exports over OTLP/HTTP with protobuf bodies (4318):
+	// envoyproxy/ratelimit's default, TRACING_EXPORTER_PROTOCOL=http.
+	ProtocolHTTP
+)
+
 // Config selects the exporter. The zero value means tracing off.
 type Config struct {
-	// Endpoint is the OTLP/gRPC collector URL, e.g. http://127.0.0.1:4317
-	// (http: plaintext, https: TLS); "" turns tracing off.
+	// Endpoint is the collector's URL (http: plaintext, https: TLS); ""
+	// turns tracing off. With ProtocolGRPC it is the collector itself, e.g.
+	// http://127.0.0.1:4317; with ProtocolHTTP it is the base URL, as
+	// OTEL_EXPORTER_OTLP_ENDPOINT is, and spans are posted to its path
+	// followed by /v1/traces, e.g. http://127.0.0.1:4318/v1/traces.
 	Endpoint string
+	// Protocol is the transport; default ProtocolGRPC.
+	Protocol Protocol
 	// ServiceName is the resource's service.name; default "ratelimitd".
-	ServiceName string
+	// ServiceNamespace and ServiceInstanceID, when set, are its
+	// service.namespace and service.instance.id.
+	ServiceName, ServiceNamespace, ServiceInstanceID string
 	// SampleRatio is the share of root spans sampled, in [0, 1]; spans
 	// whose parent (Envoy's) is sampled are always sampled. Default 1.
 	SampleRatio float64
@@ -76,20 +98,64 @@ func Setup(ctx context.Context, c Config) ([]grpc.ServerOption, func(context.Con
 	if !c.Enabled() {
 		return nil, func(context.Context) error { return nil }, nil
 	}
-	exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpointURL(c.Endpoint))
+	exp, err := newExporter(ctx, c)
 	if err != nil {
-		return nil, nil, fmt.Errorf("OTLP exporter for %s: %w", c.Endpoint, err)
+		return nil, nil, err
 	}
 	name := c.ServiceName
 	if name == "" {
 		name = "ratelimitd"
 	}
+	attrs := []attribute.KeyValue{attribute.String("service.name", name)}
+	if c.ServiceNamespace != "" {
+		attrs = append(attrs, attribute.String("service.namespace", c.ServiceNamespace))
+	}
+	if c.ServiceInstanceID != "" {
+		attrs = append(attrs, attribute.String("service.instance.id", c.ServiceInstanceID))
+	}
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
-		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", name))),
+		sdktrace.WithResource(resource.NewSchemaless(attrs...)),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.SampleRatio))),
 	)
 	return ServerOptions(tp), tp.Shutdown, nil
+}
+
+// newExporter returns the OTLP exporter of c's protocol (it connects
+// lazily).
+func newExporter(ctx context.Context, c Config) (*otlptrace.Exporter, error) {
+	switch c.Protocol {
+	case ProtocolGRPC:
+		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpointURL(c.Endpoint))
+		if err != nil {
+			return nil, fmt.Errorf("OTLP/gRPC exporter for %s: %w", c.Endpoint, err)
+		}
+		return exp, nil
+	case ProtocolHTTP:
+		u, err := TracesURL(c.Endpoint)
+		if err != nil {
+			return nil, err
+		}
+		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(u))
+		if err != nil {
+			return nil, fmt.Errorf("OTLP/HTTP exporter for %s: %w", u, err)
+		}
+		return exp, nil
+	default:
+		return nil, fmt.Errorf("tracing: invalid Protocol %d", c.Protocol)
+	}
+}
+
+// TracesURL is the URL OTLP/HTTP spans are posted to for the base URL
+// endpoint, as the OpenTelemetry SDKs read OTEL_EXPORTER_OTLP_ENDPOINT: its
+// path followed by /v1/traces.
+func TracesURL(endpoint string) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("OTLP endpoint %q: want an http:// or https:// URL with a host", endpoint)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/traces"
+	return u.String(), nil
 }
 
 // ServerOptions returns the gRPC server options that trace ShouldRateLimit

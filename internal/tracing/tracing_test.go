@@ -1,9 +1,14 @@
 package tracing_test
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -162,5 +167,81 @@ func TestSpanJoinsEnvoysTrace(t *testing.T) {
 	}
 	if got := s.Parent.SpanID().String(); got != parentID || !s.Parent.IsRemote() {
 		t.Errorf("span's parent = %s (remote %v), want Envoy's span %s", got, s.Parent.IsRemote(), parentID)
+	}
+}
+
+func TestTracesURL(t *testing.T) {
+	tests := []struct{ endpoint, want string }{
+		{"http://otel-collector:4318", "http://otel-collector:4318/v1/traces"},
+		{"http://otel-collector:4318/", "http://otel-collector:4318/v1/traces"},
+		{"https://c.example/otlp", "https://c.example/otlp/v1/traces"},
+	}
+	for _, tt := range tests {
+		if got, err := tracing.TracesURL(tt.endpoint); err != nil || got != tt.want {
+			t.Errorf("TracesURL(%q) = %q, %v; want %q", tt.endpoint, got, err, tt.want)
+		}
+	}
+	for _, bad := range []string{"otel-collector:4318", "grpc://c:4317", "http://"} {
+		if got, err := tracing.TracesURL(bad); err == nil {
+			t.Errorf("TracesURL(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+// TestHTTPExporterPostsToTheCollector traces a call through Setup with
+// ProtocolHTTP and a real OTLP/HTTP endpoint (an HTTP server on loopback):
+// the span arrives at /v1/traces under the base URL, with the resource's
+// service attributes.
+func TestHTTPExporterPostsToTheCollector(t *testing.T) {
+	posts := make(chan *http.Request, 10)
+	bodies := make(chan []byte, 10)
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		posts <- r
+		bodies <- b
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer collector.Close()
+	opts, shutdown, err := tracing.Setup(context.Background(), tracing.Config{
+		Endpoint: collector.URL, Protocol: tracing.ProtocolHTTP,
+		ServiceName: "envoy-ratelimit", ServiceNamespace: "envoy-gateway-system", ServiceInstanceID: "pod-1", SampleRatio: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte("domain: api\ndescriptors: [{key: model, rate_limit: {unit: minute, requests_per_unit: 1}}]\n")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(set)
+	s := servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: opts})
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "x"}}}}}
+	if _, err := s.Client().ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	s.GracefulStop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := shutdown(ctx); err != nil { // flushes the batch
+		t.Fatalf("shutdown: %v", err)
+	}
+	select {
+	case r := <-posts:
+		body := <-bodies
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/traces" || r.Header.Get("Content-Type") != "application/x-protobuf" {
+			t.Errorf("collector got %s %s (%s), want POST /v1/traces application/x-protobuf", r.Method, r.URL.Path, r.Header.Get("Content-Type"))
+		}
+		for _, want := range []string{"envoy-ratelimit", "envoy-gateway-system", "pod-1", "ShouldRateLimit"} {
+			if !bytes.Contains(body, []byte(want)) {
+				t.Errorf("exported body has no %q", want)
+			}
+		}
+	default:
+		t.Fatal("no OTLP/HTTP post reached the collector")
 	}
 }
