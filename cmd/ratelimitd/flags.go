@@ -30,6 +30,16 @@ type serveConfig struct {
 	// ignoredFlags are flags given (as given spells them) that only the
 	// Redis backend reads, while the memory backend is in use: serve warns.
 	ignoredFlags []string
+	// envCompat is the environment read: envCompatNative (RATELIMITD_*
+	// only) or envCompatEnvoyproxy (envoyproxy/ratelimit's names too).
+	envCompat string
+	// unhonoured are the envoyproxy/ratelimit settings given that are not
+	// honoured (with envCompatEnvoyproxy), each "NAME=value: why"; serve
+	// names them all in one warning.
+	unhonoured []string
+	// foreignVars are envoyproxy/ratelimit's settings found in the
+	// environment but not read (envCompatNative): serve warns of them.
+	foreignVars []string
 }
 
 // redisFlags select and tune the Redis backend; all empty means in-memory.
@@ -69,7 +79,9 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	defLimits := server.DefaultRequestLimits()
 	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.ConfigPath, "config", "", "descriptor file, or directory of *.yaml files (required)")
+	fs.StringVar(&c.ConfigPath, "config", "", "descriptor file, or directory of *.yaml files (required, unless --config-xds-addr)")
+	fs.StringVar(&c.envCompat, "env-compat", envCompatNative, "also read envoyproxy/ratelimit's environment variables (REDIS_URL, GRPC_PORT, ...) with its defaults: envoyproxy; the default when the binary runs as \"ratelimit\"")
+	finishDropIn := addDropInFlags(fs, &c)
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", daemon.DefaultGRPCAddr, "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", daemon.DefaultHTTPAddr, "HTTP listen address (/healthz, /readyz, /metrics, /limits, /limits.json, and /debug/pprof/ with --pprof)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
@@ -131,21 +143,41 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if fs.NArg() > 0 {
 		return c, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	fromEnv, err := applyEnv(fs, getenv)
+	if !flagGiven(fs, "env-compat") {
+		c.envCompat = getenv(envName("env-compat"))
+	}
+	var inc incumbentEnv
+	switch c.envCompat {
+	case envCompatNative:
+		c.foreignVars = incumbentVarsIn(getenv)
+	case envCompatEnvoyproxy:
+		var err error
+		if inc, err = readIncumbentEnv(getenv); err != nil {
+			return c, usageError{fmt.Errorf("envoyproxy/ratelimit's environment:\n%w", err)}
+		}
+		c.unhonoured = inc.unhonoured
+	default:
+		return c, usageError{fmt.Errorf("--env-compat %q: want envoyproxy, or nothing for ratelimitd's own variables only", c.envCompat)}
+	}
+	fromEnv, err := applyEnv(fs, getenv, inc)
 	if err != nil {
 		return c, usageError{err}
 	}
 	given := givenFlags(fs, fromEnv)
-	tc, terr := tracing.ConfigFromEnv(getenv)
-	if terr != nil {
-		return c, usageError{terr}
+	if c.envCompat == envCompatEnvoyproxy {
+		c.Tracing = inc.tracing
+	} else {
+		tc, terr := tracing.ConfigFromEnv(getenv)
+		if terr != nil {
+			return c, usageError{terr}
+		}
+		c.Tracing = tc
 	}
-	c.Tracing = tc
 	if c.NearLimitRatio <= 0 || c.NearLimitRatio > 1 {
-		return c, usageError{fmt.Errorf("--near-limit-ratio %v: want more than 0 and at most 1", c.NearLimitRatio)}
+		return c, usageError{fmt.Errorf("%s %v: want more than 0 and at most 1", flagSpelling(given, "near-limit-ratio"), c.NearLimitRatio)}
 	}
-	if c.ConfigPath == "" {
-		return c, usageError{fmt.Errorf("--config is required (or %s)", envName("config"))}
+	if err := finishDropIn(given); err != nil {
+		return c, usageError{err}
 	}
 	if c.StreamWorkers < 0 || c.StreamWorkers > 1<<16 {
 		return c, usageError{fmt.Errorf("--grpc-stream-workers %d: want 0 to 65536", c.StreamWorkers)}
@@ -230,27 +262,50 @@ func oneOf(names []string) string {
 	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
+// flagGiven reports whether the flag name was given on the command line.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
+}
+
 // applyEnv sets every flag not given on the command line from its
-// RATELIMITD_ variable, when that is set, and returns the names of the flags
-// it set.
-func applyEnv(fs *flag.FlagSet, getenv func(string) string) (map[string]bool, error) {
+// RATELIMITD_ variable, when that is set, or else from inc (what
+// envoyproxy/ratelimit's variables say, when they are read). It returns
+// the flags it set, each mapped to the variables it was set from.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string, inc incumbentEnv) (map[string]string, error) {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	fromEnv := map[string]bool{}
+	fromEnv := map[string]string{}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		if given[f.Name] {
 			return
 		}
-		if v := getenv(envName(f.Name)); v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
+		name := envName(f.Name)
+		v := getenv(name)
+		if v == "" {
+			var ok bool
+			if v, ok = inc.flags[f.Name]; !ok {
 				return
 			}
-			fromEnv[f.Name] = true
+			name = inc.spelt[f.Name]
 		}
+		if err := fs.Set(f.Name, v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			return
+		}
+		fromEnv[f.Name] = name
 	})
 	return fromEnv, errors.Join(errs...)
+}
+
+// flagSpelling is how the operator set flag, per given, or "--flag".
+func flagSpelling(given map[string]string, flag string) string {
+	if s, ok := given[flag]; ok {
+		return s
+	}
+	return "--" + flag
 }
 
 // givenFlags maps each flag the operator set to something other than its
@@ -259,14 +314,14 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string) (map[string]bool, er
 // "RATELIMITD_REDIS_PASSWORD". A flag set to its default (--redis-url "",
 // as a template with an empty variable writes it) changes nothing and is
 // left out.
-func givenFlags(fs *flag.FlagSet, fromEnv map[string]bool) map[string]string {
+func givenFlags(fs *flag.FlagSet, fromEnv map[string]string) map[string]string {
 	given := map[string]string{}
 	fs.Visit(func(f *flag.Flag) {
 		if f.Value.String() == f.DefValue {
 			return
 		}
-		if fromEnv[f.Name] {
-			given[f.Name] = envName(f.Name)
+		if spelt, ok := fromEnv[f.Name]; ok {
+			given[f.Name] = spelt
 		} else {
 			given[f.Name] = "--" + f.Name
 		}

@@ -10,7 +10,10 @@
 //
 // Every flag can also be set from the environment as RATELIMITD_<FLAG>, with
 // dashes as underscores (--grpc-addr is RATELIMITD_GRPC_ADDR); a flag on the
-// command line wins.
+// command line wins. Run as "ratelimit" (or with RATELIMITD_ENV_COMPAT=
+// envoyproxy) it also reads envoyproxy/ratelimit's variables, with its
+// defaults, below the RATELIMITD_ ones (see
+// docs/replacing-envoyproxy-ratelimit.md).
 package main
 
 import (
@@ -36,7 +39,7 @@ func main() {
 	// command's logger (at debug level) rather than straight to stderr.
 	redisLog := &redisstore.Logger{}
 	redis.SetLogger(redisLog)
-	err := runWith(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, redisLog.Use)
+	err := runWith(ctx, os.Args[1:], programGetenv(os.Args[0], os.Getenv), os.Stdout, os.Stderr, redisLog.Use)
 	stop()
 	var usage usageError
 	switch {
@@ -115,4 +118,7 @@ Usage:
 
 Every flag can also be given as an environment variable RATELIMITD_<FLAG>,
 e.g. RATELIMITD_GRPC_ADDR for --grpc-addr; the command line wins.
+Run as "ratelimit", or with RATELIMITD_ENV_COMPAT=envoyproxy, it also reads
+envoyproxy/ratelimit's variables (REDIS_URL, GRPC_PORT, CONFIG_TYPE, ...)
+with that project's defaults, below the RATELIMITD_ ones.
 `

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
+)
+
+// xdsFlags are the --config-xds-* flags: the descriptor config from an xDS
+// management server (see internal/xdsconfig), instead of --config.
+type xdsFlags struct {
+	addr, nodeID, nodeMetadata, headers string
+	tls                                 bool
+	ca, cert, key, serverName           string
+	retryInterval, maxBackoff           time.Duration
+	maxMessageBytes                     int
+}
+
+// addDropInFlags registers the flags of what envoyproxy/ratelimit's
+// deployments need beside ratelimitd's own: the debug and metrics
+// listeners, gRPC connection ageing, its metric names, global shadow mode,
+// the xDS config source and starting without a config. finish, called
+// once the flags are set, checks them and fills c; its errors name the
+// flags as given spells them (see givenFlags).
+func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[string]string) error) {
+	var x xdsFlags
+	fs.StringVar(&c.DebugAddr, "debug-addr", "", "HTTP listen address of the operators' endpoints envoyproxy/ratelimit keeps on its debug port (/rlconfig, and /debug/pprof/ with --pprof); empty: none")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "a listen address of its own for /metrics (as well as --http-addr), like envoyproxy/ratelimit's PROMETHEUS_ADDR; empty: none")
+	fs.DurationVar(&c.MaxConnectionAge, "grpc-max-connection-age", 0, "close each gRPC connection after about this long (±10%), so that Envoy's connections spread over new replicas; 0: never")
+	fs.DurationVar(&c.MaxConnectionAgeGrace, "grpc-max-connection-age-grace", 0, "how long an aged gRPC connection's calls may take to finish before it is closed")
+	fs.BoolVar(&c.IncumbentMetrics, "incumbent-metrics", false, "also export envoyproxy/ratelimit's metric names (ratelimit_service_*), for dashboards written for it")
+	fs.BoolVar(&c.ShadowMode, "shadow-mode", false, "make every rule a shadow rule: counted, never denying")
+	fs.BoolVar(&c.StartWithoutConfig, "start-without-config", false, "with --config-xds-addr: serve before the first config arrives, answering as for an unknown domain")
+	fs.StringVar(&x.addr, "config-xds-addr", "", "take the descriptor config from this xDS management server (host:port; SotW ADS of RateLimitConfig) instead of --config")
+	fs.StringVar(&x.nodeID, "config-xds-node-id", xdsconfig.DefaultNodeID, "node id sent to the xDS server (its snapshot cache is keyed on it)")
+	fs.StringVar(&x.nodeMetadata, "config-xds-node-metadata", "", "node metadata sent to the xDS server: k=v,k2=v2")
+	fs.StringVar(&x.headers, "config-xds-headers", "", "extra gRPC metadata on the xDS stream: k=v,k2=v2")
+	fs.BoolVar(&x.tls, "config-xds-tls", false, "dial the xDS server over TLS (implied by the other --config-xds-tls-* flags)")
+	fs.StringVar(&x.ca, "config-xds-tls-ca", "", "PEM file of the CA that signed the xDS server's certificate (empty: the system's roots)")
+	fs.StringVar(&x.cert, "config-xds-tls-cert", "", "PEM client certificate presented to the xDS server (with --config-xds-tls-key)")
+	fs.StringVar(&x.key, "config-xds-tls-key", "", "PEM key of --config-xds-tls-cert")
+	fs.StringVar(&x.serverName, "config-xds-tls-server-name", "", "name checked in the xDS server's certificate (default: the host of --config-xds-addr)")
+	fs.DurationVar(&x.retryInterval, "config-xds-retry-interval", 0, fmt.Sprintf("first wait before connecting to the xDS server again; the waits grow with jitter (0: %v)", xdsconfig.DefaultConnectRetryInterval))
+	fs.DurationVar(&x.maxBackoff, "config-xds-max-backoff", 0, fmt.Sprintf("longest wait between attempts to connect to the xDS server (0: %v)", xdsconfig.DefaultMaxBackoff))
+	fs.IntVar(&x.maxMessageBytes, "config-xds-max-message-bytes", 0, fmt.Sprintf("largest DiscoveryResponse accepted (0: %d)", xdsconfig.DefaultMaxMessageBytes))
+	return func(given map[string]string) error {
+		name := func(flag string) string { return flagSpelling(given, flag) }
+		var errs []error
+		for _, d := range []struct {
+			flag string
+			v    time.Duration
+		}{
+			{"grpc-max-connection-age", c.MaxConnectionAge}, {"grpc-max-connection-age-grace", c.MaxConnectionAgeGrace},
+			{"config-xds-retry-interval", x.retryInterval}, {"config-xds-max-backoff", x.maxBackoff},
+		} {
+			if d.v < 0 {
+				errs = append(errs, fmt.Errorf("%s %v: must not be negative", name(d.flag), d.v))
+			}
+		}
+		if x.maxMessageBytes < 0 {
+			errs = append(errs, fmt.Errorf("%s %d: must not be negative", name("config-xds-max-message-bytes"), x.maxMessageBytes))
+		}
+		o, err := x.options(name)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		c.XDS = o
+		switch {
+		case o.Enabled() && c.ConfigPath != "":
+			errs = append(errs, fmt.Errorf("%s and %s each select the config's source: give one", name("config"), name("config-xds-addr")))
+		case !o.Enabled() && c.ConfigPath == "":
+			errs = append(errs, fmt.Errorf("--config is required (or %s), or --config-xds-addr", envName("config")))
+		case !o.Enabled() && c.StartWithoutConfig:
+			errs = append(errs, fmt.Errorf("%s needs --config-xds-addr (a file config is loaded before serving)", name("start-without-config")))
+		}
+		return errors.Join(errs...)
+	}
+}
+
+// options are the xdsconfig.Options of the flags; none without addr, where
+// any other --config-xds-* flag set is an error.
+func (x xdsFlags) options(name func(flag string) string) (xdsconfig.Options, error) {
+	md, err := parsePairs(name("config-xds-node-metadata"), x.nodeMetadata)
+	if err != nil {
+		return xdsconfig.Options{}, err
+	}
+	hd, err := parsePairs(name("config-xds-headers"), x.headers)
+	if err != nil {
+		return xdsconfig.Options{}, err
+	}
+	o := xdsconfig.Options{
+		Addr: x.addr, NodeID: x.nodeID, NodeMetadata: md, Headers: hd,
+		ConnectRetryInterval: x.retryInterval, MaxBackoff: x.maxBackoff, MaxMessageBytes: x.maxMessageBytes,
+	}
+	if x.tls || x.ca != "" || x.cert != "" || x.key != "" || x.serverName != "" {
+		o.TLS = &xdsconfig.TLSFiles{CAFile: x.ca, CertFile: x.cert, KeyFile: x.key, ServerName: x.serverName}
+	}
+	if (x.cert == "") != (x.key == "") {
+		return o, fmt.Errorf("%s and %s go together", name("config-xds-tls-cert"), name("config-xds-tls-key"))
+	}
+	if x.addr == "" && (o.TLS != nil || md != nil || hd != nil) {
+		return xdsconfig.Options{}, errors.New("--config-xds-* flags given without --config-xds-addr")
+	}
+	return o, nil
+}
+
+// parsePairs parses k=v,k2=v2 (empty: nil); a pair without "=" or with an
+// empty key is an error naming the flag as spelt.
+func parsePairs(spelt, s string) (map[string]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, item := range splitList(s) {
+		k, v, ok := strings.Cut(item, "=")
+		if k = strings.TrimSpace(k); !ok || k == "" {
+			return nil, fmt.Errorf("%s %q: %q is not key=value (want k=v,k2=v2)", spelt, s, item)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
