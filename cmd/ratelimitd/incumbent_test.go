@@ -107,7 +107,7 @@ func TestIncumbentVariables(t *testing.T) {
 		{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", xds, "x-token", refusal, nil, nil},
 		{"CONFIG_GRPC_XDS_SERVER_USE_TLS", xds, "true", read, field(func(c serveConfig) any { return *c.XDS.TLS }), xdsconfig.TLSFiles{}},
 		{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", withEnv(xds, "CONFIG_GRPC_XDS_SERVER_USE_TLS", "true", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/k"), "/c", read, field(func(c serveConfig) any { return c.XDS.TLS.CertFile }), "/c"},
-		{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", withEnv(xds, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/k"), "/c", warned, nil, nil}, // without USE_TLS
+		{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", withEnv(xds, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/k"), "/c", warned, nil, nil},   // without USE_TLS
 		{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", withEnv(xds, "CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"), "/k", refusal, nil, nil}, // without the cert
 		{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", withEnv(xds, "CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"), "/ca", read, field(func(c serveConfig) any { return c.XDS.TLS.CAFile }), "/ca"},
 		{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", withEnv(xds, "CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"), "eg.example", read, field(func(c serveConfig) any { return c.XDS.TLS.ServerName }), "eg.example"},
@@ -162,7 +162,9 @@ func TestIncumbentVariables(t *testing.T) {
 		{"REDIS_SOCKET_TYPE", withEnv(baseEnv, "REDIS_URL", "redis:6379"), "tcp", read, field(func(c serveConfig) any { return c.Redis.URL }), "redis://redis:6379"},
 		{"REDIS_SOCKET_TYPE", baseEnv, "udp", refusal, nil, nil},
 		{"REDIS_TYPE", withEnv(redisTCP, "REDIS_URL", "mymaster,s1:26379,s2:26379"), "SENTINEL", read,
-			field(func(c serveConfig) any { return c.Redis.SentinelMaster + " " + strings.Join(c.Redis.SentinelAddrs, ",") }), "mymaster s1:26379,s2:26379"},
+			field(func(c serveConfig) any {
+				return c.Redis.SentinelMaster + " " + strings.Join(c.Redis.SentinelAddrs, ",")
+			}), "mymaster s1:26379,s2:26379"},
 		{"REDIS_TYPE", withEnv(redisTCP, "REDIS_URL", "r1:7000,r2:7000"), "cluster", read, field(func(c serveConfig) any { return c.Redis.ClusterAddrs }), []string{"r1:7000", "r2:7000"}},
 		{"REDIS_TYPE", withEnv(redisTCP, "REDIS_URL", "s1:26379"), "sentinel", refusal, nil, nil}, // no master name
 		{"REDIS_TYPE", redisTCP, "ring", refusal, nil, nil},
@@ -179,7 +181,7 @@ func TestIncumbentVariables(t *testing.T) {
 		{"REDIS_TLS", withEnv(redisTCP, "REDIS_TYPE", "cluster"), "true", refusal, nil, nil}, // no file to turn TLS on with
 		{"REDIS_TLS_CLIENT_CERT", withEnv(redisTCP, "REDIS_TLS", "true", "REDIS_TLS_CLIENT_KEY", "/rc/tls.key"), "/rc/tls.crt", read,
 			field(func(c serveConfig) any { return c.Redis.TLSCertFile + " " + c.Redis.TLSKeyFile }), "/rc/tls.crt /rc/tls.key"},
-		{"REDIS_TLS_CLIENT_CERT", redisTCP, "/rc/tls.crt", warned, nil, nil}, // without REDIS_TLS
+		{"REDIS_TLS_CLIENT_CERT", redisTCP, "/rc/tls.crt", warned, nil, nil},                               // without REDIS_TLS
 		{"REDIS_TLS_CLIENT_KEY", withEnv(redisTCP, "REDIS_TLS", "true"), "/rc/tls.key", refusal, nil, nil}, // without the cert
 		{"REDIS_TLS_CACERT", withEnv(redisTCP, "REDIS_TLS", "true"), "/rc/ca.crt", read, field(func(c serveConfig) any { return c.Redis.TLSCAFile }), "/rc/ca.crt"},
 		{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", withEnv(redisTCP, "REDIS_TLS", "true"), "true", refusal, nil, nil},
@@ -199,7 +201,9 @@ func TestIncumbentVariables(t *testing.T) {
 		{"REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", redisTCP, "2", warned, nil, nil},
 		{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", redisTCP, "false", warned, nil, nil},
 		{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", redisTCP, "true", read, field(func(c serveConfig) any { return len(c.unhonoured) }), 0},
-		{"REDIS_TIMEOUT", redisTCP, "2s", read, field(func(c serveConfig) any { return []time.Duration{c.Redis.DialTimeout, c.Redis.ReadTimeout, c.Redis.WriteTimeout} }), []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second}},
+		{"REDIS_TIMEOUT", redisTCP, "2s", read, field(func(c serveConfig) any {
+			return []time.Duration{c.Redis.DialTimeout, c.Redis.ReadTimeout, c.Redis.WriteTimeout}
+		}), []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second}},
 		{"REDIS_PERSECOND_TIMEOUT", redisTCP, "1s", warned, nil, nil},
 		{"REDIS_POOL_ON_EMPTY_BEHAVIOR", redisTCP, "ERROR", warned, nil, nil},
 		{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", redisTCP, "CREATE", warned, nil, nil},
