@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
 )
 
@@ -30,6 +31,7 @@ func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[str
 	var x xdsFlags
 	fs.StringVar(&c.DebugAddr, "debug-addr", "", "HTTP listen address of the operators' endpoints envoyproxy/ratelimit keeps on its debug port (/rlconfig, and /debug/pprof/ with --pprof); empty: none")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "a listen address of its own for /metrics (as well as --http-addr), like envoyproxy/ratelimit's PROMETHEUS_ADDR; empty: none")
+	fs.StringVar(&c.MetricsPath, "metrics-path", daemon.DefaultMetricsPath, "the path of the metrics on --metrics-addr (--http-addr serves them at /metrics whatever it is)")
 	fs.DurationVar(&c.MaxConnectionAge, "grpc-max-connection-age", 0, "close each gRPC connection after about this long (±10%), so that Envoy's connections spread over new replicas; 0: never")
 	fs.DurationVar(&c.MaxConnectionAgeGrace, "grpc-max-connection-age-grace", 0, "how long an aged gRPC connection's calls may take to finish before it is closed")
 	fs.BoolVar(&c.IncumbentMetrics, "incumbent-metrics", false, "also export envoyproxy/ratelimit's metric names (ratelimit_service_*), for dashboards written for it")
@@ -60,6 +62,9 @@ func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[str
 			if d.v < 0 {
 				errs = append(errs, fmt.Errorf("%s %v: must not be negative", name(d.flag), d.v))
 			}
+		}
+		if !strings.HasPrefix(c.MetricsPath, "/") {
+			errs = append(errs, fmt.Errorf("%s %q: want a path starting with /", name("metrics-path"), c.MetricsPath))
 		}
 		if x.maxMessageBytes < 0 {
 			errs = append(errs, fmt.Errorf("%s %d: must not be negative", name("config-xds-max-message-bytes"), x.maxMessageBytes))

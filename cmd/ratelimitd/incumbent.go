@@ -149,10 +149,8 @@ func (e *incumbentEnv) mapListeners(s *incumbentSettings) []error {
 	}
 	e.set("log-format", format, "LOG_FORMAT")
 	if s.usePrometheus {
-		if s.promPath != "/metrics" {
-			errs = append(errs, fmt.Errorf("PROMETHEUS_PATH=%q: ratelimitd serves its metrics at /metrics only", s.promPath))
-		}
 		e.set("metrics-addr", s.promAddr, "PROMETHEUS_ADDR")
+		e.set("metrics-path", s.promPath, "PROMETHEUS_PATH")
 		e.set("incumbent-metrics", "true", "USE_PROMETHEUS")
 	} else {
 		for _, name := range []string{"PROMETHEUS_ADDR", "PROMETHEUS_PATH"} {

@@ -66,7 +66,7 @@ func TestPlatformEnvironments(t *testing.T) {
 				"--config-xds-addr", "envoy-gateway:18001", "--config-xds-node-id", "envoy-ratelimit",
 				"--config-xds-tls-cert", "/certs/tls.crt", "--config-xds-tls-key", "/certs/tls.key", "--config-xds-tls-ca", "/certs/ca.crt",
 				"--start-without-config", "--grpc-tls-cert", "/certs/tls.crt", "--grpc-tls-key", "/certs/tls.key",
-				"--redis-url", "redis://redis.redis-system.svc.cluster.local:6379", "--metrics-addr", ":19001", "--incumbent-metrics"}),
+				"--redis-url", "redis://redis.redis-system.svc.cluster.local:6379", "--metrics-addr", ":19001", "--metrics-path", "/metrics", "--incumbent-metrics"}),
 			unhonoured: []string{"GRPC_SERVER_TLS_CA_CERT", "PROMETHEUS_MAPPER_YAML"},
 			check: func(t *testing.T, c serveConfig) {
 				want := xdsconfig.Options{

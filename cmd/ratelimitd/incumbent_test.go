@@ -128,8 +128,9 @@ func TestIncumbentVariables(t *testing.T) {
 		{"USE_PROMETHEUS", baseEnv, "true", read, field(func(c serveConfig) any { return c.MetricsAddr + " " + boolStr(c.IncumbentMetrics) }), ":9090 true"},
 		{"PROMETHEUS_ADDR", withEnv(baseEnv, "USE_PROMETHEUS", "true"), ":19001", read, field(func(c serveConfig) any { return c.MetricsAddr }), ":19001"},
 		{"PROMETHEUS_ADDR", baseEnv, ":19001", warned, nil, nil}, // without USE_PROMETHEUS
-		{"PROMETHEUS_PATH", withEnv(baseEnv, "USE_PROMETHEUS", "true"), "/metrics", read, field(func(c serveConfig) any { return c.MetricsAddr }), ":9090"},
-		{"PROMETHEUS_PATH", withEnv(baseEnv, "USE_PROMETHEUS", "true"), "/stats/prometheus", refusal, nil, nil},
+		{"PROMETHEUS_PATH", withEnv(baseEnv, "USE_PROMETHEUS", "true"), "/stats/prometheus", read, field(func(c serveConfig) any { return c.MetricsPath }), "/stats/prometheus"},
+		{"PROMETHEUS_PATH", withEnv(baseEnv, "USE_PROMETHEUS", "true"), "metrics", refusal, nil, nil},
+		{"PROMETHEUS_PATH", baseEnv, "/stats/prometheus", warned, nil, nil}, // without USE_PROMETHEUS
 		{"PROMETHEUS_MAPPER_YAML", withEnv(baseEnv, "USE_PROMETHEUS", "true"), "/etc/statsd-exporter/conf.yaml", warned, nil, nil},
 		{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", baseEnv, "true", warned, nil, nil},
 		{"RUNTIME_ROOT", baseEnv, "/data", read, field(func(c serveConfig) any { return c.ConfigPath }), "/data/ratelimit/config"},
