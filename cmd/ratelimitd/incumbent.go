@@ -91,6 +91,10 @@ func hostPort(host string, port int64, portVar string) (string, error) {
 	return net.JoinHostPort(host, strconv.FormatInt(port, 10)), nil
 }
 
+// mapListeners maps the listeners, gRPC TLS and ageing, logging and the
+// Prometheus listener; settings that only matter with another one unset
+// (the TLS files without GRPC_SERVER_USE_TLS) are unhonoured, as they are
+// ignored by envoyproxy/ratelimit too.
 func (e *incumbentEnv) mapListeners(s *incumbentSettings) []error {
 	var errs []error
 	for _, l := range []struct {
@@ -162,6 +166,8 @@ func (e *incumbentEnv) mapListeners(s *incumbentSettings) []error {
 	return errs
 }
 
+// mapConfigSource maps CONFIG_TYPE: the file directory of the RUNTIME_*
+// settings, or the xDS client of the CONFIG_GRPC_XDS_* ones.
 func (e *incumbentEnv) mapConfigSource(s *incumbentSettings) []error {
 	var errs []error
 	switch strings.ToUpper(s.configType) {
@@ -205,6 +211,8 @@ var xdsVarNames = []string{
 	"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
 }
 
+// mapXDS maps the CONFIG_GRPC_XDS_* and XDS_CLIENT_* settings onto the
+// --config-xds-* flags.
 func (e *incumbentEnv) mapXDS(s *incumbentSettings) []error {
 	var errs []error
 	e.set("config-xds-addr", s.xdsURL, "CONFIG_GRPC_XDS_SERVER_URL")
@@ -255,6 +263,10 @@ func (e *incumbentEnv) mapXDS(s *incumbentSettings) []error {
 	return errs
 }
 
+// mapBackend maps BACKEND_TYPE and the REDIS_* settings, in
+// envoyproxy/ratelimit's syntax (bare host:port, comma lists, REDIS_AUTH
+// as pass or user:pass), onto the --redis-* flags, and
+// LOCAL_CACHE_SIZE_IN_BYTES onto the denial cache.
 func (e *incumbentEnv) mapBackend(s *incumbentSettings) []error {
 	var errs []error
 	switch strings.ToLower(s.backendType) {
@@ -391,6 +403,8 @@ var redisVarNames = []string{
 	"LOCAL_CACHE_SIZE_IN_BYTES", "CACHE_KEY_PREFIX",
 }
 
+// mapAnswers maps the settings that shape answers: near limit, shadow
+// mode, headers, dynamic metadata, and refuses those not yet built.
 func (e *incumbentEnv) mapAnswers(s *incumbentSettings) []error {
 	var errs []error
 	if s.nearLimitRatio <= 0 || s.nearLimitRatio > 1 {
@@ -430,6 +444,8 @@ const (
 	defaultOTLPGRPC = "http://localhost:4317"
 )
 
+// mapTracing maps TRACING_* and OTEL_EXPORTER_OTLP_ENDPOINT onto a
+// tracing.Config, with the OpenTelemetry SDK's default endpoints.
 func (e *incumbentEnv) mapTracing(s *incumbentSettings) []error {
 	if !s.tracingEnabled {
 		e.tracing = tracing.Config{SampleRatio: 1} // off, as tracing.ConfigFromEnv's
