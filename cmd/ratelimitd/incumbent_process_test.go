@@ -270,3 +270,50 @@ func TestNativeNameWarnsOfIncumbentEnvironment(t *testing.T) {
 		t.Errorf("want the memory backend (REDIS_URL is not read):\n%s", logs)
 	}
 }
+
+// TestRunAsRatelimitFollowsTheRootLink runs the binary as ratelimit with
+// envoyproxy/ratelimit's default RUNTIME_WATCH_ROOT=true and RUNTIME_ROOT
+// a link to a release tree: pointing the link at a new release (a new
+// link renamed over it, as `ln -sfn` does) reloads without a SIGHUP.
+func TestRunAsRatelimitFollowsTheRootLink(t *testing.T) {
+	base := t.TempDir()
+	for i, yaml := range []string{istioV1, istioV2} {
+		dir := filepath.Join(base, fmt.Sprintf("v%d", i+1), "ratelimit", "config")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	current := filepath.Join(base, "current")
+	if err := os.Symlink(filepath.Join(base, "v1"), current); err != nil {
+		t.Fatal(err)
+	}
+	env := istioProcessEnv(current, "BACKEND_TYPE", "memory", "REDIS_URL", "", "REDIS_SOCKET_TYPE", "")
+	delete(env, "RUNTIME_WATCH_ROOT") // the default, true
+	p := launchAs(t, "ratelimit", env)
+	client := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
+	if got := [2]rlsv3.RateLimitResponse_Code{ask(t, client, "path", "/a"), ask(t, client, "path", "/a")}; got[1] != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("path unlimited before the swap: got %v", got)
+	}
+	tmp := current + ".tmp"
+	if err := os.Symlink(filepath.Join(base, "v2"), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, current); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for i := 0; ; i++ {
+		v := fmt.Sprintf("/p%d", i)
+		ask(t, client, "path", v)
+		if ask(t, client, "path", v) == rlsv3.RateLimitResponse_OVER_LIMIT {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the swap of RUNTIME_ROOT was not loaded in 15s\n%s", p.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
