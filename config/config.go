@@ -2,8 +2,9 @@
 // validated Set, and finds the Rule that applies to a request descriptor.
 //
 // The format reads envoyproxy/ratelimit's YAML files unchanged (domain,
-// nested descriptors with key, value, rate_limit, shadow_mode, replaces,
-// detailed_metric) and adds token-bucket fields (rate_limit.burst,
+// nested descriptors with key, value, rate_limit, shadow_mode, quota_mode,
+// replaces, detailed_metric, value_to_metric, share_threshold, metadata) and
+// adds token-bucket fields (rate_limit.burst,
 // rate_limit.unit_multiplier). docs/configuration.md is the reference.
 //
 // The package does no I/O beyond reading the files it is asked to load, and
@@ -107,6 +108,21 @@ type Rule struct {
 	// DetailedMetric asks for per-value metrics: detailed_metric of the
 	// rule's own descriptor, likewise not inherited.
 	DetailedMetric bool
+	// QuotaMode is quota_mode of the rule's own descriptor (likewise not
+	// inherited): as in envoyproxy/ratelimit, a request is denied by a
+	// quota-mode rule only when every quota-mode rule of the request is
+	// over its limit; a normal rule over its limit denies it alone.
+	QuotaMode bool
+	// Metadata is the metadata mapping of the rule's own descriptor, as
+	// google.protobuf.Struct holds it: values are nil, bool, float64 (every
+	// YAML number), string, []any or map[string]any. The server returns
+	// it in the answer's dynamic metadata when the descriptor passes. Nil
+	// when the descriptor has none. Shared: must not be modified.
+	Metadata map[string]any
+	// ValueToMetric reports whether a level of the rule's path that matches
+	// more than one value (key-only or wildcard) sets value_to_metric, so
+	// that StatKey holds request values (see StatKeyVaries).
+	ValueToMetric bool
 	// Replaces lists the names of rules this one replaces when both match
 	// descriptors of one request.
 	Replaces []string
@@ -114,9 +130,20 @@ type Rule struct {
 	File string
 	Line int
 
-	// varies has one flag per descriptor level down to the rule: whether
-	// the level is key-only (any value matches, each with its own bucket).
-	varies []bool
+	// levels describe each descriptor level down to the rule.
+	levels []level
+}
+
+// level is one descriptor level on the path to a rule.
+type level struct {
+	key, value string // as written; value "" for a key-only level
+	// keyOnly levels match any value, each with its own bucket; wild
+	// levels have a '*' pattern as value.
+	keyOnly, wild bool
+	// shareThreshold (wild levels only) makes every value matching the
+	// pattern share one bucket; valueToMetric puts the request's value in
+	// the incumbent's stat key.
+	shareThreshold, valueToMetric bool
 }
 
 // Kind is what a rule does with a request. The zero Kind is invalid.

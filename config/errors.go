@@ -60,10 +60,27 @@ const (
 	keepErrors = 10 * maxErrors
 )
 
-// problems collects the errors of one Parse.
+// problems collects the errors and warnings of one Parse.
 type problems struct {
 	list    []*Error
 	dropped int
+	// warnings are kept up to keepErrors too.
+	warnings []*Error
+}
+
+func (p *problems) warn(file string, line, col int, path, format string, args ...any) {
+	if len(p.warnings) >= keepErrors {
+		return
+	}
+	p.warnings = append(p.warnings, &Error{File: file, Line: line, Column: col, Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// sortedWarnings returns the warnings sorted by position.
+func (p *problems) sortedWarnings() []*Error {
+	slices.SortStableFunc(p.warnings, func(a, b *Error) int {
+		return cmp.Or(strings.Compare(a.File, b.File), cmp.Compare(a.Line, b.Line), cmp.Compare(a.Column, b.Column))
+	})
+	return p.warnings
 }
 
 func (p *problems) add(file string, line, col int, path, format string, args ...any) {

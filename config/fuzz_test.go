@@ -27,6 +27,8 @@ func FuzzLoadConfig(f *testing.F) {
 		f.Add(data)
 	}
 	f.Add([]byte(lookupYAML))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    value: a*b\n    share_threshold: yes\n    value_to_metric: on\n    quota_mode: true\n    metadata: {a: [1, {b: ~}], 2: 3.5, c: {d: e}}\n    rate_limit: {unit: second, requests_per_unit: 1}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - {key: k, value: x*, rate_limit: {unit: second, requests_per_unit: 1}}\n  - {key: k, value: xy*, rate_limit: {unlimited: true, requests_per_unit: 3}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		files := []File{{Name: "fuzz.yaml", Data: data}}
 		s, err := Parse(files)
@@ -48,6 +50,10 @@ func FuzzLoadConfig(f *testing.F) {
 			}
 			return
 		}
+		var text strings.Builder
+		if err := s.WriteText(&text); err != nil {
+			t.Fatalf("WriteText: %v", err)
+		}
 		domains := s.Domains()
 		if !slices.IsSortedFunc(domains, func(a, b *Domain) int { return strings.Compare(a.Name, b.Name) }) {
 			t.Fatalf("Domains() not sorted")
@@ -63,6 +69,9 @@ func FuzzLoadConfig(f *testing.F) {
 				lines := s.Explain(d.Name, entries)
 				if (r != nil) != strings.HasPrefix(lines[len(lines)-1], "rule ") {
 					t.Fatalf("Lookup(%q) = %v but Explain says %q", entries, r, lines)
+				}
+				if r != nil && !strings.HasPrefix(r.StatKey(entries), r.Domain) {
+					t.Fatalf("StatKey(%q) = %q does not start with the domain", entries, r.StatKey(entries))
 				}
 			}
 		}

@@ -15,8 +15,11 @@ const keyVersion = "v1"
 // two different identities share a key whatever bytes their values hold
 // ("a"+"b_c" and "a_b"+"c" differ). The identity is:
 //
-//   - for a rule's own limit: the domain and every entry of the descriptor,
-//     then, only when the rule has several limits, an empty part and the
+//   - for a rule's own limit: the domain and every entry of the descriptor
+//     (at a level with share_threshold, the key and the level's wildcard
+//     pattern instead of the value, so that every value it matches shares
+//     one bucket), then, only when the rule has several limits, an empty
+//     part and the
 //     limit's identity (its name, else what it counts and its period);
 //   - for a quota group: the domain, an empty part, "group", the group's
 //     name, then the entries of the rule's key-only levels (none when the
@@ -37,7 +40,7 @@ func (r *Rule) AppendKey(dst []byte, limit int, entries []Entry) []byte {
 		dst = appendPart(dst, g.Group)
 		if !g.Shared {
 			for i, e := range entries {
-				if i < len(r.varies) && r.varies[i] {
+				if i < len(r.levels) && r.levels[i].keyOnly {
 					dst = appendPart(dst, e.Key)
 					dst = appendPart(dst, e.Value)
 				}
@@ -45,8 +48,14 @@ func (r *Rule) AppendKey(dst []byte, limit int, entries []Entry) []byte {
 		}
 		return dst
 	}
-	for _, e := range entries {
+	for i, e := range entries {
 		dst = appendPart(dst, e.Key)
+		if i < len(r.levels) && r.levels[i].shareThreshold {
+			// share_threshold: every value the pattern matches shares the
+			// bucket, named by the pattern (which itself matches it).
+			dst = appendPart(dst, r.levels[i].value)
+			continue
+		}
 		dst = appendPart(dst, e.Value)
 	}
 	if len(r.Limits) > 1 && limit < len(r.Limits) {

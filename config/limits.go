@@ -18,7 +18,7 @@ var (
 	groupFields      = append([]string{"shared"}, without(limitFields, "name")...)
 	overdraftFields  = []string{"max_debt"}
 	topFields        = []string{"domain", "descriptors", "quota_groups"}
-	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "quota_group", "descriptors", "shadow_mode", "detailed_metric", "replaces"}
+	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "quota_group", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "replaces"}
 )
 
 // DefaultMaxWaiters bounds the requests waiting on one bucket when a limit

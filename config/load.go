@@ -115,6 +115,7 @@ func Parse(files []File) (*Set, error) {
 	if err := probs.err(); err != nil {
 		return nil, err
 	}
+	s.warnings = probs.sortedWarnings()
 	slices.SortFunc(s.list, func(a, b *Domain) int { return strings.Compare(a.Name, b.Name) })
 	return s, nil
 }

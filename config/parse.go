@@ -66,6 +66,8 @@ type desc struct {
 	// domain; groupAt is where it is named.
 	group   string
 	groupAt pos
+	// valueToMetric and shareThreshold are the level's flags (see level).
+	valueToMetric, shareThreshold bool
 }
 
 type pos struct{ line, col int }
@@ -80,6 +82,16 @@ type parser struct {
 	// the reading of descriptors.
 	pathBytes int
 	pathsFull bool
+}
+
+// warnf records something the file means differently under
+// envoyproxy/ratelimit, or that it accepts only for compatibility.
+func (p *parser) warnf(n *yaml.Node, path, format string, args ...any) {
+	line, col := 0, 0
+	if n != nil {
+		line, col = n.Line, n.Column
+	}
+	p.probs.warn(p.file, line, col, path, format, args...)
 }
 
 func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
@@ -258,12 +270,29 @@ func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
 		}
 	}
 
-	var shadow, detailed bool
+	var shadow, detailed, quota bool
 	if f, has := fields["shadow_mode"]; has {
 		shadow, _ = p.boolean(f.val, d.path, "shadow_mode")
 	}
+	if f, has := fields["quota_mode"]; has {
+		quota, _ = p.boolean(f.val, d.path, "quota_mode")
+	}
 	if f, has := fields["detailed_metric"]; has {
 		detailed, _ = p.boolean(f.val, d.path, "detailed_metric")
+	}
+	if f, has := fields["value_to_metric"]; has {
+		d.valueToMetric, _ = p.boolean(f.val, d.path, "value_to_metric")
+	}
+	if f, has := fields["share_threshold"]; has {
+		d.shareThreshold, _ = p.boolean(f.val, d.path, "share_threshold")
+		if d.shareThreshold && !strings.Contains(d.value, "*") {
+			// As envoyproxy/ratelimit refuses it: there is nothing to share.
+			p.errorf(f.key, d.path, "share_threshold: only a wildcard value (one with '*') can share its bucket among the values it matches")
+		}
+	}
+	var metadata map[string]any
+	if f, has := fields["metadata"]; has {
+		metadata = p.metadata(f.val, d.path)
 	}
 	rl, hasRule := fields["rate_limit"]
 	rls, hasList := fields["rate_limits"]
@@ -303,6 +332,8 @@ func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
 	if d.rule != nil {
 		d.rule.ShadowMode = shadow
 		d.rule.DetailedMetric = detailed
+		d.rule.QuotaMode = quota
+		d.rule.Metadata = metadata
 	}
 	if f, has := fields["descriptors"]; has {
 		d.children = p.descriptors(f.val, d.path, "descriptors", depth+1)
@@ -372,8 +403,12 @@ func (p *parser) rateLimit(f field, d *desc) *Rule {
 		}
 	}
 	if unlimited {
+		if g, has := fields["requests_per_unit"]; has {
+			// envoyproxy/ratelimit accepts it and ignores it.
+			p.warnf(g.key, d.path, "%s: ignored with unlimited: true (envoyproxy/ratelimit ignores it too)", dot(pre, "requests_per_unit"))
+		}
 		for _, name := range limitFields {
-			if g, has := fields[name]; has && name != "name" {
+			if g, has := fields[name]; has && name != "name" && name != "requests_per_unit" {
 				p.errorf(g.key, d.path, "%s: not allowed with unlimited: true (an unlimited rule has no bucket)", dot(pre, name))
 				ok = false
 			}

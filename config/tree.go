@@ -2,6 +2,7 @@ package config
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -38,9 +39,22 @@ import (
 // descriptor reached by the last entry has no rate_limit (it only groups
 // nested descriptors), no rule applies.
 type Set struct {
-	domains map[string]*domainTree
-	list    []*Domain // sorted by name
-	hash    string
+	domains  map[string]*domainTree
+	list     []*Domain // sorted by name
+	hash     string
+	warnings []*Error
+}
+
+// Warnings lists what the set's files mean differently under
+// envoyproxy/ratelimit, or hold only for its sake (a field it ignores),
+// sorted by file and position: "ratelimitd validate" prints them. They do
+// not stop the files loading. The slice and its Errors are shared and must
+// not be modified.
+func (s *Set) Warnings() []*Error {
+	if s == nil {
+		return nil
+	}
+	return s.warnings
 }
 
 type domainTree struct {
@@ -220,8 +234,33 @@ func (r *Rule) describe() string {
 	if r.ShadowMode {
 		b.WriteString(", shadow mode (never denies)")
 	}
+	if r.QuotaMode {
+		b.WriteString(", quota mode (denies only when every quota-mode rule of the request is over)")
+	}
 	if r.DetailedMetric {
 		b.WriteString(", detailed metric")
+	}
+	if r.ValueToMetric {
+		b.WriteString(", value in metric")
+	}
+	if r.SharesBucket() {
+		b.WriteString(", shared threshold (")
+		first := true
+		for _, l := range r.levels {
+			if l.shareThreshold {
+				if !first {
+					b.WriteString(", ")
+				}
+				first = false
+				fmt.Fprintf(&b, "every %s matching %q shares one bucket", quoteIfNeeded(l.key), l.value)
+			}
+		}
+		b.WriteString(")")
+	}
+	if r.Metadata != nil {
+		if m, err := json.Marshal(r.Metadata); err == nil {
+			fmt.Fprintf(&b, ", metadata %s", m)
+		}
 	}
 	if len(r.Replaces) > 0 {
 		fmt.Fprintf(&b, ", replaces %s", strings.Join(r.Replaces, ", "))
@@ -347,10 +386,14 @@ func (b *builder) add(ft *fileTree) {
 	}
 }
 
-// insert adds d below parent; varies are the flags of the levels above d
-// (see Rule.varies).
-func (b *builder) insert(t *domainTree, parent *node, d *desc, file string, varies []bool) {
-	varies = append(varies[:len(varies):len(varies)], d.value == "")
+// insert adds d below parent; levels are the levels above d (see
+// Rule.levels).
+func (b *builder) insert(t *domainTree, parent *node, d *desc, file string, levels []level) {
+	levels = append(levels[:len(levels):len(levels)], level{
+		key: d.key, value: d.value,
+		keyOnly: d.value == "", wild: strings.Contains(d.value, "*"),
+		shareThreshold: d.shareThreshold, valueToMetric: d.valueToMetric,
+	})
 	if parent.children == nil {
 		parent.children = make(map[string]*kids)
 	}
@@ -392,7 +435,12 @@ func (b *builder) insert(t *domainTree, parent *node, d *desc, file string, vari
 		d.rule = nil
 	}
 	if d.rule != nil {
-		d.rule.varies = varies
+		d.rule.levels = levels
+		for _, l := range levels {
+			if l.valueToMetric && (l.keyOnly || l.wild && !l.shareThreshold) {
+				d.rule.ValueToMetric = true
+			}
+		}
 		if d.group != "" {
 			t.grouped = append(t.grouped, &groupUse{rule: d.rule, name: d.group, file: file, at: d.groupAt, path: d.path})
 		}
@@ -402,7 +450,7 @@ func (b *builder) insert(t *domainTree, parent *node, d *desc, file string, vari
 		t.domain.Rules = append(t.domain.Rules, d.rule)
 	}
 	for _, c := range d.children {
-		b.insert(t, n, c, file, varies)
+		b.insert(t, n, c, file, levels)
 	}
 }
 
@@ -461,10 +509,18 @@ func (b *builder) check(t *domainTree) {
 	}
 	walk(t.root, func(n *node) {
 		for _, k := range n.children {
+			b.warnWildcardOrder(k.wild)
 			slices.SortStableFunc(k.wild, moreSpecific)
 			k.pattern = nil
 		}
 	})
+	if len(t.domain.Files) > 1 {
+		for _, f := range t.domain.Files[1:] {
+			b.probs.warn(f, 0, 0, quoteIfNeeded(t.domain.Name),
+				"domain %s is also defined by %s: ratelimitd merges the files of one domain, envoyproxy/ratelimit refuses them unless MERGE_DOMAIN_CONFIG is true",
+				quoteIfNeeded(t.domain.Name), t.domain.Files[0])
+		}
+	}
 }
 
 // groupChoices lists the defined groups for an error message.
