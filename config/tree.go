@@ -149,6 +149,11 @@ func (s *Set) Lookup(domain string, entries []Entry) *Rule {
 	return n.rule
 }
 
+// HasDomain reports whether the set has descriptors for domain.
+func (s *Set) HasDomain(domain string) bool {
+	return s != nil && s.domains[domain] != nil
+}
+
 // Explain describes, one line per step, how Lookup walks the tree of domain
 // for entries, and what it finds: for people (a future "ratelimitd explain"),
 // not for parsing.

@@ -20,6 +20,21 @@ type protoCache struct {
 	names  sync.Map    // *config.Rule → *structpb.Value, the rule's name
 	alones [2]sync.Map // *config.Rule → aloneMetadata, metadata naming only it: [admitted, denied]
 	limits sync.Map    // *config.RateLimit → *rlsv3.RateLimitResponse_RateLimit
+	metas  sync.Map    // *config.Rule → *structpb.Value, its Metadata (nil if it cannot be one)
+}
+
+// metadata is r.Metadata as a Struct value, or nil if it cannot be one
+// (a Struct holds only UTF-8 strings, which YAML always gives).
+func (c *protoCache) metadata(r *config.Rule) *structpb.Value {
+	if v, ok := c.metas.Load(r); ok {
+		return v.(*structpb.Value)
+	}
+	var v *structpb.Value
+	if st, err := structpb.NewStruct(r.Metadata); err == nil {
+		v = structpb.NewStructValue(st)
+	}
+	got, _ := c.metas.LoadOrStore(r, v)
+	return got.(*structpb.Value)
 }
 
 // name is the metadata value naming r.

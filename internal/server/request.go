@@ -34,8 +34,6 @@ func (l RequestLimits) check(req *rlsv3.RateLimitRequest) error {
 	for i, d := range req.GetDescriptors() {
 		entries := d.GetEntries()
 		switch {
-		case len(entries) == 0:
-			return fmt.Errorf("descriptors[%d] has no entries", i)
 		case len(entries) > l.MaxEntries:
 			return fmt.Errorf("descriptors[%d] has %d entries, more than the %d allowed", i, len(entries), l.MaxEntries)
 		case d.GetHitsAddend() != nil && d.GetHitsAddend().GetValue() > l.MaxHits:
@@ -69,7 +67,18 @@ type plan struct {
 	// refunds give back the hits of descriptors with is_negative_hits
 	// before the takes (which then only check them).
 	refunds []limiter.Request
+	// quotas counts the quota-mode items (see item.quota). When there are
+	// two or more, the request's verdict is not the store's (see
+	// quotaVerdict): their takes are Shadow, no take waits, and settle
+	// gives back what the verdict does not let the request spend, marked
+	// in spentBack (one per take; nil when nothing was given back).
+	quotas    int
+	spentBack []bool
 }
+
+// tolerant reports whether some quota-mode descriptor may be over its
+// limit in a request that is admitted.
+func (p *plan) tolerant() bool { return p.quotas >= 2 }
 
 // item is one request descriptor and the limits that apply to it.
 type item struct {
@@ -93,6 +102,12 @@ type item struct {
 	// shadow is set when the rule is a shadow rule: its own shadow_mode,
 	// or every rule with Options.ShadowMode.
 	shadow bool
+	// quota is set for a quota-mode descriptor: its rule has quota_mode
+	// (and no override replaced it), or QuotaModeAll makes every
+	// descriptor one but those of unlimited rules, as in
+	// envoyproxy/ratelimit (where a descriptor without a rule then counts
+	// as a quota-mode descriptor that passes).
+	quota bool
 }
 
 // planRequest matches each descriptor of a checked request to its rule and
@@ -101,7 +116,7 @@ type item struct {
 // its stand-in (see longValue) for everything after: its bucket, the
 // override's path, and what observers see.
 // With shadowAll every rule is a shadow rule (Options.ShadowMode).
-func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int, shadowAll bool) (plan, error) {
+func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int, shadowAll bool, quotaMode QuotaMode) (plan, error) {
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
 	p := plan{items: make([]item, len(descs)), descs: descs}
@@ -127,22 +142,45 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 			}
 			replacing = replacing || len(it.rule.Replaces) > 0
 		}
-		if o := d.GetLimit(); o != nil {
+		// As in envoyproxy/ratelimit, an override on a domain the config
+		// does not know is ignored (on a known domain, it applies even
+		// where no rule matched).
+		if o := d.GetLimit(); o != nil && set.HasDomain(domain) {
 			if err := it.override(domain, entries, o); err != nil {
 				return plan{}, fmt.Errorf("descriptors[%d].limit: %w", i, err)
 			}
 		}
 		it.shadow = it.rule != nil && (it.rule.ShadowMode || shadowAll)
+		unlimited := it.rule != nil && it.rule.Kind == config.KindUnlimited && !it.limited
+		it.quota = quotaMode == QuotaModeAll && !unlimited || it.configured && it.rule.QuotaMode && (it.limited || it.denyAll)
 		p.items[i] = it
 	}
 	if replacing {
 		markReplaced(p.items)
 	}
 	// A descriptor denied outright denies the request: the others are only
-	// checked, so that they report their state and spend nothing.
-	checkOnly := false
-	for _, it := range p.items {
-		checkOnly = checkOnly || it.denyAll && !it.replaced && !it.shadow
+	// checked, so that they report their state and spend nothing. A
+	// quota-mode one denies it when every quota-mode descriptor is denied
+	// outright.
+	checkOnly, quotaDenied := false, 0
+	for i := range p.items {
+		it := &p.items[i]
+		if it.replaced && quotaMode != QuotaModeAll {
+			it.quota = false
+		}
+		outright := it.denyAll && !it.replaced && !it.shadow
+		if it.quota {
+			p.quotas++
+			if outright {
+				quotaDenied++
+			}
+			continue
+		}
+		checkOnly = checkOnly || outright
+	}
+	checkOnly = checkOnly || p.quotas > 0 && quotaDenied == p.quotas
+	if p.tolerant() {
+		maxWait = 0 // see plan.quotas
 	}
 	var kb [256]byte // keys are built here, then copied into their string
 	key := kb[:0]
@@ -160,7 +198,9 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 		hits := hitsOf(req, d)
 		for j, l := range it.limits {
 			key = it.rule.AppendKey(key[:0], j, entries)
-			r := limiter.Request{Key: string(key), Limit: l.Limit, Hits: hits, Shadow: it.shadow}
+			// In a tolerant plan, a quota-mode take that is denied must not
+			// deny the others: quotaVerdict decides.
+			r := limiter.Request{Key: string(key), Limit: l.Limit, Hits: hits, Shadow: it.shadow || it.quota && p.tolerant()}
 			if d.GetIsNegativeHits() {
 				refund := r
 				p.refunds = append(p.refunds, refund)
@@ -170,7 +210,7 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 				r.Hits = 0
 			}
 			// A shadow rule never holds a request: it only reports.
-			if r.Hits > 0 && l.MaxWait > 0 && maxWait > 0 && !r.Shadow {
+			if r.Hits > 0 && l.MaxWait > 0 && maxWait > 0 && !it.shadow {
 				r.MaxWait = min(l.MaxWait, maxWait)
 			}
 			p.takes = append(p.takes, r)

@@ -57,7 +57,7 @@ func TestPlanKinds(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{tt.d}}
-			p, err := planRequest(set, req, 0, 1024, false)
+			p, err := planRequest(set, req, 0, 1024, false, QuotaModePerRule)
 			if err != nil {
 				t.Fatalf("planRequest: %v", err)
 			}

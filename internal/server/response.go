@@ -21,6 +21,7 @@ type answerOptions struct {
 	retryAfter RetryAfter
 	headers    RateLimitHeaders
 	metadata   DynamicMetadata
+	descMeta   DescriptorMetadata
 }
 
 // responseUnits maps config's units to Envoy's.
@@ -43,6 +44,7 @@ const (
 	metaExceedsBurst = "ratelimitd.exceeds_burst" // rules asked for more than their burst
 	metaWaited       = "ratelimitd.waited"        // rules whose tokens the request waited for
 	metaQueueFull    = "ratelimitd.queue_full"    // rules denied because too many requests waited
+	metaQuotaOver    = "ratelimitd.quota_over"    // quota-mode rules over their limit in an admitted answer
 )
 
 // buildResponse turns a plan and the store's decisions (one per plan.takes)
@@ -52,11 +54,11 @@ const (
 // same inputs give the same answer. A one-rule answer carries its
 // dynamic_metadata pre-encoded in its unknown fields, not in
 // DynamicMetadata (see setMetadata); on the wire the two are the same.
-func buildResponse(p plan, decisions []limiter.Decision, queueFull []bool, opts answerOptions, cache *protoCache) *rlsv3.RateLimitResponse {
+func buildResponse(req *rlsv3.RateLimitRequest, p plan, decisions []limiter.Decision, queueFull []bool, opts answerOptions, cache *protoCache) *rlsv3.RateLimitResponse {
 	resp := newResponse(len(p.items))
 	sum := setStatuses(resp, p, decisions, queueFull, cache)
 	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses, sum, opts)
-	setMetadata(resp, p, sum, opts.metadata, cache)
+	setMetadata(resp, p, sum, opts.metadata, cache, incumbentMetadata(req, p, resp.Statuses, opts.descMeta, cache))
 	return resp
 }
 
@@ -72,9 +74,10 @@ type summary struct {
 	retry         time.Duration
 	denier, least int
 	// The rules of descriptors that would have denied in shadow mode, that
-	// asked for more than their burst, that waited for their tokens, and
-	// that were denied because too many requests waited.
-	shadow, exceeds, waited, full []*config.Rule
+	// asked for more than their burst, that waited for their tokens, that
+	// were denied because too many requests waited, and that were in quota
+	// mode and over their limit in an admitted answer.
+	shadow, exceeds, waited, full, quotaOver []*config.Rule
 }
 
 // setStatuses sets resp's overall code and one status per item of p, from
@@ -82,11 +85,28 @@ type summary struct {
 func setStatuses(resp *rlsv3.RateLimitResponse, p plan, decisions []limiter.Decision, queueFull []bool, cache *protoCache) summary {
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	sum := summary{denier: -1, least: -1}
+	// Quota-mode descriptors deny only together (see quota.go); the one
+	// that would pass soonest says when to retry.
+	quotaDeny := p.quotas > 0
+	if quotaDeny {
+		failed := 0
+		for _, it := range p.items {
+			if it.quota && it.rule != nil && !it.shadow && itemOver(it, decisions) {
+				failed++
+			}
+		}
+		quotaDeny = failed == p.quotas
+	}
+	quotaDenier, quotaRetry := -1, time.Duration(0)
 	for i, it := range p.items {
 		st := resp.Statuses[i]
 		st.Code = rlsv3.RateLimitResponse_OK
 		if it.rule != nil {
 			sum.matched++
+		}
+		if it.rule != nil && it.rule.Kind == config.KindUnlimited && !it.limited && !it.replaced {
+			// As envoyproxy/ratelimit answers an unlimited rule.
+			st.LimitRemaining = math.MaxUint32
 		}
 		var (
 			allowed bool
@@ -136,6 +156,17 @@ func setStatuses(resp *rlsv3.RateLimitResponse, p plan, decisions []limiter.Deci
 		case allowed:
 		case it.shadow:
 			sum.shadow = append(sum.shadow, it.rule)
+		case it.quota && !quotaDeny:
+			// Tolerated: another quota-mode descriptor passed.
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			sum.quotaOver = append(sum.quotaOver, it.rule)
+		case it.quota:
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			sum.denied++
+			if quotaDenier < 0 || wait < quotaRetry {
+				quotaDenier, quotaRetry = i, wait
+			}
 		default:
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -144,6 +175,9 @@ func setStatuses(resp *rlsv3.RateLimitResponse, p plan, decisions []limiter.Deci
 				sum.denier, sum.retry = i, wait
 			}
 		}
+	}
+	if quotaDenier >= 0 && (sum.denier < 0 || quotaRetry > sum.retry) {
+		sum.denier, sum.retry = quotaDenier, quotaRetry
 	}
 	for i, st := range resp.Statuses {
 		if st.CurrentLimit == nil {
@@ -178,10 +212,20 @@ func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sum s
 // setMetadata sets the dynamic metadata of resp, an answer to p with its
 // statuses set, as mode asks: none, or the rules that matched, denied, and
 // did anything of note (see the meta… keys).
-func setMetadata(resp *rlsv3.RateLimitResponse, p plan, sum summary, mode DynamicMetadata, cache *protoCache) {
-	extra := len(sum.shadow) + len(sum.exceeds) + len(sum.waited) + len(sum.full) // beyond matched and denied
+func setMetadata(resp *rlsv3.RateLimitResponse, p plan, sum summary, mode DynamicMetadata, cache *protoCache, incumbent map[string]*structpb.Value) {
+	extra := len(sum.shadow) + len(sum.exceeds) + len(sum.waited) + len(sum.full) + len(sum.quotaOver) // beyond matched and denied
 	switch {
 	case sum.matched == 0, mode == DynamicMetadataOff, mode == DynamicMetadataNotable && sum.denied+extra == 0:
+		if incumbent != nil {
+			resp.DynamicMetadata = &structpb.Struct{Fields: incumbent}
+		}
+	case incumbent != nil:
+		// The incumbent's keys go beside ours, in one Struct built here.
+		fields := ourMetadata(resp, p, sum, cache)
+		for k, v := range incumbent {
+			fields[k] = v
+		}
+		resp.DynamicMetadata = &structpb.Struct{Fields: fields}
 	case len(p.items) == 1 && p.items[0].configured && extra == 0:
 		// The common answers: one rule, admitted or denied. Their metadata
 		// goes pre-encoded, as the answer's unknown fields: gRPC marshals
@@ -205,29 +249,34 @@ func setMetadata(resp *rlsv3.RateLimitResponse, p plan, sum summary, mode Dynami
 			resp.DynamicMetadata = a.meta
 		}
 	default:
-		rules := make([]*config.Rule, 0, sum.matched)
-		var deniedBy []*config.Rule
-		for i, it := range p.items {
-			if it.rule != nil {
-				rules = append(rules, it.rule)
-			}
-			if resp.Statuses[i].Code == rlsv3.RateLimitResponse_OVER_LIMIT {
-				deniedBy = append(deniedBy, it.rule)
-			}
-		}
-		// An override's rule is made per call: no cached names then.
-		configured := !slices.ContainsFunc(p.items, func(it item) bool { return it.rule != nil && !it.configured })
-		fields := make(map[string]*structpb.Value, 2)
-		for _, f := range []struct {
-			key   string
-			rules []*config.Rule
-		}{{metaMatched, rules}, {metaDeniedBy, deniedBy}, {metaShadowDenied, sum.shadow}, {metaExceedsBurst, sum.exceeds}, {metaWaited, sum.waited}, {metaQueueFull, sum.full}} {
-			if len(f.rules) > 0 {
-				fields[f.key] = cache.list(f.rules, configured)
-			}
-		}
-		resp.DynamicMetadata = &structpb.Struct{Fields: fields}
+		resp.DynamicMetadata = &structpb.Struct{Fields: ourMetadata(resp, p, sum, cache)}
 	}
+}
+
+// ourMetadata is the ratelimitd.* keys of an answer (see setMetadata).
+func ourMetadata(resp *rlsv3.RateLimitResponse, p plan, sum summary, cache *protoCache) map[string]*structpb.Value {
+	rules := make([]*config.Rule, 0, sum.matched)
+	var deniedBy []*config.Rule
+	for i, it := range p.items {
+		if it.rule != nil {
+			rules = append(rules, it.rule)
+		}
+		if resp.Statuses[i].Code == rlsv3.RateLimitResponse_OVER_LIMIT && !(it.quota && resp.OverallCode == rlsv3.RateLimitResponse_OK) {
+			deniedBy = append(deniedBy, it.rule)
+		}
+	}
+	// An override's rule is made per call: no cached names then.
+	configured := !slices.ContainsFunc(p.items, func(it item) bool { return it.rule != nil && !it.configured })
+	fields := make(map[string]*structpb.Value, 2)
+	for _, f := range []struct {
+		key   string
+		rules []*config.Rule
+	}{{metaMatched, rules}, {metaDeniedBy, deniedBy}, {metaShadowDenied, sum.shadow}, {metaExceedsBurst, sum.exceeds}, {metaWaited, sum.waited}, {metaQueueFull, sum.full}, {metaQuotaOver, sum.quotaOver}} {
+		if len(f.rules) > 0 {
+			fields[f.key] = cache.list(f.rules, configured)
+		}
+	}
+	return fields
 }
 
 // noStore keeps caches from replaying a 429; shared, read-only.

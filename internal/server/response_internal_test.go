@@ -1,6 +1,7 @@
 package server
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -40,7 +41,7 @@ func plannedFor(t *testing.T, set *config.Set, keys ...string) plan {
 		}
 		req.Descriptors = append(req.Descriptors, descriptor(k, "v", o))
 	}
-	p, err := planRequest(set, req, 0, 1024, false)
+	p, err := planRequest(set, req, 0, 1024, false, QuotaModePerRule)
 	if err != nil {
 		t.Fatalf("planRequest(%v): %v", keys, err)
 	}
@@ -80,6 +81,8 @@ func TestSetStatuses(t *testing.T) {
 		perHour = rlsv3.RateLimitResponse_RateLimit_HOUR
 	)
 	noStatus := &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok}
+	// An unlimited rule answers as envoyproxy/ratelimit's does.
+	unlimitedStatus := &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, LimitRemaining: math.MaxUint32}
 	tests := []struct {
 		name      string
 		keys      []string
@@ -116,7 +119,7 @@ func TestSetStatuses(t *testing.T) {
 			overall: over, statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{descStatus(over, 0, 60, "blocked", 0, perMin, 1)},
 			matched: 1, denied: 1, denier: 0, least: 0, retry: time.Minute},
 		{name: "unlimited: no limit", keys: []string{"free"},
-			overall: ok, statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{noStatus},
+			overall: ok, statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{unlimitedStatus},
 			matched: 1, denier: -1, least: -1},
 		{name: "no rule", keys: []string{"other"},
 			overall: ok, statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{noStatus},
@@ -139,7 +142,7 @@ func TestSetStatuses(t *testing.T) {
 				descStatus(ok, 3, 1, "models", 10, perMin, 1),
 				descStatus(over, 0, 5, "slow", 2, perHour, 3),
 				descStatus(over, 0, 9, "rps", 2, perSec, 1),
-				noStatus,
+				unlimitedStatus,
 			},
 			matched: 4, denied: 2, denier: 2, least: 1, retry: 9 * time.Second},
 		{name: "an override's limit", keys: []string{"other!"},
@@ -267,7 +270,7 @@ func TestSetMetadata(t *testing.T) {
 			resp := newResponse(len(p.items))
 			cache := &protoCache{}
 			sum := setStatuses(resp, p, tt.decisions, nil, cache)
-			setMetadata(resp, p, sum, tt.mode, cache)
+			setMetadata(resp, p, sum, tt.mode, cache, nil)
 			encoded := resp.DynamicMetadata == nil && len(resp.ProtoReflect().GetUnknown()) > 0
 			if encoded != tt.encoded {
 				t.Errorf("pre-encoded: %v, want %v", encoded, tt.encoded)

@@ -68,6 +68,44 @@ const (
 	DynamicMetadataOff
 )
 
+// QuotaMode says which descriptors are quota-mode descriptors, as
+// envoyproxy/ratelimit's QUOTA_MODE setting does. A request is denied when
+// a descriptor that is not in quota mode is over its limit, or when every
+// one of its quota-mode descriptors is; a quota-mode descriptor over its
+// limit in an admitted request answers OVER_LIMIT in its own status. The
+// zero value is invalid.
+type QuotaMode int
+
+const (
+	// QuotaModePerRule: the descriptors whose rule sets quota_mode.
+	QuotaModePerRule QuotaMode = iota + 1
+	// QuotaModeAll: every descriptor but those of unlimited rules,
+	// including those no rule matched (which pass), as the incumbent's
+	// QUOTA_MODE=true does.
+	QuotaModeAll
+)
+
+// DescriptorMetadata says what an answer's dynamic metadata carries of
+// envoyproxy/ratelimit's own keys (beside the ratelimitd.* keys, which
+// Options.DynamicMetadata governs). The zero value is invalid.
+type DescriptorMetadata int
+
+const (
+	// DescriptorMetadataPassed puts the merged metadata of the
+	// descriptors that passed under "metadata", on every answer where one
+	// of them has metadata in the config.
+	DescriptorMetadataPassed DescriptorMetadata = iota + 1
+	// DescriptorMetadataIncumbent puts on every answer the keys the
+	// incumbent sets with RESPONSE_DYNAMIC_METADATA=true: "domain",
+	// "descriptors" (each descriptor's "entries" as "key=value" strings,
+	// its "limit" override as text and its "hitsAddend"), the request's
+	// "hitsAddend" when not 0, and "metadata" as with
+	// DescriptorMetadataPassed.
+	DescriptorMetadataIncumbent
+	// DescriptorMetadataOff sends none of them.
+	DescriptorMetadataOff
+)
+
 // RequestLimits bound what one request may ask, so that no caller can make
 // the server use unbounded memory or time. Zero fields take the defaults.
 type RequestLimits struct {
@@ -129,6 +167,10 @@ type Options struct {
 	// rule: decided and counted, never denying (envoyproxy/ratelimit's
 	// SHADOW_MODE).
 	ShadowMode bool
+	// QuotaMode defaults to QuotaModePerRule.
+	QuotaMode QuotaMode
+	// DescriptorMetadata defaults to DescriptorMetadataPassed.
+	DescriptorMetadata DescriptorMetadata
 }
 
 // Server answers ShouldRateLimit. It is safe for concurrent use; the config
@@ -144,6 +186,7 @@ type Server struct {
 	observer Observer
 	maxWait  time.Duration
 	shadow   bool // Options.ShadowMode
+	quota    QuotaMode
 	current  atomic.Pointer[loaded]
 	waits    waitQueues
 
@@ -166,10 +209,23 @@ func New(opts Options) (*Server, error) {
 		now:      opts.Now,
 		log:      opts.Logger,
 		limits:   opts.Limits.withDefaults(),
-		answer:   answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders, metadata: opts.DynamicMetadata},
+		answer:   answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders, metadata: opts.DynamicMetadata, descMeta: opts.DescriptorMetadata},
 		observer: opts.Observer,
 		maxWait:  opts.MaxWait,
 		shadow:   opts.ShadowMode,
+		quota:    opts.QuotaMode,
+	}
+	if s.quota == 0 {
+		s.quota = QuotaModePerRule
+	}
+	if s.quota != QuotaModePerRule && s.quota != QuotaModeAll {
+		return nil, fmt.Errorf("server: invalid QuotaMode %d", s.quota)
+	}
+	if s.answer.descMeta == 0 {
+		s.answer.descMeta = DescriptorMetadataPassed
+	}
+	if s.answer.descMeta < DescriptorMetadataPassed || s.answer.descMeta > DescriptorMetadataOff {
+		return nil, fmt.Errorf("server: invalid DescriptorMetadata %d", s.answer.descMeta)
 	}
 	if s.maxWait <= 0 {
 		s.maxWait = 5 * time.Second
@@ -246,7 +302,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if cur == nil {
 		return plan{}, nil, nil, answerFor(codes.Unavailable, ErrNoConfig)
 	}
-	p, err := planRequest(cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow)
+	p, err := planRequest(cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow, s.quota)
 	if err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -261,7 +317,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 		}
 	}
 	if len(p.takes) == 0 {
-		return p, nil, buildResponse(p, nil, nil, s.answer, cur.cache), nil
+		return p, nil, buildResponse(req, p, nil, nil, s.answer, cur.cache), nil
 	}
 	claimed, full := s.waits.claim(&p)
 	defer s.waits.release(&p, claimed)
@@ -273,7 +329,10 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if cause := decisions[0].Fallback; cause != limiter.FallbackNone {
 		s.logFallback(ctx, now, req.GetDomain(), cause)
 	}
-	resp := buildResponse(p, decisions, full, s.answer, cur.cache)
+	if p.tolerant() {
+		decisions = s.settle(ctx, &p, decisions, now)
+	}
+	resp := buildResponse(req, p, decisions, full, s.answer, cur.cache)
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && waits(decisions) {
 		if left, err := s.hold(ctx, p, decisions, s.now()); err != nil {
 			if s.refund(p, decisions, s.now()) {
@@ -282,7 +341,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 			if errors.Is(err, errWaitPastDeadline) {
 				// Denied instead: its tokens come too late for this caller.
 				decisions = deniedForWaits(decisions)
-				return p, decisions, buildResponse(p, decisions, full, s.answer, cur.cache), nil
+				return p, decisions, buildResponse(req, p, decisions, full, s.answer, cur.cache), nil
 			}
 			return p, nil, nil, status.FromContextError(err).Err()
 		}

@@ -409,7 +409,6 @@ func TestInvalidArgument(t *testing.T) {
 	}{
 		{"empty domain", request("", desc("a", "b")), "domain is empty"},
 		{"no descriptors", request("api"), "no descriptors"},
-		{"descriptor without entries", request("api", desc()), "descriptors[0] has no entries"},
 		{"empty key", request("api", desc("a", "b"), desc("", "v")), "descriptors[1].entries[0] has an empty key"},
 		{"too many descriptors", request("api", desc("a", "b"), desc("a", "b"), desc("a", "b"), desc("a", "b")), "4 descriptors, more than the 3"},
 		{"too many entries", request("api", desc("a", "b", "c", "d", "e", "f")), "3 entries, more than the 2"},
