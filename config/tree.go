@@ -257,7 +257,7 @@ func (r *Rule) describe() string {
 					b.WriteString(", ")
 				}
 				first = false
-				fmt.Fprintf(&b, "every %s matching %q shares one bucket", quoteIfNeeded(l.key), l.value)
+				fmt.Fprintf(&b, "every value of %s matching %q shares one bucket", quoteIfNeeded(l.key), l.value)
 			}
 		}
 		b.WriteString(")")

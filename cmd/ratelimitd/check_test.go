@@ -91,10 +91,17 @@ func TestExplainGolden(t *testing.T) {
 		{"explain/no_rule.golden", []string{"--domain", "ai-gateway",
 			"-d", "user=bob", "-d", "model=claude-sonnet,client=acme", "-d", "caller=external", "-d", "team=a"}},
 		{"explain/unknown_domain.golden", []string{"--domain", "nope", "-d", "model=gpt-4o"}},
+		// quota_mode, metadata, share_threshold and value_to_metric.
+		{"explain/incumbent.golden", []string{"--domain", "ai",
+			"-d", "backend=primary", "-d", "files=files/a.txt", "-d", "route=chat,user=bob"}},
 	}
 	for _, tt := range tests {
 		var out, errOut bytes.Buffer
-		args := append([]string{"explain", "--config", filepath.Join("testdata", "explain")}, tt.args...)
+		dir := "explain"
+		if strings.HasPrefix(tt.golden, "explain/incumbent") {
+			dir = "explain-incumbent"
+		}
+		args := append([]string{"explain", "--config", filepath.Join("testdata", dir)}, tt.args...)
 		if err := run(context.Background(), args, func(string) string { return "" }, &out, &errOut); err != nil {
 			t.Fatalf("run(%q) = %v\n%s", args, err, errOut.String())
 		}

@@ -51,6 +51,10 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 		for _, line := range set.Explain(rf.domain, entries) {
 			fmt.Fprintf(&b, "  %s\n", line)
 		}
+		if r := set.Lookup(rf.domain, entries); r != nil {
+			// The key envoyproxy/ratelimit's per-rule stats carry.
+			fmt.Fprintf(&b, "  stats key %s\n", r.StatKey(entries))
+		}
 	}
 	_, err = io.WriteString(stdout, b.String())
 	return err

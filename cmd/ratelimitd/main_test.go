@@ -231,6 +231,23 @@ func TestValidate(t *testing.T) {
 		t.Errorf("validate output = %q, want %q", got, want)
 	}
 
+	// Files that mean something else under envoyproxy/ratelimit load, with
+	// a warning each on stderr.
+	warned := writeConfig(t, map[string]string{"api.yaml": "domain: api\ndescriptors:\n" +
+		"  - {key: m, value: a*, quota_mode: true, metadata: {x: 1}, rate_limit: {unit: second, requests_per_unit: 1}}\n" +
+		"  - {key: m, value: ab*, rate_limit: {unit: second, requests_per_unit: 1}}\n"})
+	out.Reset()
+	errOut.Reset()
+	if err := run(context.Background(), []string{"validate", warned}, os.Getenv, &out, &errOut); err != nil {
+		t.Fatalf("validate warned config: %v\n%s", err, errOut.String())
+	}
+	if got, want := out.String(), "api: 2 rules from api.yaml (1 in quota mode, 1 with metadata)\n"; got != want {
+		t.Errorf("validate output = %q, want %q", got, want)
+	}
+	if msg := errOut.String(); !strings.HasPrefix(msg, "warning: ") || !strings.Contains(msg, "api.yaml:4:") || !strings.Contains(msg, "first match in file order") {
+		t.Errorf("validate warnings = %q, want the wildcard order at api.yaml:4", msg)
+	}
+
 	bad := writeConfig(t, map[string]string{"api.yaml": "domain: api\ndescriptors:\n  - key: model\n    rate_limit: {unit: minutes, requests_per_unit: 5}\n"})
 	out.Reset()
 	errOut.Reset()
