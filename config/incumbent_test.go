@@ -360,6 +360,7 @@ descriptors:
   - {key: n, value: a*, rate_limit: {unit: second, requests_per_unit: 3}}
   - {key: n, value: b*, rate_limit: {unit: second, requests_per_unit: 3}}
   - {key: u, rate_limit: {unlimited: true, requests_per_unit: 5}}
+  - {key: r, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: nowhere}]}}
 `)},
 		{Name: "b.yaml", Data: []byte("domain: d\ndescriptors:\n  - {key: z, rate_limit: {unit: second, requests_per_unit: 1}}\n")},
 	})
@@ -373,6 +374,7 @@ descriptors:
 	want := []string{
 		`a.yaml:4:6: d > m=gpt-4*: value "gpt-4*": a value matching both this and "gpt-*" (a.yaml:3) gets this more specific rule here, but the earlier one under envoyproxy/ratelimit, which takes the first match in file order: put this descriptor first to mean the same under both`,
 		`a.yaml:8:44: d > u: rate_limit.requests_per_unit: ignored with unlimited: true (envoyproxy/ratelimit ignores it too)`,
+		`a.yaml:9:81: d > r: replaces: no rule named "nowhere" in domain d: it replaces nothing`,
 		`b.yaml: d: domain d is also defined by a.yaml: ratelimitd merges the files of one domain, envoyproxy/ratelimit refuses them unless MERGE_DOMAIN_CONFIG is true`,
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

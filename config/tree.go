@@ -508,7 +508,8 @@ func (b *builder) check(t *domainTree) {
 			case name == n.rule.Name:
 				b.probs.add(n.file, at.line, at.col, n.path, "replaces: %q is this rule's own name", name)
 			case named[name] == nil:
-				b.probs.add(n.file, at.line, at.col, n.path, "replaces: no rule named %q in domain %s", name, quoteIfNeeded(t.domain.Name))
+				// envoyproxy/ratelimit loads it: a warning, so that its files load.
+				b.probs.warn(n.file, at.line, at.col, n.path, "replaces: no rule named %q in domain %s: it replaces nothing", name, quoteIfNeeded(t.domain.Name))
 			}
 		}
 	}
