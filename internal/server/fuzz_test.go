@@ -185,7 +185,13 @@ func FuzzShouldRateLimit(f *testing.F) {
 	f.Fuzz(func(t *testing.T, domain string, data []byte, hits uint32) {
 		req := fuzzRequest(domain, data, hits)
 		store := limiter.NewMemoryStore(limiter.MemoryOptions{Shards: 4})
-		srv, err := server.New(server.Options{Store: store, Now: now, Limits: limits})
+		opts := server.Options{Store: store, Now: now, Limits: limits}
+		if len(data)%2 == 1 {
+			// Every descriptor in quota mode (settle's refunds), and the
+			// incumbent's whole dynamic metadata.
+			opts.QuotaMode, opts.DescriptorMetadata = server.QuotaModeAll, server.DescriptorMetadataIncumbent
+		}
+		srv, err := server.New(opts)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -67,7 +67,9 @@ const (
 	// admitted.
 	WithinLimit
 	// OverLimit: the descriptor denied the request (its bucket had too few
-	// tokens, or its rule has requests_per_unit: 0).
+	// tokens, or its rule has requests_per_unit: 0), or, in quota mode, was
+	// over its limit in a request another quota-mode descriptor let pass
+	// (its status says OVER_LIMIT; it took nothing).
 	OverLimit
 	// ShadowOverLimit: a shadow-mode rule would have denied.
 	ShadowOverLimit
@@ -165,7 +167,8 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 			j := pickLimit(decisions[it.first : it.first+len(it.limits)])
 			take := p.takes[it.first+j]
 			o.Limit, o.Decision = it.limits[j].Limit, decisions[it.first+j]
-			o.Charged = take.Hits > 0 && (take.Charge() || admitted && o.Decision.Allowed)
+			givenBack := p.spentBack != nil && p.spentBack[it.first+j] // see settle
+			o.Charged = take.Hits > 0 && (take.Charge() || admitted && o.Decision.Allowed && !givenBack)
 		}
 		switch {
 		case it.rule == nil:
