@@ -35,6 +35,8 @@ func TestIncumbentFixtures(t *testing.T) {
 		{files: []string{"merge_domain_key1.yaml", "merge_domain_key2.yaml"}, incumbentOK: true}, // with MERGE_DOMAIN_CONFIG
 		{files: []string{"basic_config.yaml", "duplicate_domain.yaml"}, incumbentOK: false,
 			differs: "ratelimitd always merges the files of one domain (the incumbent's MERGE_DOMAIN_CONFIG=true); validate warns"},
+		// TestDuplicateKeyDomainMerge: one file twice, merged.
+		{files: []string{"merge_domain_key1.yaml", "merge_domain_key1.yaml"}, wantErr: "this descriptor already has one"},
 		{files: []string{"empty_domain.yaml"}, wantErr: "domain: missing"},
 		{files: []string{"empty_key.yaml"}, wantErr: "key: missing"},
 		{files: []string{"duplicate_key.yaml"}, wantErr: "duplicate descriptor"},
@@ -52,8 +54,12 @@ func TestIncumbentFixtures(t *testing.T) {
 		name := strings.Join(tt.files, "+")
 		t.Run(name, func(t *testing.T) {
 			var files []File
-			for _, f := range tt.files {
-				files = append(files, readTestFile(t, dir+f))
+			for i, f := range tt.files {
+				file := readTestFile(t, dir+f)
+				if i > 0 && tt.files[i-1] == f {
+					file.Name += "#2" // the same content under another name
+				}
+				files = append(files, file)
 			}
 			s, err := Parse(files)
 			gotOK := err == nil
@@ -317,7 +323,7 @@ func TestMetadataErrors(t *testing.T) {
 		{"metadata: {a: .inf}", "metadata.a: .inf: a Struct holds only finite numbers"},
 		{"metadata: {a: {b: 1, b: 2}}", `metadata.a: "b": repeated`},
 		{"metadata: {[a]: 1}", "metadata: keys must be scalars"},
-		{"metadata: {a: " + strings.Repeat("[", 40) + strings.Repeat("]", 40) + "}", "nested deeper than 32 levels"},
+		{"metadata: {a: " + strings.Repeat("[", 110) + strings.Repeat("]", 110) + "}", "nested deeper than 100 levels"},
 		{"share_threshold: true", "share_threshold: only a wildcard value"},
 		{"quota_mode: maybe", "quota_mode: want true or false"},
 		{"value_to_metric: 2", "value_to_metric: want true or false"},

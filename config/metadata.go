@@ -8,10 +8,11 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// maxMetadataDepth bounds the nesting of a descriptor's metadata, so that
+// maxMetadataDepth bounds the nesting of a descriptor's metadata (protobuf's own
+// limit; xdsconfig writes at most 65 levels), so that
 // converting it (here, and to a protobuf Struct in the server) never
 // recurses deeper than this.
-const maxMetadataDepth = 32
+const maxMetadataDepth = 100
 
 // metadata reads a descriptor's metadata: any YAML mapping, held as
 // google.protobuf.Struct would hold it (see Rule.Metadata). As in
