@@ -92,3 +92,35 @@ descriptors:
 	// model=gpt-4o: exact value matched [ai.yaml:4]
 	// no rule for tier=gold under ai > model=gpt-4o: no descriptor has key tier (keys here: user)
 }
+
+func ExampleRule_StatKey() {
+	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(`
+domain: ai
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: user
+        quota_mode: true
+        metadata: {backend: primary}
+        rate_limit: {unit: minute, requests_per_unit: 5}
+`)}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, entries := range [][]config.Entry{
+		{{Key: "files", Value: "files/a.txt"}},
+		{{Key: "route", Value: "chat"}, {Key: "user", Value: "bob"}},
+	} {
+		r := set.Lookup("ai", entries)
+		fmt.Println(r.StatKey(entries), r.SharesBucket(), r.QuotaMode, r.Metadata)
+	}
+	// Output:
+	// ai.files_files/* true false map[]
+	// ai.route_chat.user false true map[backend:primary]
+}
