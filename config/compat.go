@@ -119,6 +119,15 @@ func (r *Rule) AppendStatKey(dst []byte, entries []Entry) []byte {
 	return dst
 }
 
+// OverrideStatKey is envoyproxy/ratelimit's stats key for a descriptor
+// that carries a limit override (which replaces whatever rule matched):
+// "domain.key_value.key…", each entry key_value, or key when its value is
+// empty. It holds request values: metrics must bound their number.
+func OverrideStatKey(domain string, entries []Entry) string {
+	r := Rule{Domain: domain}
+	return string(r.AppendStatKey(nil, entries))
+}
+
 // StatKeyVaries reports whether StatKey holds request values
 // (detailed_metric, or value_to_metric at a level matching many values).
 func (r *Rule) StatKeyVaries() bool {

@@ -224,6 +224,16 @@ descriptors:
 	}
 }
 
+// TestOverrideStatKey: the incumbent's TestConfigLimitOverride keys.
+func TestOverrideStatKey(t *testing.T) {
+	if got, want := OverrideStatKey("test-domain", e("key1", "value1", "subkey1", "something")), "test-domain.key1_value1.subkey1_something"; got != want {
+		t.Errorf("OverrideStatKey = %q, want %q", got, want)
+	}
+	if got, want := OverrideStatKey("d", e("k", "")), "d.k"; got != want {
+		t.Errorf("OverrideStatKey(empty value) = %q, want %q", got, want)
+	}
+}
+
 // TestShareThresholdBuckets checks that every value a share_threshold
 // wildcard matches draws from one bucket, and that without it each value
 // has its own.
