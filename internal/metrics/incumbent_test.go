@@ -9,6 +9,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
+	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
@@ -77,7 +78,15 @@ func TestIncumbentOverrideAndDottedDomain(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := newServerWithoutConfig(t, m)
-	set := mustParse(t, "domain: eg.listener\ndescriptors:\n  - {key: k, rate_limit: {unit: hour, requests_per_unit: 1}}\n")
+	// An override applies only in a domain the config has (as in the
+	// incumbent): api has a file, with no rule for tenant.
+	set, err := config.Parse([]config.File{
+		{Name: "eg.yaml", Data: []byte("domain: eg.listener\ndescriptors:\n  - {key: k, rate_limit: {unit: hour, requests_per_unit: 1}}\n")},
+		{Name: "api.yaml", Data: []byte("domain: api\ndescriptors:\n  - {key: other, rate_limit: {unit: hour, requests_per_unit: 1}}\n")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	m.ConfigLoaded(set)
 	srv.SetConfig(set)
 	over := request("api", []string{"tenant", "t1", "plain", ""})
