@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
 )
 
@@ -29,6 +30,8 @@ type xdsFlags struct {
 // flags as given spells them (see givenFlags).
 func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[string]string) error) {
 	var x xdsFlags
+	quotaMode := fs.String("quota-mode", "per-rule", "which descriptors are quota-mode descriptors (a request is denied only when all of them are over): per-rule (those whose rule sets quota_mode) or all (envoyproxy/ratelimit's QUOTA_MODE=true)")
+	descMetadata := fs.String("descriptor-metadata", "passed", "what dynamic_metadata carries beside ratelimitd.*: passed (the config metadata of the descriptors that passed, under \"metadata\"), incumbent (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA keys: domain, descriptors, hitsAddend, metadata) or off")
 	fs.StringVar(&c.DebugAddr, "debug-addr", "", "HTTP listen address of the operators' endpoints envoyproxy/ratelimit keeps on its debug port (/rlconfig, and /debug/pprof/ with --pprof); empty: none")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "a listen address of its own for /metrics (as well as --http-addr), like envoyproxy/ratelimit's PROMETHEUS_ADDR; empty: none")
 	fs.StringVar(&c.MetricsPath, "metrics-path", daemon.DefaultMetricsPath, "the path of the metrics on --metrics-addr (--http-addr serves them at /metrics whatever it is)")
@@ -52,6 +55,15 @@ func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[str
 	return func(given map[string]string) error {
 		name := func(flag string) string { return flagSpelling(given, flag) }
 		var errs []error
+		var err error
+		if c.QuotaMode, err = choose("quota-mode", *quotaMode, []string{"per-rule", "all"},
+			[]server.QuotaMode{server.QuotaModePerRule, server.QuotaModeAll}); err != nil {
+			errs = append(errs, err)
+		}
+		if c.DescriptorMetadata, err = choose("descriptor-metadata", *descMetadata, []string{"passed", "incumbent", "off"},
+			[]server.DescriptorMetadata{server.DescriptorMetadataPassed, server.DescriptorMetadataIncumbent, server.DescriptorMetadataOff}); err != nil {
+			errs = append(errs, err)
+		}
 		for _, d := range []struct {
 			flag string
 			v    time.Duration

@@ -414,11 +414,11 @@ func (e *incumbentEnv) mapAnswers(s *incumbentSettings) []error {
 	if s.shadowMode {
 		e.set("shadow-mode", "true", "SHADOW_MODE")
 	}
-	// Not yet built; refused rather than ignored, since each changes
-	// answers.
 	if s.quotaMode {
-		errs = append(errs, errors.New("QUOTA_MODE=true: not yet supported by ratelimitd (global quota mode changes which answers are OVER_LIMIT)"))
+		e.set("quota-mode", "all", "QUOTA_MODE")
 	}
+	// Not yet built; refused rather than ignored, since it changes
+	// answers.
 	if s.stopIncrement {
 		errs = append(errs, errors.New("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true: not yet supported by ratelimitd (it changes what an over-limit call charges)"))
 	}
@@ -426,12 +426,15 @@ func (e *incumbentEnv) mapAnswers(s *incumbentSettings) []error {
 		e.set("ratelimit-headers", "draft03", "LIMIT_RESPONSE_HEADERS_ENABLED")
 		s.unhonoured = append(s.unhonoured, "LIMIT_RESPONSE_HEADERS_ENABLED=true: the headers are sent as X-RateLimit-Limit, -Remaining and -Reset (draft 03), not RateLimit-*")
 	}
-	// envoyproxy/ratelimit sends dynamic metadata only when asked, with
-	// keys of its own; ratelimitd's keys are its own too (docs/observing.md).
+	// envoyproxy/ratelimit sends dynamic metadata only when asked: its
+	// keys (domain, descriptors, hitsAddend, the passed descriptors'
+	// metadata), beside which ratelimitd puts its own (ratelimitd.*,
+	// docs/observing.md); unasked, neither.
 	if s.dynamicMetadata {
+		e.set("descriptor-metadata", "incumbent", "RESPONSE_DYNAMIC_METADATA")
 		e.set("dynamic-metadata", "all", "RESPONSE_DYNAMIC_METADATA")
-		s.unhonoured = append(s.unhonoured, "RESPONSE_DYNAMIC_METADATA=true: ratelimitd's dynamic metadata has its own keys (ratelimitd.*), not domain, descriptors and hitsAddend")
 	} else {
+		e.set("descriptor-metadata", "off", "RESPONSE_DYNAMIC_METADATA")
 		e.set("dynamic-metadata", "off", "RESPONSE_DYNAMIC_METADATA")
 	}
 	return errs

@@ -226,12 +226,12 @@ func TestRunAsRatelimitRefusesAndWarns(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(link)
-	for k, v := range istioProcessEnv(root, "BACKEND_TYPE", "memory", "QUOTA_MODE", "true") {
+	for k, v := range istioProcessEnv(root, "BACKEND_TYPE", "memory", "GRPC_UDS", "/tmp/ratelimit.sock") {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	out, err := cmd.CombinedOutput()
-	if code := cmd.ProcessState.ExitCode(); err == nil || code != 2 || !strings.Contains(string(out), "QUOTA_MODE=true: not yet supported") {
-		t.Errorf("QUOTA_MODE=true: exit %d (%v), output\n%s\nwant exit 2 naming QUOTA_MODE", code, err, out)
+	if code := cmd.ProcessState.ExitCode(); err == nil || code != 2 || !strings.Contains(string(out), "GRPC_UDS") {
+		t.Errorf("GRPC_UDS set: exit %d (%v), output\n%s\nwant exit 2 naming GRPC_UDS", code, err, out)
 	}
 
 	p := launchAs(t, "ratelimit", istioProcessEnv(root, "BACKEND_TYPE", "memory", "USE_STATSD", "true", "STATSD_HOST", "statsd"))

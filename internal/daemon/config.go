@@ -67,6 +67,11 @@ type Config struct {
 	// (ratelimit_service_*), as its default Prometheus mapper shapes them,
 	// so that dashboards and alerts written for it keep working.
 	IncumbentMetrics bool
+	// QuotaMode and DescriptorMetadata are envoyproxy/ratelimit's
+	// QUOTA_MODE and RESPONSE_DYNAMIC_METADATA (see server.Options; zero
+	// means its default).
+	QuotaMode          server.QuotaMode
+	DescriptorMetadata server.DescriptorMetadata
 	// ShadowMode makes every rule a shadow rule: counted, never denying
 	// (envoyproxy/ratelimit's SHADOW_MODE; see server.Options.ShadowMode).
 	ShadowMode bool

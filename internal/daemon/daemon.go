@@ -108,15 +108,17 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		}
 	}
 	d.srv, err = server.New(server.Options{
-		MaxWait:          cfg.MaxWait,
-		Store:            d.backend.Store(),
-		Logger:           log,
-		Limits:           cfg.Limits,
-		RetryAfter:       cfg.RetryAfter,
-		RateLimitHeaders: cfg.RateLimitHeaders,
-		DynamicMetadata:  cfg.DynamicMetadata,
-		Observer:         d.obs.observer(),
-		ShadowMode:       cfg.ShadowMode,
+		MaxWait:            cfg.MaxWait,
+		Store:              d.backend.Store(),
+		Logger:             log,
+		Limits:             cfg.Limits,
+		RetryAfter:         cfg.RetryAfter,
+		RateLimitHeaders:   cfg.RateLimitHeaders,
+		DynamicMetadata:    cfg.DynamicMetadata,
+		Observer:           d.obs.observer(),
+		ShadowMode:         cfg.ShadowMode,
+		QuotaMode:          cfg.QuotaMode,
+		DescriptorMetadata: cfg.DescriptorMetadata,
 	})
 	if err != nil {
 		return nil, err
@@ -393,6 +395,9 @@ func (d *Daemon) awaitBackend() {
 func (d *Daemon) probes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", d.healthcheck)
+	// envoyproxy/ratelimit's HTTP ShouldRateLimit, for Lua and other
+	// non-gRPC clients: it spends tokens like a gRPC call.
+	mux.Handle("/json", d.srv.JSONHandler(d.cfg.MaxMessageBytes))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})

@@ -157,7 +157,7 @@ func (d *Daemon) debugHandler() http.Handler {
 	}
 	mux.HandleFunc("GET /rlconfig", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		io.WriteString(w, renderConfig(d.srv.Config()))
+		d.writeConfig(w, d.srv.Config())
 	})
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -184,36 +184,21 @@ func (d *Daemon) debugHandler() http.Handler {
 	return mux
 }
 
-// renderConfig writes set as text for /rlconfig: its hash, then one line
-// per rule, by domain and in file order: its path, kind, limits, and
-// shadow_mode. nil (no config yet) says so.
-func renderConfig(set *config.Set) string {
+// writeConfig writes set as text for /rlconfig: where it came from and
+// its hash, then config.Set.WriteText's line per rule; nil (no config
+// yet) says so.
+func (d *Daemon) writeConfig(w io.Writer, set *config.Set) {
+	kind, version := d.configSource()
 	if set == nil {
-		return "no config loaded\n"
+		fmt.Fprintf(w, "no config loaded (source %s %s)\n", kind, d.source.where())
+		return
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "config_hash: %s\n", set.Hash())
-	for _, dom := range set.Domains() {
-		for _, r := range dom.Rules {
-			fmt.Fprintf(&b, "%s: %s", r.Path, r.Kind)
-			for _, l := range r.Limits {
-				if l.Name != "" {
-					fmt.Fprintf(&b, " name=%s", l.Name)
-				}
-				b.WriteString(" ")
-				per := l.Unit.String()
-				if l.UnitMultiplier > 1 {
-					per = fmt.Sprintf("%d %ss", l.UnitMultiplier, per)
-				}
-				fmt.Fprintf(&b, "requests_per_unit=%d unit=%s", l.Limit.Count, per)
-				if l.Limit.Burst != l.Limit.Count {
-					fmt.Fprintf(&b, " burst=%d", l.Limit.Burst)
-				}
-			}
-			fmt.Fprintf(&b, ", shadow_mode: %t (%s:%d)\n", r.ShadowMode, r.File, r.Line)
-		}
+	fmt.Fprintf(w, "# source: %s %s", kind, d.source.where())
+	if version != "" {
+		fmt.Fprintf(w, " version %s", version)
 	}
-	return b.String()
+	fmt.Fprintf(w, "\n# config_hash: %s\n", set.Hash())
+	set.WriteText(w)
 }
 
 // keepaliveOptions are the gRPC server options of Config.MaxConnectionAge:

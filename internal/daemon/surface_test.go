@@ -228,15 +228,28 @@ func TestHealthcheckDuringShutdown(t *testing.T) {
 }
 
 // TestDebugAndMetricsListeners: DebugAddr serves the index, /rlconfig and
-// /stats (pprof only with Pprof); MetricsAddr serves the metrics at
+// /stats (pprof only with Pprof); HTTPAddr serves POST /json; MetricsAddr serves the metrics at
 // MetricsPath (and nothing else), as HTTPAddr does at /metrics.
 func TestDebugAndMetricsListeners(t *testing.T) {
 	for _, pprof := range []bool{false, true} {
 		r := run(t, daemon.Config{DebugAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", MetricsPath: "/prom", Pprof: pprof}, oneAnHour)
 		debug := "http://" + r.d.DebugAddr().String()
 		code, body := get(t, debug+"/rlconfig")
-		if want := "api > client: limited name=hourly requests_per_unit=1 unit=hour, shadow_mode: false ("; code != http.StatusOK || !strings.Contains(body, want) || !strings.Contains(body, "api.yaml:3)\n") {
+		if want := "api.client: unit=HOUR requests_per_unit=1, shadow_mode: false"; code != http.StatusOK || !strings.Contains(body, want) ||
+			!strings.Contains(body, "api.yaml:3)\n") || !strings.HasPrefix(body, "# source: file ") {
 			t.Errorf("GET debug /rlconfig = %d %q, want 200 with %q", code, body, want)
+		}
+		// POST /json on the HTTP listener spends like a gRPC call.
+		for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+			resp, err := http.Post("http://"+r.d.HTTPAddr().String()+"/json", "application/json",
+				strings.NewReader(`{"domain":"api","descriptors":[{"entries":[{"key":"client","value":"json"}]}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				t.Errorf("POST /json call %d = %d, want %d (1 an hour)", i+1, resp.StatusCode, want)
+			}
 		}
 		if code, body := get(t, debug+"/stats"); code != http.StatusOK || !strings.Contains(body, "memstats: ") {
 			t.Errorf("GET debug /stats = %d %q, want 200 with memstats", code, body)

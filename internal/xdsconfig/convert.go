@@ -223,11 +223,11 @@ func add(m *yaml.Node, key string, val *yaml.Node) {
 	m.Content = append(m.Content, str(key), val)
 }
 
-// str is a string scalar: the explicit !!str tag makes yaml.v3 quote any
-// value that would otherwise read as another type ("true", "1", "null")
-// or that needs escapes.
+// str is a string scalar, double-quoted: config reads metadata as
+// envoyproxy/ratelimit's YAML 1.1 parser does, where a plain yes, on or
+// off is a boolean, so no string may be left plain.
 func str(s string) *yaml.Node {
-	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s}
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Style: yaml.DoubleQuotedStyle}
 }
 
 func boolean(b bool) *yaml.Node {

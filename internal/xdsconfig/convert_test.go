@@ -412,3 +412,35 @@ type yamlDesc struct {
 	Metadata    map[string]any `yaml:"metadata"`
 	Descriptors []yamlDesc
 }
+
+// TestMetadataRoundTrip: a push's metadata reaches the rule as the Struct
+// held it: strings that a YAML 1.1 parser reads as booleans (yes, on, off)
+// stay strings, numbers become float64, nesting and lists are kept.
+func TestMetadataRoundTrip(t *testing.T) {
+	md, err := structpb.NewStruct(map[string]any{
+		"yes": "yes", "on": "on", "off": "off", "null": "null", "n": 3.0, "f": 1.5, "b": true,
+		"nested": map[string]any{"list": []any{"x", 2.0, false}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &rlsconfv3.RateLimitConfig{Name: "api", Domain: "api", Descriptors: []*rlsconfv3.RateLimitDescriptor{{
+		Key: "k", Value: "on", Metadata: md,
+		RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1}}}}
+	f, err := File(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := config.Parse([]config.File{f})
+	if err != nil {
+		t.Fatalf("Parse:\n%s\n%v", f.Data, err)
+	}
+	r := set.Lookup("api", []config.Entry{{Key: "k", Value: "on"}})
+	if r == nil {
+		t.Fatalf("no rule for k=on in\n%s", f.Data)
+	}
+	want := md.AsMap()
+	if !reflect.DeepEqual(r.Metadata, want) {
+		t.Errorf("Rule.Metadata = %#v, want %#v\n%s", r.Metadata, want, f.Data)
+	}
+}
