@@ -14,6 +14,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -162,5 +163,71 @@ func TestRunAsRatelimitWithEGsEnvironment(t *testing.T) {
 	n, err := redis.Client().DBSize(context.Background()).Result()
 	if err != nil || n == 0 {
 		t.Errorf("Redis holds %d keys (%v), want the buckets", n, err)
+	}
+}
+
+// TestRunAsRatelimitWithAIGatewaysEnvironment runs the binary as
+// ratelimit with Envoy AI Gateway's environment (aiGatewayEnv: plaintext
+// xDS, node id envoy-ai-gateway-ratelimit, no start without config) on a
+// real redis-server. Not ready until the first push; then quota-mode
+// descriptors, as AI Gateway marks every level, decide as the incumbent
+// does: a request is OVER_LIMIT only when all its candidate backends are.
+func TestRunAsRatelimitWithAIGatewaysEnvironment(t *testing.T) {
+	xs := xdstest.Start(t, xdstest.Options{})
+	redis := redistest.Start(t)
+	env := withEnv(aiGatewayEnv,
+		"CONFIG_GRPC_XDS_SERVER_URL", xs.Addr(), "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "50ms",
+		"REDIS_URL", redis.Addr, "RUNTIME_ROOT", t.TempDir(),
+		"HOST", "127.0.0.1", "PORT", "0", "GRPC_HOST", "127.0.0.1", "GRPC_PORT", "0", "DEBUG_HOST", "127.0.0.1", "DEBUG_PORT", "0",
+		"LOG_FORMAT", "json", "LOG_LEVEL", "info")
+	p := launchAs(t, "ratelimit", env)
+	if code, _ := httpBody(t, "http://"+p.httpAddr+"/healthcheck"); code != http.StatusInternalServerError {
+		t.Errorf("/healthcheck before the first push = %d, want 500 (no FORCE_START_WITHOUT_INITIAL_CONFIG)", code)
+	}
+
+	backend := func(name string, n uint32) *rlsconfv3.RateLimitDescriptor {
+		return &rlsconfv3.RateLimitDescriptor{Key: "backend_name", Value: name, QuotaMode: true,
+			Descriptors: []*rlsconfv3.RateLimitDescriptor{{Key: "model_name_override", Value: "gpt-4o", QuotaMode: true,
+				RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_MINUTE, RequestsPerUnit: n}}}}
+	}
+	xs.SetSnapshot(xdstest.AIGatewayNodeID, "1", &rlsconfv3.RateLimitConfig{Name: xdstest.AIGatewayDomain, Domain: xdstest.AIGatewayDomain,
+		Descriptors: []*rlsconfv3.RateLimitDescriptor{backend("default/openai", 1), backend("default/azure", 3)}})
+	if req := xs.WaitForACK(t, "1"); req.NodeID != xdstest.AIGatewayNodeID {
+		t.Errorf("ACK from node %q, want %q", req.NodeID, xdstest.AIGatewayNodeID)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if code, _ := httpBody(t, "http://"+p.httpAddr+"/healthcheck"); code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthcheck not 200 within 15s of the push\n%s", p.logs)
+		}
+	}
+
+	client := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
+	desc := func(name string) *ratelimitv3.RateLimitDescriptor {
+		return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "backend_name", Value: name}, {Key: "model_name_override", Value: "gpt-4o"}}}
+	}
+	type answer struct{ overall, openai, azure rlsv3.RateLimitResponse_Code }
+	const ok, over = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	// openai allows 1 a minute, azure 3: the first call passes both; the
+	// next two are OK on azure's room alone; then both are over.
+	for i, want := range []answer{{ok, ok, ok}, {ok, over, ok}, {ok, over, ok}, {over, over, over}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: xdstest.AIGatewayDomain,
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("default/openai"), desc("default/azure")}})
+		cancel()
+		if err != nil {
+			t.Fatalf("call %d: %v", i+1, err)
+		}
+		st := resp.GetStatuses()
+		got := answer{overall: resp.GetOverallCode()}
+		if len(st) == 2 {
+			got.openai, got.azure = st[0].GetCode(), st[1].GetCode()
+		}
+		if got != want {
+			t.Errorf("call %d: overall %v, openai %v, azure %v; want %v, %v, %v", i+1, got.overall, got.openai, got.azure, want.overall, want.openai, want.azure)
+		}
 	}
 }
