@@ -261,7 +261,7 @@ func (inc *incumbent) observeDescriptor(domain string, d *server.DescriptorOutco
 // maxIncKeys.
 func (inc *incumbent) counters(domain string, d *server.DescriptorOutcome) *incCounters {
 	r := d.Rule
-	if r.File != "" && !r.DetailedMetric {
+	if r.File != "" && !r.StatKeyVaries() {
 		if c, ok := inc.byRule.Load(r); ok {
 			return c.(*incCounters)
 		}
@@ -271,8 +271,8 @@ func (inc *incumbent) counters(domain string, d *server.DescriptorOutcome) *incC
 		}
 		return c
 	}
-	// The request's entries: with detailed_metric each as key_value, for a
-	// limit override (config_impl.go descriptorKey@f2fb157) as key or
+	// The request's entries: per the rule's detailed_metric and
+	// value_to_metric, or, for a limit override (config_impl.go descriptorKey@f2fb157) as key or
 	// key_value; built in place, looked up without an allocation.
 	var kb [256]byte
 	var key []byte
@@ -282,8 +282,14 @@ func (inc *incumbent) counters(domain string, d *server.DescriptorOutcome) *incC
 		key = appendEntries(key, d.Descriptor.GetEntries(), false)
 		parent = domain + "." + incOverflow
 	} else {
-		key = append(append(kb[:0], r.Domain...), '.')
-		key = appendEntries(key, d.Descriptor.GetEntries(), true)
+		// detailed_metric or value_to_metric: the rule's own key with the
+		// request's values where those say (config.Rule.StatKey).
+		var eb [32]config.Entry
+		entries := eb[:0]
+		for _, e := range d.Descriptor.GetEntries() {
+			entries = append(entries, config.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		key = r.AppendStatKey(kb[:0], entries)
 		parent = inc.ruleKey(r)
 	}
 	for i, c := range key {

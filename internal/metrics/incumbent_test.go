@@ -30,6 +30,8 @@ descriptors:
   - {key: "k|1", value: "c:d", rate_limit: {unit: hour, requests_per_unit: 100}}
   - {key: masked_remote_address, value: 10.1.2.3/32, rate_limit: {unit: hour, requests_per_unit: 100}}
   - {key: ip, detailed_metric: true, rate_limit: {unit: hour, requests_per_unit: 100}}
+  - {key: model, value_to_metric: true, rate_limit: {unit: hour, requests_per_unit: 100}}
+  - {key: tier, value: "pro*", value_to_metric: true, rate_limit: {unit: hour, requests_per_unit: 100}}
 `
 
 // TestIncumbentStatKeys: each rule's series has the labels the incumbent's
@@ -58,6 +60,10 @@ func TestIncumbentStatKeys(t *testing.T) {
 		{request("api", []string{"ip", "a"}), map[string]string{"domain": "api", "key1": "ip_a"}},
 		{request("api", []string{"ip", "b"}), map[string]string{"domain": "api", "key1": "ip_b"}},
 		{request("api", []string{"ip", "c"}), map[string]string{"domain": "api", "key1": "ip"}},
+		// value_to_metric: the request's value at a key-only or wildcard
+		// level (config.Rule.StatKey).
+		{request("api", []string{"model", "gpt-4o"}), map[string]string{"domain": "api", "key1": "model_gpt-4o"}},
+		{request("api", []string{"tier", "pro-x"}), map[string]string{"domain": "api", "key1": "tier_pro-x"}},
 	}
 	for _, tt := range tests {
 		if _, err := srv.ShouldRateLimit(context.Background(), tt.req); err != nil {
