@@ -195,21 +195,6 @@ func (p *parser) bucketFits(rl RateLimit, fields map[string]field, at *yaml.Node
 		per = fmt.Sprintf("%d %ss", rl.UnitMultiplier, rl.Unit)
 	}
 	most := fmt.Sprintf("%g years", maxFillYears)
-	switch {
-	case l.Burst > limiter.MaxProduct/l.Count:
-		if burstGiven {
-			p.errorf(node("burst"), path, "%s: %d × requests_per_unit %d is more than 2^50: lower burst or requests_per_unit",
-				dot(pre, "burst"), l.Burst, l.Count)
-		} else {
-			p.errorf(node("requests_per_unit"), path, "%s: %d × %s is more than 2^50: set a smaller burst",
-				dot(pre, "requests_per_unit"), l.Count, burst)
-		}
-		return false
-	case l.MaxDebt > 0 && l.Burst+l.MaxDebt > limiter.MaxProduct/l.Count:
-		p.errorf(node("overdraft.max_debt"), path, "%s: (%s + max_debt %d) × requests_per_unit %d is more than 2^50",
-			dot(pre, "overdraft.max_debt"), burst, l.MaxDebt, l.Count)
-		return false
-	}
 	err := l.Validate()
 	if err == nil {
 		return true

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -49,14 +50,22 @@ func (a instant) ceilDuration() time.Duration {
 	return time.Duration(us) * time.Microsecond
 }
 
-// advance returns t plus the time n tokens take to arrive, n·Period/Count.
-// The product n·Period is split as n·q + n·r/Count so that no intermediate
-// value exceeds 2^53 for a valid Limit and n ≤ Burst+MaxDebt.
+// advance returns t plus the time n tokens take to arrive, n·Period/Count,
+// exactly, for 0 ≤ n and t.frac < Count. The product n·Period is split as
+// n·q + n·r/Count (q, r = Period/Count, Period%Count); n·r + t.frac, which
+// passes 2^64 when Count and n are both near 2^32 or more, is formed in 128
+// bits, so every Limit that Validate accepts is exact, whatever
+// Count·Burst is. The results are spans under 2^53 µs with a fraction
+// below Count ≤ MaxTokens: the Redis script adds and compares them exactly
+// in doubles.
 func (l Limit) advance(t instant, n int64) instant {
 	p := l.Period.Microseconds()
 	q, r := p/l.Count, p%l.Count
-	f := t.frac + n*r
-	return instant{us: t.us + n*q + f/l.Count, frac: f % l.Count}
+	hi, lo := bits.Mul64(uint64(n), uint64(r))
+	lo, carry := bits.Add64(lo, uint64(t.frac), 0)
+	// (hi+carry)·2^64 + lo < (n+1)·Count, so the quotient fits 64 bits.
+	quo, rem := bits.Div64(hi+carry, lo, uint64(l.Count))
+	return instant{us: t.us + n*q + int64(quo), frac: int64(rem)}
 }
 
 // Span returns the time n tokens take to arrive, n·Period/Count, exactly:
@@ -167,7 +176,9 @@ func (l Limit) charge(tat, now, tau, before instant, hits int64) (State, Decisio
 	d := Decision{Allowed: !tau.less(before), ResetAfter: used.ceilDuration()}
 	switch {
 	case !d.Allowed:
-		d.RetryAfter = before.sub(tau, l.Count).ceilDuration()
+		// Until the bucket is out of debt again, this charge included:
+		// the same charge is admitted then.
+		d.RetryAfter = used.sub(tau, l.Count).ceilDuration()
 	case !tau.less(used):
 		d.Remaining = l.tokensIn(tau.sub(used, l.Count))
 	}

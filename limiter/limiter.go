@@ -40,14 +40,15 @@ type Limit struct {
 	MaxDebt int64
 }
 
-// Bounds on a Limit that keep every intermediate value of the bucket
-// arithmetic below 2^53, so the Redis script (whose numbers are doubles)
-// computes exactly what this package does.
+// Bounds on a Limit that keep every value the Redis script (whose numbers
+// are doubles) handles an exact integer below 2^53: spans in microseconds
+// below 2·MaxFill plus now, fractions of a microsecond below Count. The
+// Go arithmetic (advance) forms the one product that could pass 2^63,
+// n·(Period mod Count), in 128 bits, so Count·Burst is not bounded: a
+// limit of 4294967295 per second with that burst is exact.
 const (
-	// MaxTokens bounds Count and Burst.
+	// MaxTokens bounds Count, Burst and MaxDebt.
 	MaxTokens = 1 << 40
-	// MaxProduct bounds (Burst+MaxDebt)·Count, the largest remainder sum.
-	MaxProduct = 1 << 50
 	// MaxFill bounds the time a bucket takes to fill from empty and, with
 	// MaxDebt, to pay its deepest debt and fill: every span the arithmetic
 	// forms (Burst+MaxDebt tokens at most) is then below 2^53 µs.
@@ -70,12 +71,10 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("burst %d: must be at least 1", l.Burst)
 	case l.Burst > MaxTokens:
 		return fmt.Errorf("burst %d: must be at most %d", l.Burst, int64(MaxTokens))
-	case l.Burst > MaxProduct/l.Count:
-		return fmt.Errorf("burst %d with count %d: burst×count must be at most 2^50", l.Burst, l.Count)
 	case l.MaxDebt < 0:
 		return fmt.Errorf("max debt %d: must not be negative", l.MaxDebt)
-	case l.MaxDebt > MaxTokens || l.Burst+l.MaxDebt > MaxProduct/l.Count:
-		return fmt.Errorf("max debt %d with burst %d and count %d: (burst+max debt)×count must be at most 2^50", l.MaxDebt, l.Burst, l.Count)
+	case l.MaxDebt > MaxTokens:
+		return fmt.Errorf("max debt %d: must be at most %d", l.MaxDebt, int64(MaxTokens))
 	}
 	if !l.spanFits(l.Burst) {
 		return fmt.Errorf("burst %d at %d per %v: the bucket would take %s to fill, more than %v",

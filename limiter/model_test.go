@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"maps"
+	"math/big"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -12,71 +13,112 @@ import (
 
 // model is a naive bucket written from the specification of Decide, not
 // from its arithmetic: no theoretical arrival time, no fractions of a
-// microsecond, no rounding but the last one. It counts what the bucket
-// holds in units of 1/P token, P being the Period in microseconds, so that
-// exactly Count units arrive every microsecond and every quantity is an
-// integer: a bucket of Burst tokens holds Burst·P units when full, and a
-// request for n tokens needs n·P of them.
+// microsecond, no rounding but the last one, and no bound on its numbers
+// (math/big). It counts what the bucket holds in units of 1/P token, P being
+// the Period in microseconds, so that exactly Count units arrive every
+// microsecond and every quantity is an integer: a bucket of Burst tokens
+// holds Burst·P units when full, and a request for n tokens needs n·P of
+// them. Burst·P passes 2^64 for the largest limits (4294967295 per year is
+// about 1.4·10^23 units): the model is exact there too.
 type model struct {
-	spent bool  // false: never spent from, so full
-	at    int64 // when it last changed, µs since the epoch
-	units int64 // what it held then (negative: in debt)
+	spent bool     // false: never spent from, so full
+	at    int64    // when it last changed, µs since the epoch
+	units *big.Int // what it held then (negative: in debt)
 }
+
+func bi(v int64) *big.Int { return big.NewInt(v) }
+
+func mul(a, b *big.Int) *big.Int { return new(big.Int).Mul(a, b) }
+func add(a, b *big.Int) *big.Int { return new(big.Int).Add(a, b) }
+func sub(a, b *big.Int) *big.Int { return new(big.Int).Sub(a, b) }
+
+func minB(a, b *big.Int) *big.Int {
+	if a.Cmp(b) < 0 {
+		return a
+	}
+	return b
+}
+
+func maxB(a, b *big.Int) *big.Int {
+	if a.Cmp(b) > 0 {
+		return a
+	}
+	return b
+}
+
+// int64Of is v, which must fit an int64 (a token count or a span in µs).
+func int64Of(v *big.Int) int64 {
+	if !v.IsInt64() {
+		panic("model: " + v.String() + " does not fit an int64")
+	}
+	return v.Int64()
+}
+
+// full is what a full bucket of l holds, Burst·P units.
+func full(l limiter.Limit) *big.Int { return mul(bi(l.Burst), bi(l.Period.Microseconds())) }
 
 // held is what the bucket holds at now: what it held when it last changed
 // plus Count a microsecond since (less, if the clock has gone back), at most
 // full.
-func (b model) held(l limiter.Limit, now int64) int64 {
-	full := l.Burst * l.Period.Microseconds()
-	if !b.spent || now-b.at >= (full-b.units)/l.Count+1 {
-		return full
+func (b model) held(l limiter.Limit, now int64) *big.Int {
+	f := full(l)
+	if !b.spent {
+		return f
 	}
-	return min(full, b.units+l.Count*(now-b.at))
+	return minB(f, add(b.units, mul(bi(l.Count), bi(now-b.at))))
 }
 
 // ceilUS is units/count microseconds, rounded up, for units ≥ 0.
-func ceilUS(units, count int64) time.Duration {
-	return time.Duration((units+count-1)/count) * time.Microsecond
+func ceilUS(units *big.Int, count int64) time.Duration {
+	q := new(big.Int).Add(units, bi(count-1))
+	q.Quo(q, bi(count))
+	return time.Duration(int64Of(q)) * time.Microsecond
 }
+
+// tokens is units/p whole tokens, for units ≥ 0.
+func tokens(units *big.Int, p int64) int64 { return int64Of(new(big.Int).Quo(units, bi(p))) }
 
 // decide is Decide's specification, applied to the model at now.
 func (b model) decide(r limiter.Request, at time.Time) (model, limiter.Decision) {
 	l, now := r.Limit, at.UnixMicro()
 	p := l.Period.Microseconds()
-	full := l.Burst * p
+	f := full(l)
 	have := b.held(l, now)
-	need := r.Hits * p
-	leaving := func(units int64) model { return model{spent: true, at: now, units: units} }
-	untilFull := func(units int64) time.Duration { return ceilUS(full-units, l.Count) }
+	need := mul(bi(r.Hits), bi(p))
+	leaving := func(units *big.Int) model { return model{spent: true, at: now, units: units} }
+	untilFull := func(units *big.Int) time.Duration { return ceilUS(sub(f, units), l.Count) }
 
 	if l.MaxDebt > 0 && r.Hits > 0 {
 		// A post-paid charge is recorded whatever the bucket holds, down
 		// to MaxDebt tokens below empty, or where the bucket already is if
 		// that is lower (a charge never makes it fuller). It is admitted
-		// when the bucket was not in debt.
-		left := max(have-need, min(-l.MaxDebt*p, have))
-		d := limiter.Decision{Allowed: have >= 0, ResetAfter: untilFull(left)}
+		// when the bucket was not in debt; denied, it says when the bucket
+		// is out of debt again, this charge included.
+		left := maxB(sub(have, need), minB(mul(bi(-l.MaxDebt), bi(p)), have))
+		d := limiter.Decision{Allowed: have.Sign() >= 0, ResetAfter: untilFull(left)}
 		switch {
 		case !d.Allowed:
-			d.RetryAfter = ceilUS(-have, l.Count)
-		case left >= 0:
-			d.Remaining = left / p
+			d.RetryAfter = ceilUS(new(big.Int).Neg(left), l.Count)
+		case left.Sign() >= 0:
+			d.Remaining = tokens(left, p)
 		}
 		return leaving(left), d
 	}
 	if r.Hits > l.Burst {
 		return b, limiter.Decision{ResetAfter: untilFull(have), ExceedsBurst: true}
 	}
-	if have >= need { // a check (need 0) passes unless the bucket is in debt
-		d := limiter.Decision{Allowed: true, Remaining: (have - need) / p, ResetAfter: untilFull(have - need)}
+	if have.Cmp(need) >= 0 { // a check (need 0) passes unless the bucket is in debt
+		left := sub(have, need)
+		d := limiter.Decision{Allowed: true, Remaining: tokens(left, p), ResetAfter: untilFull(left)}
 		if r.Hits == 0 {
 			return b, d
 		}
-		return leaving(have - need), d
+		return leaving(left), d
 	}
-	wait := ceilUS(need-have, l.Count) // until the missing units have arrived
+	wait := ceilUS(sub(need, have), l.Count) // until the missing units have arrived
 	if r.Hits > 0 && r.MaxWait > 0 && wait <= r.MaxWait {
-		return leaving(have - need), limiter.Decision{Allowed: true, ResetAfter: untilFull(have - need), Wait: wait}
+		left := sub(have, need)
+		return leaving(left), limiter.Decision{Allowed: true, ResetAfter: untilFull(left), Wait: wait}
 	}
 	return b, limiter.Decision{RetryAfter: wait, ResetAfter: untilFull(have)}
 }
@@ -88,8 +130,8 @@ func (b model) state(l limiter.Limit) limiter.State {
 	if !b.spent {
 		return limiter.State{}
 	}
-	missing := l.Burst*l.Period.Microseconds() - b.units
-	return limiter.State{TAT: b.at + missing/l.Count, Frac: missing % l.Count}
+	q, m := new(big.Int).QuoRem(sub(full(l), b.units), bi(l.Count), new(big.Int))
+	return limiter.State{TAT: b.at + int64Of(q), Frac: int64Of(m)}
 }
 
 // takeModel is the specification of DecideAll (and Store.Take) on models
@@ -132,8 +174,12 @@ func takeModel(now time.Time, reqs []limiter.Request, buckets map[string]model) 
 
 // randomLimit is a valid limit with a small burst, a period of a
 // microsecond to a day (often not a whole number of microseconds per
-// token), and sometimes an overdraft.
+// token), and sometimes an overdraft; or, one time in four, a huge limit
+// (bigLimit).
 func randomLimit(rng *rand.Rand) limiter.Limit {
+	if rng.IntN(4) == 0 {
+		return bigLimit(rng)
+	}
 	counts := []int64{1, 2, 3, 7, 10, 60, 1000, 1 + rng.Int64N(1_000_000)}
 	periods := []time.Duration{time.Microsecond, time.Millisecond, time.Second, time.Minute, time.Hour, 24 * time.Hour,
 		time.Duration(1+rng.Int64N(10_000_000)) * time.Microsecond}
@@ -148,20 +194,48 @@ func randomLimit(rng *rand.Rand) limiter.Limit {
 	return l
 }
 
+// The periods of the config's units (config.Unit), and a week.
+var unitPeriods = []time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour,
+	30 * 24 * time.Hour, 365 * 24 * time.Hour}
+
+// bigLimit is a limit as large as the incumbent's files can write: a
+// requests_per_unit of 10^9 or up to 2^32−1 (a uint32) per unit, with the
+// default burst (the count) or another near it, sometimes an overdraft of
+// up to two bursts. Count·Burst reaches 2^64.
+func bigLimit(rng *rand.Rand) limiter.Limit {
+	counts := []int64{1_000_000_000, 4_294_967_295, 1 << 31, 1 + rng.Int64N(4_294_967_295)}
+	l := limiter.Limit{Count: counts[rng.IntN(len(counts))], Period: unitPeriods[rng.IntN(len(unitPeriods))]}
+	l.Burst = l.Count
+	switch rng.IntN(4) {
+	case 0:
+		l.Burst = 1 + rng.Int64N(l.Count)
+	case 1:
+		l.Burst = 1 + rng.Int64N(3)
+	}
+	if rng.IntN(3) == 0 {
+		l.MaxDebt = 1 + rng.Int64N(2*l.Burst)
+	}
+	return l
+}
+
 // randomRequest asks for 0 to a few more tokens than l's burst (than its
-// burst and overdraft, for a charge), sometimes willing to wait up to the
-// fill time.
+// burst and overdraft, for a charge), sometimes for a huge number (Envoy's
+// hits_addend is a uint32; a stream-done charge may be anything), and
+// sometimes willing to wait up to the fill time.
 func randomRequest(rng *rand.Rand, key string, l limiter.Limit) limiter.Request {
 	r := limiter.Request{Key: key, Limit: l}
-	switch n := rng.IntN(20); {
-	case n < 3:
+	switch n := rng.IntN(40); {
+	case n < 6:
 		r.Hits = 0
-	case n < 17:
+	case n < 34:
 		r.Hits = 1 + rng.Int64N(l.Burst)
-	case n < 19:
+	case n < 36:
 		r.Hits = l.Burst + 1 + rng.Int64N(3)
-	default:
+	case n < 38:
 		r.Hits = 1 + rng.Int64N(l.Burst+l.MaxDebt+3)
+	default:
+		huge := []int64{4_294_967_295, limiter.MaxTokens, 1 + rng.Int64N(limiter.MaxTokens)}
+		r.Hits = huge[rng.IntN(len(huge))]
 	}
 	if rng.IntN(4) == 0 {
 		r.MaxWait = time.Duration(rng.Int64N(int64(l.FillTime()) + 1))
@@ -220,6 +294,16 @@ func TestDecideMatchesModel(t *testing.T) {
 				t.Fatalf("trial %d step %d: Decide(%+v hits %d max wait %v, %+v, t0+%v) = %+v, %+v; the model gives %+v, %+v (from %+v)",
 					trial, step, l, r.Hits, r.MaxWait, s, now.Sub(t0), d, next, want, wantM.state(l), m)
 			}
+			if l.Count >= 1_000_000_000 {
+				switch {
+				case r.Charge():
+					reached["big: charge"]++
+				case d.Allowed && r.Hits > 0:
+					reached["big: admitted"]++
+				case !d.Allowed && !d.ExceedsBurst:
+					reached["big: denied"]++
+				}
+			}
 			switch {
 			case r.Charge() && !d.Allowed:
 				reached["charge in debt"]++
@@ -245,7 +329,8 @@ func TestDecideMatchesModel(t *testing.T) {
 		}
 	}
 	t.Logf("reached: %v", reached)
-	for _, kind := range []string{"admitted", "denied", "check", "reservation", "more than the burst", "charge", "charge in debt", "clock back"} {
+	for _, kind := range []string{"admitted", "denied", "check", "reservation", "more than the burst", "charge", "charge in debt", "clock back",
+		"big: admitted", "big: denied", "big: charge"} {
 		if reached[kind] < 500 {
 			t.Errorf("%d decisions of kind %q, want at least 500 (all: %v)", reached[kind], kind, reached)
 		}

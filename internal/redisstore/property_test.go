@@ -50,10 +50,10 @@ func randLimit(rng *rand.Rand) limiter.Limit {
 }
 
 // maxDebt is the largest MaxDebt that Limit.Validate accepts for l: at most
-// MaxTokens, (Burst+MaxDebt)·Count at most 2^50, and Burst+MaxDebt tokens
-// arriving within MaxFill, floor((Burst+MaxDebt)·Period/Count) ≤ MaxFill.
+// MaxTokens, and Burst+MaxDebt tokens arriving within MaxFill,
+// floor((Burst+MaxDebt)·Period/Count) ≤ MaxFill.
 func maxDebt(l limiter.Limit) int64 {
-	most := min(int64(limiter.MaxTokens), (1<<50)/l.Count-l.Burst)
+	most := int64(limiter.MaxTokens)
 	// n·p/count < MaxFill+1 ⟺ n ≤ ((MaxFill+1)·count − 1)/p, exactly.
 	n := new(big.Int).Mul(big.NewInt(limiter.MaxFill.Microseconds()+1), big.NewInt(l.Count))
 	n.Sub(n, big.NewInt(1))
@@ -67,7 +67,7 @@ func maxDebt(l limiter.Limit) int64 {
 // randPrepaid returns a valid Limit without MaxDebt, often near the bounds.
 func randPrepaid(rng *rand.Rand) limiter.Limit {
 	maxFill := limiter.MaxFill.Microseconds()
-	switch rng.IntN(6) {
+	switch rng.IntN(7) {
 	case 0: // everyday limits
 		human := []limiter.Limit{
 			{Count: 3, Period: time.Second, Burst: 3},
@@ -77,11 +77,14 @@ func randPrepaid(rng *rand.Rand) limiter.Limit {
 			{Count: 7, Period: 1001 * time.Microsecond, Burst: 3},
 		}
 		return human[rng.IntN(len(human))]
-	case 1: // Count at the bound, Burst·Count = 2^50, and periods up to
-		// the longest Duration (more than 2^53 µs)
+	case 1: // Count at the bound, Burst·Count up to 2^80, and periods up
+		// to the longest Duration (more than 2^53 µs)
 		l := limiter.Limit{Count: limiter.MaxTokens, Burst: 1 << 10}
-		if rng.IntN(2) == 0 {
+		switch rng.IntN(3) {
+		case 0:
 			l.Burst = 1
+		case 1:
+			l.Burst = limiter.MaxTokens
 		}
 		l.Period = time.Duration(logUniform(rng, 1, math.MaxInt64/1000)) * time.Microsecond
 		if rng.IntN(3) == 0 {
@@ -96,10 +99,21 @@ func randPrepaid(rng *rand.Rand) limiter.Limit {
 		if l.Validate() == nil {
 			return l
 		}
+	case 3: // the incumbent's largest: a uint32 requests_per_unit per
+		// unit, with the default burst (the count) or another
+		counts := []int64{1_000_000_000, 4_294_967_295, 1 + rng.Int64N(4_294_967_295)}
+		units := []time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour,
+			30 * 24 * time.Hour, 365 * 24 * time.Hour}
+		l := limiter.Limit{Count: counts[rng.IntN(len(counts))], Period: units[rng.IntN(len(units))]}
+		l.Burst = l.Count
+		if rng.IntN(3) == 0 {
+			l.Burst = logUniform(rng, 1, l.Count)
+		}
+		return l
 	}
 	for {
 		count := logUniform(rng, 1, limiter.MaxTokens)
-		burst := logUniform(rng, 1, min(limiter.MaxTokens, (1<<50)/count))
+		burst := logUniform(rng, 1, limiter.MaxTokens)
 		// fill = burst·period/count ≤ MaxFill
 		maxPeriod := int64(min(float64(maxFill)*float64(count)/float64(burst), float64(100*365*24*time.Hour/time.Microsecond)))
 		if maxPeriod < 1 {
@@ -130,9 +144,11 @@ func randHits(rng *rand.Rand, l limiter.Limit) int64 {
 			return 1 + rng.Int64N(most)
 		}
 	}
-	switch rng.IntN(8) {
+	switch rng.IntN(9) {
 	case 0:
 		return 0
+	case 8: // Envoy's largest hits_addend (a uint32), or more
+		return []int64{4_294_967_295, limiter.MaxTokens}[rng.IntN(2)]
 	case 1, 2:
 		return 1
 	case 3:

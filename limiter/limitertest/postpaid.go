@@ -33,8 +33,10 @@ var postpaidTimelines = []timeline{
 		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 600)}, want: []limiter.Decision{ok(0, 90*time.Second)}},
 		// 500 tokens of debt: 30 s to pay.
 		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{deny(30*time.Second, 90*time.Second)}},
-		// A charge in debt is denied and still recorded.
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 100)}, want: []limiter.Decision{deny(30*time.Second, 96*time.Second)}},
+		// A charge in debt is denied and still recorded; it may retry when
+		// the bucket is out of debt, its own 100 tokens included: 36 s.
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 100)}, want: []limiter.Decision{deny(36*time.Second, 96*time.Second)}},
+		{at: 36*time.Second - time.Microsecond, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{deny(time.Microsecond, time.Minute+time.Microsecond)}},
 		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(0, time.Minute)}},
 		// The debt floor: 5000 below empty, 5 minutes of refill.
 		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 100000)}, want: []limiter.Decision{ok(0, 6*time.Minute)}},
