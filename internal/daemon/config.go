@@ -94,6 +94,9 @@ type Config struct {
 	Limits           server.RequestLimits
 	// MaxWait caps every limit's max_wait; default DefaultMaxWait.
 	MaxWait time.Duration
+	// Overdraft records every charge even when it overdraws, for limits
+	// that declare no overdraft (server.Overdraft); zero is off.
+	Overdraft server.Overdraft
 
 	// Redis selects the Redis backend; its zero value (Redis.Enabled
 	// false) keeps buckets in this process's memory.

@@ -119,6 +119,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		ShadowMode:         cfg.ShadowMode,
 		QuotaMode:          cfg.QuotaMode,
 		DescriptorMetadata: cfg.DescriptorMetadata,
+		Overdraft:          cfg.Overdraft,
 	})
 	if err != nil {
 		return nil, err

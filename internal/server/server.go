@@ -171,6 +171,10 @@ type Options struct {
 	QuotaMode QuotaMode
 	// DescriptorMetadata defaults to DescriptorMetadataPassed.
 	DescriptorMetadata DescriptorMetadata
+
+	// Overdraft, when on, records every charge even when it overdraws
+	// (see Overdraft). Default off.
+	Overdraft Overdraft
 }
 
 // Server answers ShouldRateLimit. It is safe for concurrent use; the config
@@ -189,6 +193,9 @@ type Server struct {
 	quota    QuotaMode
 	current  atomic.Pointer[loaded]
 	waits    waitQueues
+
+	// overdraft is Options.Overdraft.
+	overdraft Overdraft
 
 	// lastFailureLog (Unix ns) and quietFailures keep backend failures to
 	// one log line a second.
@@ -227,6 +234,7 @@ func New(opts Options) (*Server, error) {
 	if s.answer.descMeta < DescriptorMetadataPassed || s.answer.descMeta > DescriptorMetadataOff {
 		return nil, fmt.Errorf("server: invalid DescriptorMetadata %d", s.answer.descMeta)
 	}
+	s.overdraft = opts.Overdraft
 	if s.maxWait <= 0 {
 		s.maxWait = 5 * time.Second
 	}
@@ -306,6 +314,8 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	s.overdraft.apply(req.GetDomain(), p.takes)
+	s.overdraft.apply(req.GetDomain(), p.refunds)
 	if len(p.refunds) > 0 {
 		refunder, ok := s.store.(limiter.Refunder)
 		if !ok {
