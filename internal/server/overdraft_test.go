@@ -1,0 +1,82 @@
+package server_test
+
+import (
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// TestOverdraftRecordsStreamDoneCharges plays the incumbent's
+// check-then-charge pattern over gRPC on both backends, with a rule that
+// declares no overdraft: a request-time check (hits_addend 0), then the
+// stream-done charge of its cost (hits_addend 1500 with 999 left, Envoy's
+// apply_on_stream_done). Under Options.Overdraft the charge is recorded
+// and the next check is OVER_LIMIT until the debt is paid, with an exact
+// Retry-After; without it, the charge is lost and the check passes.
+func TestOverdraftRecordsStreamDoneCharges(t *testing.T) {
+	const file = `domain: ai
+descriptors:
+  - key: model
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+`
+	for _, backend := range []string{"memory", "redis"} {
+		for _, on := range []bool{true, false} {
+			name := backend + "/overdraft off"
+			if on {
+				name = backend + "/overdraft on"
+			}
+			t.Run(name, func(t *testing.T) {
+				clock := clocktest.New()
+				opts := server.Options{Now: clock.Now, Overdraft: server.Overdraft{On: on}}
+				if backend == "redis" {
+					store, err := redisstore.New(redistest.Start(t).Client(), redisstore.Options{Clock: redisstore.CallerClock, Prefix: "t:"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { store.Close() })
+					opts.Store = store
+				} else {
+					opts.Store = limiter.NewMemoryStore(limiter.MemoryOptions{})
+				}
+				c, _ := startServer(t, opts, server.MustParse(t, file))
+				check := func() *rlsv3.RateLimitResponse {
+					return call(t, c, request("ai", withHits(desc("model", "m"), 0)))
+				}
+				charge := func(hits uint64) *rlsv3.RateLimitResponse {
+					return call(t, c, request("ai", withHits(desc("model", "m"), hits)))
+				}
+				if r := charge(1); r.GetOverallCode() != ok {
+					t.Fatalf("first request: %v", r.GetOverallCode())
+				}
+				charge(1500) // stream-done: Envoy ignores the answer
+				r := check()
+				if !on {
+					if r.GetOverallCode() != ok || r.GetStatuses()[0].GetLimitRemaining() != 999 {
+						t.Fatalf("check after a dropped charge: %v remaining %d, want OK remaining 999",
+							r.GetOverallCode(), r.GetStatuses()[0].GetLimitRemaining())
+					}
+					return
+				}
+				// 501 tokens of debt at 60 ms a token: 30.06 s, 31 in whole seconds.
+				if r.GetOverallCode() != over || header(r, "retry-after") != "31" {
+					t.Fatalf("check after the charge: %v Retry-After %q, want OVER_LIMIT 31", r.GetOverallCode(), header(r, "retry-after"))
+				}
+				clock.Advance(30060*time.Millisecond - time.Microsecond)
+				if r := check(); r.GetOverallCode() != over || header(r, "retry-after") != "1" {
+					t.Fatalf("a µs before paid: %v Retry-After %q, want OVER_LIMIT 1", r.GetOverallCode(), header(r, "retry-after"))
+				}
+				clock.Advance(time.Microsecond)
+				if r := check(); r.GetOverallCode() != ok {
+					t.Fatalf("once paid: %v, want OK", r.GetOverallCode())
+				}
+			})
+		}
+	}
+}
