@@ -215,8 +215,9 @@ func (s State) Full(now time.Time) bool {
 // it stored (for a key named several times, the last one counts).
 //
 // When one request is denied (a Shadow one does not count), none is charged
-// except post-paid charges (Request.Charge), and the requests that would
-// have passed report their bucket as a check (Hits 0) would. It is the
+// except post-paid charges (Request.Charge; with CountWhereDenied, only
+// those that were themselves denied), and the requests that would have
+// passed report their bucket as a check (Hits 0) would. It is the
 // specification of Store.Take.
 func DecideAll(now time.Time, reqs []Request, stored []State) (decisions []Decision, next []State, allowed bool) {
 	decisions = make([]Decision, len(reqs))
@@ -246,9 +247,9 @@ func decideAll(now time.Time, reqs []Request, stored []State, decisions []Decisi
 // that is denied: what DecideAll answers and leaves when it denies, given
 // stored as DecideAll takes it and decided, DecideAll's decision for each
 // request before the Take was known to be denied (a request that was denied
-// answers that same decision). Post-paid charges are decided and kept, the
-// requests that were admitted report a check (Hits 0) and leave their
-// bucket as it was. A store that must know both outcomes (one Take split
+// answers that same decision). Post-paid charges are decided and kept
+// (with CountWhereDenied, those that were denied); the other requests that
+// were admitted report a check (Hits 0) and leave their bucket as it was. A store that must know both outcomes (one Take split
 // over several Redis Cluster slots, which decide apart) calls it when
 // DecideAll admits, to give back what an admitted slot took.
 func DecideDenied(now time.Time, reqs []Request, stored []State, decided []Decision) (decisions []Decision, next []State) {
@@ -264,7 +265,7 @@ func decideDenied(now time.Time, reqs []Request, stored []State, decided, decisi
 	for i, r := range reqs {
 		s := current(reqs, stored, next, i)
 		switch {
-		case r.Charge():
+		case r.Charge() && (r.Counting == CountAlways || !decided[i].Allowed):
 			next[i], decisions[i] = Decide(r, s, now)
 		case decided[i].Allowed:
 			check := r

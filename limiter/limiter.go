@@ -151,10 +151,42 @@ type Request struct {
 	// Shadow requests are decided and charged like the others, but their
 	// denial does not deny the Take (shadow-mode rules, which only report).
 	Shadow bool
+	// Counting says what a post-paid charge (Charge) records when its Take
+	// is denied; the zero value, CountAlways, records it.
+	Counting Counting
+}
+
+// Counting says whether a post-paid charge is recorded when its Take is
+// denied.
+type Counting uint8
+
+const (
+	// CountAlways records a charge whatever the other requests of its Take
+	// decide (envoyproxy/ratelimit's INCRBY, which counts every hit).
+	CountAlways Counting = iota
+	// CountWhereDenied records a charge in a denied Take only when the
+	// charge itself was denied (its bucket was in debt); one whose bucket
+	// had room spends nothing, like any request of a denied Take
+	// (envoyproxy/ratelimit with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
+	// which stops counting the other descriptors of a request that is
+	// over). A Take that is admitted records every charge either way.
+	CountWhereDenied
+)
+
+// String names the counting as the docs do.
+func (c Counting) String() string {
+	switch c {
+	case CountAlways:
+		return "always"
+	case CountWhereDenied:
+		return "where-denied"
+	}
+	return fmt.Sprintf("Counting(%d)", uint8(c))
 }
 
 // Charge reports whether r is a post-paid charge, which a Store records
-// whatever the other requests of the same Take decide.
+// even when it overdraws, and, with CountAlways, whatever the other
+// requests of the same Take decide.
 func (r Request) Charge() bool { return r.Limit.MaxDebt > 0 && r.Hits > 0 }
 
 // Decision is what a bucket answered to one Request.
@@ -224,7 +256,8 @@ func (f Fallback) String() string {
 //
 // Take applies reqs at time now atomically and all-or-nothing: either every
 // request is admitted and charged, or none is charged, except post-paid
-// charges (Request.Charge), which are always recorded. A denied Shadow
+// charges (Request.Charge), which are recorded (with CountWhereDenied, only
+// those that were themselves denied). A denied Shadow
 // request is not charged and does not deny the others. When one is denied,
 // the others report the state their bucket is in (as if checked with Hits 0).
 // Requests naming the same key are applied in order, each seeing the ones
@@ -302,6 +335,9 @@ func (e *DeadlineError) Unwrap() error { return e.Err }
 func (r Request) Validate() error {
 	if r.Hits < 0 || r.Hits > MaxTokens {
 		return fmt.Errorf("%w: hits %d out of range [0, %d]", ErrInvalidRequest, r.Hits, int64(MaxTokens))
+	}
+	if r.Counting > CountWhereDenied {
+		return fmt.Errorf("%w: %v", ErrInvalidRequest, r.Counting)
 	}
 	if r.MaxWait < 0 || r.MaxWait > MaxFill {
 		return fmt.Errorf("%w: max wait %v out of range [0, %v]", ErrInvalidRequest, r.MaxWait, MaxFill)

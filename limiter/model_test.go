@@ -158,7 +158,7 @@ func takeModel(now time.Time, reqs []limiter.Request, buckets map[string]model) 
 	decisions := make([]limiter.Decision, len(reqs))
 	for i, r := range reqs {
 		switch {
-		case r.Limit.MaxDebt > 0 && r.Hits > 0:
+		case r.Limit.MaxDebt > 0 && r.Hits > 0 && (r.Counting == limiter.CountAlways || !first[i].Allowed):
 			kept[r.Key], decisions[i] = kept[r.Key].decide(r, now)
 		case first[i].Allowed:
 			check := r
@@ -366,6 +366,9 @@ func TestDecideAllMatchesModel(t *testing.T) {
 				k := keys[rng.IntN(len(keys))]
 				reqs[i] = randomRequest(rng, k, limits[k])
 				reqs[i].Shadow = rng.IntN(6) == 0
+				if rng.IntN(3) == 0 {
+					reqs[i].Counting = limiter.CountWhereDenied
+				}
 				states[i] = stored[k]
 			}
 			decisions, next, ok := limiter.DecideAll(now, reqs, states)
@@ -416,7 +419,7 @@ func TestDecideAllMatchesModel(t *testing.T) {
 		}
 	}
 	t.Logf("reached: %v", reached)
-	for _, kind := range []string{"admitted", "admitted over a shadow denial", "denied", "denied, with a charge", "denied, one key twice"} {
+	for _, kind := range []string{"admitted", "admitted over a shadow denial", "denied", "denied, with a charge", "denied, one key twice", "denied, a charge with room not counted"} {
 		if reached[kind] < 200 {
 			t.Errorf("%d Takes of kind %q, want at least 200 (all: %v)", reached[kind], kind, reached)
 		}
@@ -427,11 +430,12 @@ func TestDecideAllMatchesModel(t *testing.T) {
 // tally.
 func takeKind(reqs []limiter.Request, decisions []limiter.Decision, admitted bool) string {
 	seen := map[string]bool{}
-	twice, charge, shadowDenied := false, false, false
+	twice, charge, shadowDenied, dropped := false, false, false, false
 	for i, r := range reqs {
 		twice = twice || seen[r.Key]
 		seen[r.Key] = true
 		charge = charge || r.Charge()
+		dropped = dropped || !admitted && r.Charge() && r.Counting == limiter.CountWhereDenied && decisions[i].Allowed
 		shadowDenied = shadowDenied || r.Shadow && !decisions[i].Allowed
 	}
 	switch {
@@ -439,6 +443,8 @@ func takeKind(reqs []limiter.Request, decisions []limiter.Decision, admitted boo
 		return "admitted over a shadow denial"
 	case admitted:
 		return "admitted"
+	case dropped:
+		return "denied, a charge with room not counted"
 	case charge:
 		return "denied, with a charge"
 	case twice:

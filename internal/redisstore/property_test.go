@@ -272,6 +272,9 @@ func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, 
 		for i := range reqs {
 			reqs[i].MaxWait = randMaxWait(rng, reqs[i].Limit, now)
 			reqs[i].Shadow = rng.IntN(5) == 0
+			if rng.IntN(3) == 0 {
+				reqs[i].Counting = limiter.CountWhereDenied
+			}
 			if reqs[i].Charge() {
 				charges++
 			}

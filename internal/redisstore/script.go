@@ -39,6 +39,9 @@ func takeSpec(r limiter.Request) string {
 	switch {
 	case r.Charge():
 		kind, hits = kindCharge, min(r.Hits, l.Burst+l.MaxDebt)
+		if r.Counting == limiter.CountWhereDenied {
+			kind = kindChargeWhereDenied
+		}
 		floorUS, floorFrac = l.Span(l.Burst + l.MaxDebt)
 	case r.Hits > l.Burst:
 		kind, hits = kindAboveBurst, 0
@@ -67,10 +70,11 @@ const (
 	kindCheck
 	kindAboveBurst
 	kindCharge
+	kindChargeWhereDenied
 )
 
 // kinds are their letters in take.lua's specs: upper case for Shadow.
-var kinds = [...]byte{'t', 'T', 'k', 'K', 'x', 'X', 'c', 'C'}
+var kinds = [...]byte{'t', 'T', 'k', 'K', 'x', 'X', 'c', 'C', 'd', 'D'}
 
 // nowArg is the time argument every script reads first (ARGV[1], see
 // common.lua): now in Unix microseconds with CallerClock, else "" (the

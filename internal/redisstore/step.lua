@@ -36,7 +36,7 @@ local function step(p, sus, sfr, now)
   end
   local hus, hfr = p.hus, p.hfr
   local fus, ffr = p.fus, p.ffr
-  if kind == 'c' then
+  if kind == 'c' or kind == 'd' then
     -- mirrors Limit.charge: never deeper than the floor, nor fuller than
     -- before; admitted unless in debt before.
     local lus, lfr = p.lus, p.lfr
@@ -79,7 +79,8 @@ local function decide_single(p, us, fr, now)
     return nus, nfr, 1
   end
   -- mirrors DecideDenied: a denied Take writes only a post-paid charge
-  if p.kind == 'c' then
+  -- (the one request was denied: 'd' is written too)
+  if p.kind == 'c' or p.kind == 'd' then
     return nus, nfr, 0
   end
   return us, fr, 0
@@ -90,7 +91,7 @@ end
 -- lus, lfr (the floor); nil and a message if v is malformed.
 local function parse_spec(v)
   local k, c, hus, hfr, fus, ffr, lus, lfr = string.match(v or '',
-    '^([tkxcTKXC]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    '^([tkxcdTKXCD]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
   if not k then
     return nil, 'ratelimitd: malformed request spec ' .. tostring(v)
   end

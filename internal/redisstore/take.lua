@@ -40,7 +40,9 @@
 --           µs:floor frac", one argument (identical specs, as of requests
 --           alike under one limit, are parsed once a call):
 --           kind: "t" a take, "k" a check (hits 0), "x" hits above burst,
---             "c" a post-paid charge; upper case when the request is Shadow;
+--             "c" a post-paid charge, "d" one recorded in a denied Take
+--             only if it was itself denied (limiter.CountWhereDenied);
+--             upper case when the request is Shadow;
 --           count (the limit's, the denominator of every fraction; at
 --             least 1),
 --           h µs, h frac: the time of its hits (for a charge, of at most
@@ -159,26 +161,28 @@ local function take(k, a, n, now)
   -- mirrors DecideAll: each request sees the state left by the requests
   -- before it that name the same key.
   local cur = {} -- key → {us, frac}: the state as the requests so far leave it
+  local oks = {} -- request i → whether it was admitted in this pass
   local allowed = true
   for i = 1, n do
     local key, p = KEYS[k + i], ps[i]
     local s = cur[key] or stored[key]
     local nus, nfr, ok = step(p, s[1], s[2], now)
     cur[key] = {nus, nfr}
+    oks[i] = ok
     -- a Shadow request's denial denies nothing
     if not ok and not p.shadow then
       allowed = false
     end
   end
 
-  -- mirrors DecideDenied: a denied Take applies only post-paid charges,
-  -- chained per key.
+  -- mirrors DecideDenied: a denied Take applies only post-paid charges
+  -- ('d': those that were denied above), chained per key.
   if not allowed then
     out[2] = 0
     cur = {}
     for i = 1, n do
       local key, p = KEYS[k + i], ps[i]
-      if p.kind == 'c' then
+      if p.kind == 'c' or (p.kind == 'd' and not oks[i]) then
         local s = cur[key] or stored[key]
         local nus, nfr = step(p, s[1], s[2], now)
         cur[key] = {nus, nfr}

@@ -21,10 +21,11 @@ const DefaultOverdraftBursts = 1
 // the bucket too low.
 //
 // It changes what every request with hits > 0 on those limits means: it is
-// a post-paid charge (docs/how-it-decides.md): recorded whatever the other
-// limits of the request decide, down to the debt, and admitted when its
-// bucket is not in debt. This is the incumbent's counting (its Redis INCRBY
-// counts every hit, admitted or not).
+// a post-paid charge (docs/how-it-decides.md): recorded even when it
+// overdraws, down to the debt, and whatever the other limits of the
+// request decide (see Counting), and admitted when its bucket is not in
+// debt. This is the incumbent's counting (its Redis INCRBY counts every
+// hit, admitted or not).
 //
 // The zero Overdraft is off: a denied request spends nothing.
 type Overdraft struct {
@@ -35,6 +36,13 @@ type Overdraft struct {
 	Bursts int64
 	// Domains, when not empty, limits it to these domains.
 	Domains []string
+	// Counting is what the charges it makes record when their request is
+	// denied: limiter.CountAlways (the zero value) on every bucket, as the
+	// incumbent counts by default; limiter.CountWhereDenied only on the
+	// buckets that denied it, as the incumbent with
+	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true. Rules that declare
+	// their own overdraft keep CountAlways.
+	Counting limiter.Counting
 }
 
 // apply gives the default debt to the takes of a request to domain.
@@ -47,6 +55,10 @@ func (o Overdraft) apply(domain string, takes []limiter.Request) {
 		bursts = DefaultOverdraftBursts
 	}
 	for i := range takes {
+		if takes[i].Limit.MaxDebt > 0 {
+			continue // declared in the rule
+		}
 		takes[i].Limit = takes[i].Limit.WithOverdraft(bursts)
+		takes[i].Counting = o.Counting
 	}
 }

@@ -80,3 +80,60 @@ descriptors:
 		}
 	}
 }
+
+// TestOverdraftCounting: a request that one descriptor denies still
+// spends on the others under limiter.CountAlways (the incumbent's default
+// counting), and not under limiter.CountWhereDenied (its
+// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true); on both backends.
+func TestOverdraftCounting(t *testing.T) {
+	const file = `domain: ai
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: global
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+`
+	for _, backend := range []string{"memory", "redis"} {
+		for _, tt := range []struct {
+			counting limiter.Counting
+			global   uint32 // remaining after the denied request
+		}{
+			{limiter.CountAlways, 997},
+			{limiter.CountWhereDenied, 998},
+		} {
+			t.Run(backend+"/"+tt.counting.String(), func(t *testing.T) {
+				opts := server.Options{Now: clocktest.New().Now, Overdraft: server.Overdraft{On: true, Counting: tt.counting}}
+				if backend == "redis" {
+					store, err := redisstore.New(redistest.Start(t).Client(), redisstore.Options{Clock: redisstore.CallerClock, Prefix: "t:"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { store.Close() })
+					opts.Store = store
+				} else {
+					opts.Store = limiter.NewMemoryStore(limiter.MemoryOptions{})
+				}
+				c, _ := startServer(t, opts, server.MustParse(t, file))
+				both := func() *rlsv3.RateLimitResponse {
+					return call(t, c, request("ai", desc("user", "u"), desc("global", "g")))
+				}
+				if r := both(); r.GetOverallCode() != ok {
+					t.Fatalf("first request: %v", r.GetOverallCode())
+				}
+				// The user's bucket is empty, not in debt: the next hit
+				// overdraws it (admitted, one token of debt)...
+				if r := both(); r.GetOverallCode() != ok {
+					t.Fatalf("second request: %v", r.GetOverallCode())
+				}
+				// ...and the third is denied by it.
+				if r := both(); r.GetOverallCode() != over {
+					t.Fatalf("third request: %v, want OVER_LIMIT", r.GetOverallCode())
+				}
+				r := call(t, c, request("ai", withHits(desc("global", "g"), 0)))
+				if got := r.GetStatuses()[0].GetLimitRemaining(); got != tt.global {
+					t.Errorf("global remaining %d after the denied request, want %d", got, tt.global)
+				}
+			})
+		}
+	}
+}

@@ -18,6 +18,11 @@ func waitReq(key string, l limiter.Limit, hits int64, maxWait time.Duration) lim
 	return limiter.Request{Key: key, Limit: l, Hits: hits, MaxWait: maxWait}
 }
 
+func whereDenied(r limiter.Request) limiter.Request {
+	r.Counting = limiter.CountWhereDenied
+	return r
+}
+
 func waited(wait, reset time.Duration) limiter.Decision {
 	return limiter.Decision{Allowed: true, Wait: wait, ResetAfter: reset}
 }
@@ -58,6 +63,19 @@ var postpaidTimelines = []timeline{
 		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 300), req("b", onePerMinute, 1)},
 			want: []limiter.Decision{ok(700, 18*time.Second), deny(time.Minute, time.Minute)}},
 		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(700, 18*time.Second)}},
+	}},
+	{"with CountWhereDenied a denied Take records only the charges that were denied", []step{
+		{at: 0, reqs: []limiter.Request{req("b", onePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		// a had room: its charge is not counted, as b denies the Take.
+		{at: 0, reqs: []limiter.Request{whereDenied(req("a", tokensPerMinute, 300)), req("b", onePerMinute, 1)},
+			want: []limiter.Decision{ok(1000, 0), deny(time.Minute, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(1000, 0)}},
+		// Alone, a charge that overdraws is counted (500 of debt)...
+		{at: 0, reqs: []limiter.Request{whereDenied(req("a", tokensPerMinute, 1500))}, want: []limiter.Decision{ok(0, 90*time.Second)}},
+		// ...and so is one its own bucket denies, whatever the others say.
+		{at: 0, reqs: []limiter.Request{whereDenied(req("a", tokensPerMinute, 100)), req("b", onePerMinute, 1)},
+			want: []limiter.Decision{deny(36*time.Second, 96*time.Second), deny(time.Minute, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{deny(36*time.Second, 96*time.Second)}},
 	}},
 	{"a shadow request's denial denies nothing", []step{
 		{at: 0, reqs: []limiter.Request{{Key: "s", Limit: onePerMinute, Hits: 1, Shadow: true}}, want: []limiter.Decision{ok(0, time.Minute)}},
