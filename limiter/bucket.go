@@ -59,13 +59,13 @@ func (a instant) ceilDuration() time.Duration {
 // below Count ≤ MaxTokens: the Redis script adds and compares them exactly
 // in doubles.
 func (l Limit) advance(t instant, n int64) instant {
-	p := l.Period.Microseconds()
-	q, r := p/l.Count, p%l.Count
-	hi, lo := bits.Mul64(uint64(n), uint64(r))
+	c := uint64(l.Count)
+	q, r := bits.Div64(0, uint64(l.Period.Microseconds()), c)
+	hi, lo := bits.Mul64(uint64(n), r)
 	lo, carry := bits.Add64(lo, uint64(t.frac), 0)
 	// (hi+carry)·2^64 + lo < (n+1)·Count, so the quotient fits 64 bits.
-	quo, rem := bits.Div64(hi+carry, lo, uint64(l.Count))
-	return instant{us: t.us + n*q + int64(quo), frac: int64(rem)}
+	quo, rem := bits.Div64(hi+carry, lo, c)
+	return instant{us: t.us + n*int64(q) + int64(quo), frac: int64(rem)}
 }
 
 // Span returns the time n tokens take to arrive, n·Period/Count, exactly:
