@@ -188,8 +188,9 @@ func TestReservationsAndPostPaidPassThrough(t *testing.T) {
 		// Post-paid charges are always recorded.
 		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
 		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{ok(0, 2*time.Second)}, true},
-		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{deny(time.Second, 3*time.Second)}, true},
-		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{deny(2*time.Second, 4*time.Second)}, true},
+		// Denied in debt, and recorded: retry once paid, its own token included.
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{deny(2*time.Second, 3*time.Second)}, true},
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{deny(3*time.Second, 4*time.Second)}, true},
 	})
 }
 

@@ -640,9 +640,9 @@ func TestLocalModeKeepsPostPaidCharges(t *testing.T) {
 		{0, true, 0},
 		{300, true, 0}, // above the share's burst: recorded, 200 in debt
 		{0, false, 2 * time.Minute},
-		{100, false, 2 * time.Minute}, // recorded: 300 in debt
+		{100, false, 3 * time.Minute}, // recorded: 300 in debt (Retry-After counts it)
 		{0, false, 3 * time.Minute},
-		{1000, false, 3 * time.Minute}, // recorded down to 500 in debt
+		{1000, false, 5 * time.Minute}, // recorded down to 500 in debt
 		{0, false, 5 * time.Minute},
 	}
 	b := newBackend()
