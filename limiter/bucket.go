@@ -41,6 +41,16 @@ func (a instant) sub(b instant, count int64) instant {
 	return d
 }
 
+// add returns a+b, both with fractions of the same Count.
+func (a instant) add(b instant, count int64) instant {
+	d := instant{a.us + b.us, a.frac + b.frac}
+	if d.frac >= count {
+		d.frac -= count
+		d.us++
+	}
+	return d
+}
+
 // ceilDuration rounds a span up to a whole microsecond.
 func (a instant) ceilDuration() time.Duration {
 	us := a.us
@@ -50,22 +60,20 @@ func (a instant) ceilDuration() time.Duration {
 	return time.Duration(us) * time.Microsecond
 }
 
-// advance returns t plus the time n tokens take to arrive, n·Period/Count,
-// exactly, for 0 ≤ n and t.frac < Count. The product n·Period is split as
-// n·q + n·r/Count (q, r = Period/Count, Period%Count); n·r + t.frac, which
-// passes 2^64 when Count and n are both near 2^32 or more, is formed in 128
-// bits, so every Limit that Validate accepts is exact, whatever
-// Count·Burst is. The results are spans under 2^53 µs with a fraction
-// below Count ≤ MaxTokens: the Redis script adds and compares them exactly
-// in doubles.
-func (l Limit) advance(t instant, n int64) instant {
-	c := uint64(l.Count)
-	q, r := bits.Div64(0, uint64(l.Period.Microseconds()), c)
-	hi, lo := bits.Mul64(uint64(n), r)
-	lo, carry := bits.Add64(lo, uint64(t.frac), 0)
-	// (hi+carry)·2^64 + lo < (n+1)·Count, so the quotient fits 64 bits.
-	quo, rem := bits.Div64(hi+carry, lo, c)
-	return instant{us: t.us + n*int64(q) + int64(quo), frac: int64(rem)}
+// span returns the time n tokens take to arrive, n·Period/Count, exactly,
+// for n ≥ 0. The product n·Period is split as n·q + n·r/Count (q, r =
+// Period/Count, Period%Count); n·r passes 2^63 when Count and n are both
+// near 2^32 (4294967295 a second with that burst), so it is formed and
+// divided in 128 bits (the quotient fits: n·r < n·Count). Every Limit that
+// Validate accepts is thus exact, whatever Count·Burst is. The results are
+// spans under 2^53 µs with a fraction below Count ≤ MaxTokens: the Redis
+// script adds and compares them exactly in doubles.
+func (l Limit) span(n int64) instant {
+	p := l.Period.Microseconds()
+	q, r := p/l.Count, p%l.Count
+	hi, lo := bits.Mul64(uint64(n), uint64(r))
+	quo, rem := bits.Div64(hi, lo, uint64(l.Count))
+	return instant{us: n*q + int64(quo), frac: int64(rem)}
 }
 
 // Span returns the time n tokens take to arrive, n·Period/Count, exactly:
@@ -74,13 +82,13 @@ func (l Limit) advance(t instant, n int64) instant {
 // spans: the fill time Span(Burst), a request's Span(Hits). n must be at
 // most Burst+MaxDebt, as in Decide (beyond, n·Period may overflow).
 func (l Limit) Span(n int64) (us, frac int64) {
-	t := l.advance(instant{}, n)
+	t := l.span(n)
 	return t.us, t.frac
 }
 
 // fillTime is the time an empty bucket takes to fill: Burst·Period/Count.
 func (l Limit) fillTime() instant {
-	return l.advance(instant{}, l.Burst)
+	return l.span(l.Burst)
 }
 
 // tokensIn returns the whole number of tokens that arrive within span x,
@@ -90,10 +98,10 @@ func (l Limit) tokensIn(x instant) int64 {
 	p := float64(l.Period.Microseconds())
 	n := int64(math.Floor((float64(x.us) + float64(x.frac)/float64(l.Count)) * float64(l.Count) / p))
 	n = max(0, min(n, l.Burst))
-	for n < l.Burst && !x.less(l.advance(instant{}, n+1)) {
+	for n < l.Burst && !x.less(l.span(n+1)) {
 		n++
 	}
-	for n > 0 && x.less(l.advance(instant{}, n)) {
+	for n > 0 && x.less(l.span(n)) {
 		n--
 	}
 	return n
@@ -133,7 +141,7 @@ func Decide(r Request, s State, now time.Time) (State, Decision) {
 	if hits > l.Burst {
 		return s, Decision{ResetAfter: before.ceilDuration(), ExceedsBurst: true}
 	}
-	next := l.advance(tat, hits)
+	next := tat.add(l.span(hits), l.Count)
 	used := next.sub(nowI, l.Count) // time until the bucket is full again
 	if !tau.less(used) {
 		d := Decision{
@@ -163,11 +171,11 @@ func (l Limit) charge(tat, now, tau, before instant, hits int64) (State, Decisio
 	// The deepest debt a charge may reach: MaxDebt below empty, or where the
 	// bucket already is (after a reservation or a lowered rate), since a
 	// charge never makes a bucket fuller.
-	floor := l.advance(tau, l.MaxDebt)
+	floor := tau.add(l.span(l.MaxDebt), l.Count)
 	if floor.less(before) {
 		floor = before
 	}
-	next := l.advance(tat, min(hits, l.Burst+l.MaxDebt))
+	next := tat.add(l.span(min(hits, l.Burst+l.MaxDebt)), l.Count)
 	used := next.sub(now, l.Count)
 	if floor.less(used) {
 		used = floor
@@ -193,7 +201,7 @@ func Refund(l Limit, s State, now time.Time, hits int64) State {
 	if !nowI.less(tat) {
 		return s
 	}
-	back := l.advance(instant{}, min(hits, l.Burst+l.MaxDebt))
+	back := l.span(min(hits, l.Burst+l.MaxDebt))
 	if !back.less(tat.sub(nowI, l.Count)) {
 		return State{TAT: nowI.us}
 	}

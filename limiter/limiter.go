@@ -43,7 +43,7 @@ type Limit struct {
 // Bounds on a Limit that keep every value the Redis script (whose numbers
 // are doubles) handles an exact integer below 2^53: spans in microseconds
 // below 2·MaxFill plus now, fractions of a microsecond below Count. The
-// Go arithmetic (advance) forms the one product that could pass 2^63,
+// Go arithmetic (span) forms the one product that could pass 2^63,
 // n·(Period mod Count), in 128 bits, so Count·Burst is not bounded: a
 // limit of 4294967295 per second with that burst is exact.
 const (
@@ -89,7 +89,7 @@ func (l Limit) Validate() error {
 
 // spanFits reports whether n tokens arrive within MaxFill, n·Period/Count ≤
 // MaxFill, for 0 ≤ n ≤ Burst+MaxDebt and the bounds Validate checks first.
-// advance computes n·q with q = Period/Count, which may overflow int64, so
+// span computes n·q with q = Period/Count, which may overflow int64, so
 // that product is bounded first by division; the rest of the span, less
 // than n+1 µs, cannot overflow then.
 func (l Limit) spanFits(n int64) bool {
@@ -97,7 +97,7 @@ func (l Limit) spanFits(n int64) bool {
 	if q := l.Period.Microseconds() / l.Count; q > 0 && n > maxUS/q {
 		return false
 	}
-	return l.advance(instant{}, n).us <= maxUS
+	return l.span(n).us <= maxUS
 }
 
 // spanText gives n tokens' time, n·Period/Count, for an error message:
@@ -106,10 +106,10 @@ func (l Limit) spanFits(n int64) bool {
 func (l Limit) spanText(n int64) string {
 	const maxUS = math.MaxInt64 / int64(time.Microsecond)
 	p := l.Period.Microseconds()
-	// The span is under n·q + n + 1 µs (advance), so this bound keeps it,
+	// The span is under n·q + n + 1 µs (span), so this bound keeps it,
 	// rounded up, within a Duration.
 	if q := p / l.Count; q == 0 || n <= (maxUS-n-1)/q {
-		return l.advance(instant{}, n).ceilDuration().String()
+		return l.span(n).ceilDuration().String()
 	}
 	const yearUS = 365 * 24 * 3600 * 1e6
 	return fmt.Sprintf("about %.3g years", float64(n)*float64(p)/float64(l.Count)/yearUS)
@@ -124,7 +124,7 @@ func (l Limit) FillTime() time.Duration {
 // TimeFor is how long n tokens take to arrive, n·Period/Count, rounded
 // down to the microsecond; n is clamped to [0, Burst+MaxDebt].
 func (l Limit) TimeFor(n int64) time.Duration {
-	return time.Duration(l.advance(instant{}, min(max(n, 0), l.Burst+l.MaxDebt)).us) * time.Microsecond
+	return time.Duration(l.span(min(max(n, 0), l.Burst+l.MaxDebt)).us) * time.Microsecond
 }
 
 // String gives the limit in the form "10/1m0s burst 20".

@@ -29,7 +29,7 @@ func (l Limit) WithOverdraft(bursts int64) Limit {
 }
 
 // mostTokensWithinMaxFill is the largest n whose time, floor(n·Period/
-// Count) µs as advance forms it, is at most MaxFill: n·P < (MaxFill+1)·Count,
+// Count) µs as span forms it, is at most MaxFill: n·P < (MaxFill+1)·Count,
 // so n = ((MaxFill+1)·Count − 1)/P, formed in 128 bits; capped at
 // 2·MaxTokens (Burst + MaxDebt is never more).
 func (l Limit) mostTokensWithinMaxFill() int64 {
