@@ -16,7 +16,7 @@ end
 -- step mirrors Decide for the request with spec p (see parse_spec), on a bucket
 -- in state (sus, sfr) at now: it returns the state after it and whether it
 -- is admitted.
--- It works in the frame of now: where Decide computes next = advance(tat,
+-- It works in the frame of now: where Decide computes next = tat + span(
 -- hits) and then used = next − now, this computes used = (tat − now) + h
 -- directly, the same integers. It matters for doubles: a bucket with a
 -- 100-year fill and a reservation 100 years ahead has tat − now up to
