@@ -1,10 +1,13 @@
 package server_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
@@ -135,5 +138,35 @@ descriptors:
 				}
 			})
 		}
+	}
+}
+
+// TestOverdraftReachesLimitOverrides: a limit Envoy sends with the
+// descriptor (the route's limit override, as Envoy Gateway's translator
+// does) gets the default debt too: a charge above what is left is recorded.
+func TestOverdraftReachesLimitOverrides(t *testing.T) {
+	const file = `domain: ai
+descriptors:
+  - key: model
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("overdraft %v", on), func(t *testing.T) {
+			c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Overdraft: server.Overdraft{On: on}}, server.MustParse(t, file))
+			overridden := func(hits uint64) *rlsv3.RateLimitResponse {
+				d := withHits(desc("model", "m"), hits)
+				d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: typev3.RateLimitUnit_HOUR}
+				return call(t, c, request("ai", d))
+			}
+			overridden(60)
+			overridden(60) // 40 left: recorded only under the overdraft
+			want := ok
+			if on {
+				want = over
+			}
+			if r := overridden(0); r.GetOverallCode() != want {
+				t.Errorf("check after the charge: %v, want %v", r.GetOverallCode(), want)
+			}
+		})
 	}
 }
