@@ -10,6 +10,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
+	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 // xdsFlags are the --config-xds-* flags: the descriptor config from an xDS
@@ -31,6 +32,9 @@ type xdsFlags struct {
 func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[string]string) error) {
 	var x xdsFlags
 	quotaMode := fs.String("quota-mode", "per-rule", "which descriptors are quota-mode descriptors (a request is denied only when all of them are over): per-rule (those whose rule sets quota_mode) or all (envoyproxy/ratelimit's QUOTA_MODE=true)")
+	overdraft := fs.Int64("default-overdraft", 0, "record every charge, even one that overdraws its bucket, on limits that declare no overdraft: their debt may reach this many bursts (envoyproxy/ratelimit counts every hit; its files and the xDS proto cannot say overdraft); 0: off, a denied request spends nothing")
+	overdraftCounting := fs.String("default-overdraft-counting", "always", "with --default-overdraft, what a denied request's charges record: always (every bucket, as envoyproxy/ratelimit counts) or where-denied (only the buckets that denied it, its STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true)")
+	overdraftDomains := fs.String("default-overdraft-domains", "", "with --default-overdraft, only these domains (comma-separated); empty: every domain")
 	descMetadata := fs.String("descriptor-metadata", "passed", "what dynamic_metadata carries beside ratelimitd.*: passed (the config metadata of the descriptors that passed, under \"metadata\"), incumbent (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA keys: domain, descriptors, hitsAddend, metadata) or off")
 	fs.StringVar(&c.DebugAddr, "debug-addr", "", "HTTP listen address of the operators' endpoints envoyproxy/ratelimit keeps on its debug port (/rlconfig, and /debug/pprof/ with --pprof); empty: none")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "a listen address of its own for /metrics (as well as --http-addr), like envoyproxy/ratelimit's PROMETHEUS_ADDR; empty: none")
@@ -59,6 +63,18 @@ func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[str
 		if c.QuotaMode, err = choose("quota-mode", *quotaMode, []string{"per-rule", "all"},
 			[]server.QuotaMode{server.QuotaModePerRule, server.QuotaModeAll}); err != nil {
 			errs = append(errs, err)
+		}
+		switch {
+		case *overdraft < 0:
+			errs = append(errs, fmt.Errorf("%s %d: must not be negative", name("default-overdraft"), *overdraft))
+		case *overdraft > 0:
+			c.Overdraft = server.Overdraft{On: true, Bursts: *overdraft, Domains: splitList(*overdraftDomains)}
+			if c.Overdraft.Counting, err = choose("default-overdraft-counting", *overdraftCounting, []string{"always", "where-denied"},
+				[]limiter.Counting{limiter.CountAlways, limiter.CountWhereDenied}); err != nil {
+				errs = append(errs, err)
+			}
+		case given["default-overdraft-counting"] != "" || given["default-overdraft-domains"] != "":
+			errs = append(errs, fmt.Errorf("%s and %s need %s", name("default-overdraft-counting"), name("default-overdraft-domains"), name("default-overdraft")))
 		}
 		if c.DescriptorMetadata, err = choose("descriptor-metadata", *descMetadata, []string{"passed", "incumbent", "off"},
 			[]server.DescriptorMetadata{server.DescriptorMetadataPassed, server.DescriptorMetadataIncumbent, server.DescriptorMetadataOff}); err != nil {

@@ -417,10 +417,14 @@ func (e *incumbentEnv) mapAnswers(s *incumbentSettings) []error {
 	if s.quotaMode {
 		e.set("quota-mode", "all", "QUOTA_MODE")
 	}
-	// Not yet built; refused rather than ignored, since it changes
-	// answers.
+	// The incumbent counts every hit (INCRBY), so a charge that finds the
+	// bucket too low is never lost: the default overdraft, counting on
+	// every bucket of a denied request, or with
+	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true only on those that
+	// denied it (docs/how-it-decides.md).
+	e.set("default-overdraft", "1", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
 	if s.stopIncrement {
-		errs = append(errs, errors.New("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true: not yet supported by ratelimitd (it changes what an over-limit call charges)"))
+		e.set("default-overdraft-counting", "where-denied", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
 	}
 	if s.limitHeaders {
 		e.set("ratelimit-headers", "draft03", "LIMIT_RESPONSE_HEADERS_ENABLED")

@@ -50,7 +50,7 @@ var istioEnv = map[string]string{
 // names.
 func TestPlatformEnvironments(t *testing.T) {
 	listeners := []string{"--http-addr", "0.0.0.0:8080", "--grpc-addr", "0.0.0.0:8081", "--debug-addr", "0.0.0.0:6070",
-		"--grpc-max-connection-age", "24h", "--grpc-max-connection-age-grace", "1h", "--dynamic-metadata", "off", "--descriptor-metadata", "off"}
+		"--grpc-max-connection-age", "24h", "--grpc-max-connection-age-grace", "1h", "--dynamic-metadata", "off", "--descriptor-metadata", "off", "--default-overdraft", "1"}
 	xdsDefaults := []string{"--config-xds-retry-interval", "3s", "--config-xds-max-backoff", "60s"}
 	tests := []struct {
 		name       string
@@ -108,7 +108,7 @@ func TestPlatformEnvironments(t *testing.T) {
 			name: "Istio sample",
 			env:  istioEnv,
 			native: concat([]string{"--http-addr", "[::]:8080", "--grpc-addr", "[::]:8081", "--debug-addr", "0.0.0.0:6070",
-				"--grpc-max-connection-age", "24h", "--grpc-max-connection-age-grace", "1h", "--dynamic-metadata", "off", "--descriptor-metadata", "off",
+				"--grpc-max-connection-age", "24h", "--grpc-max-connection-age-grace", "1h", "--dynamic-metadata", "off", "--descriptor-metadata", "off", "--default-overdraft", "1",
 				"--log-level", "debug", "--config", "/data/ratelimit/config", "--redis-url", "redis://redis:6379"}),
 			check: func(t *testing.T, c serveConfig) {
 				if c.ConfigPath != "/data/ratelimit/config" || !c.WatchConfig || c.XDS.Enabled() {

@@ -13,6 +13,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
+	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 // incumbentParse parses the serve configuration from env alone, as the
@@ -152,8 +153,10 @@ func TestIncumbentVariables(t *testing.T) {
 		{"BACKEND_TYPE", baseEnv, "redis", read, field(func(c serveConfig) any { return c.Redis.URL }), "unix:///var/run/nutcracker/ratelimit.sock"},
 		{"BACKEND_TYPE", baseEnv, "memory", read, field(func(c serveConfig) any { return c.Redis.Enabled() }), false},
 		{"BACKEND_TYPE", baseEnv, "memcache", refusal, nil, nil},
-		{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", baseEnv, "false", read, field(func(c serveConfig) any { return len(c.unhonoured) }), 0},
-		{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", baseEnv, "true", refusal, nil, nil},
+		{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", baseEnv, "false", read, field(func(c serveConfig) any { return c.Overdraft }),
+			server.Overdraft{On: true, Bursts: 1, Counting: limiter.CountAlways}},
+		{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", baseEnv, "true", read, field(func(c serveConfig) any { return c.Overdraft }),
+			server.Overdraft{On: true, Bursts: 1, Counting: limiter.CountWhereDenied}},
 		{"LIMIT_RESPONSE_HEADERS_ENABLED", baseEnv, "true", read, field(func(c serveConfig) any { return c.RateLimitHeaders }), server.RateLimitHeadersDraft03},
 		{"LIMIT_RESPONSE_HEADERS_ENABLED", baseEnv, "true", warned, nil, nil}, // the names differ
 		{"LIMIT_LIMIT_HEADER", baseEnv, "X-Limit", warned, nil, nil},

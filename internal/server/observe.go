@@ -168,7 +168,11 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 			take := p.takes[it.first+j]
 			o.Limit, o.Decision = it.limits[j].Limit, decisions[it.first+j]
 			givenBack := p.spentBack != nil && p.spentBack[it.first+j] // see settle
-			o.Charged = take.Hits > 0 && (take.Charge() || admitted && o.Decision.Allowed && !givenBack)
+			// A post-paid charge is recorded unless its request was denied
+			// and it counts only where denied (limiter.CountWhereDenied)
+			// on a bucket that did not deny.
+			recorded := take.Charge() && (take.Counting == limiter.CountAlways || admitted || !o.Decision.Allowed)
+			o.Charged = take.Hits > 0 && (recorded || admitted && o.Decision.Allowed && !givenBack)
 		}
 		switch {
 		case it.rule == nil:

@@ -100,12 +100,16 @@ descriptors:
 		for _, tt := range []struct {
 			counting limiter.Counting
 			global   uint32 // remaining after the denied request
+			// denied is how the observer sees the denied request: the
+			// global charge counted as charged only where it is recorded.
+			denied string
 		}{
-			{limiter.CountAlways, 997},
-			{limiter.CountWhereDenied, 998},
+			{limiter.CountAlways, 997, "ai OK OVER_LIMIT: over_limit(charged 1) denied_by_other(charged 1)"},
+			{limiter.CountWhereDenied, 998, "ai OK OVER_LIMIT: over_limit(charged 1) denied_by_other"},
 		} {
 			t.Run(backend+"/"+tt.counting.String(), func(t *testing.T) {
-				opts := server.Options{Now: clocktest.New().Now, Overdraft: server.Overdraft{On: true, Counting: tt.counting}}
+				rec := &recorder{summary: outcomes}
+				opts := server.Options{Now: clocktest.New().Now, Overdraft: server.Overdraft{On: true, Counting: tt.counting}, Observer: rec}
 				if backend == "redis" {
 					store, err := redisstore.New(redistest.Start(t).Client(), redisstore.Options{Clock: redisstore.CallerClock, Prefix: "t:"})
 					if err != nil {
@@ -132,6 +136,11 @@ descriptors:
 				if r := both(); r.GetOverallCode() != over {
 					t.Fatalf("third request: %v, want OVER_LIMIT", r.GetOverallCode())
 				}
+				rec.mu.Lock()
+				if len(rec.calls) != 3 || rec.calls[2] != tt.denied {
+					t.Errorf("observed %q, want the third %q", rec.calls, tt.denied)
+				}
+				rec.mu.Unlock()
 				r := call(t, c, request("ai", withHits(desc("global", "g"), 0)))
 				if got := r.GetStatuses()[0].GetLimitRemaining(); got != tt.global {
 					t.Errorf("global remaining %d after the denied request, want %d", got, tt.global)
