@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin
 CONFIG ?= examples/envoy/ratelimit
 
-.PHONY: all build run test vet check fuzz bench clean test-browser
+.PHONY: all build run test vet check fuzz bench clean test-browser image
 
 all: build
 
@@ -67,6 +67,21 @@ BENCH_FLAGS ?=
 bench: build
 	$(GO) build -o $(BIN)/ratelimit-bench ./bench
 	$(BIN)/ratelimit-bench run --ratelimitd $(BIN)/ratelimitd --duration $(BENCH_DURATION) $(BENCH_FLAGS)
+
+## image: the container image, without a container daemon (internal/image):
+## a static ratelimitd for each of IMAGE_PLATFORMS, an OCI layout of the
+## multi-platform index in bin/image/oci tagged IMAGE, and a `docker load`
+## tarball per platform. Every timestamp is the last commit's
+## (SOURCE_DATE_EPOCH), so a rebuild gives the same digests. Push it with
+## `crane push bin/image/oci REF` or
+## `skopeo copy --all oci:bin/image/oci:$(IMAGE) docker://REF`.
+IMAGE ?= ghcr.io/ratelimitd/ratelimitd:dev
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+image:
+	rm -rf $(BIN)/image
+	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
+		$(GO) run ./internal/image/cmd/ratelimitd-image --out $(BIN)/image --tag $(IMAGE) \
+		--platforms $(IMAGE_PLATFORMS) --go $(GO) --revision=$$(git rev-parse HEAD 2>/dev/null)
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// TestRun runs the command as `make image` does, for the host's platform,
+// and reads back what it wrote: the layout's index holds one image, the
+// tarball is that same image under the tag, and SOURCE_DATE_EPOCH is its
+// creation time.
+func TestRun(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skipf("needs the go command on the PATH: %v", err)
+	}
+	out := t.TempDir()
+	t.Chdir("../../../..") // the module root, where make runs it
+	const tag = "registry.example/ratelimitd:t1"
+	platform := "linux/" + runtime.GOARCH
+	env := map[string]string{"SOURCE_DATE_EPOCH": "1764590400"}
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	if err := run(ctx, []string{"--out", out, "--platforms", platform, "--tag", tag, "--revision", "abc"}, func(k string) string { return env[k] }, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	outer, err := layout.ImageIndexFromPath(filepath.Join(out, "oci"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	om, err := outer.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(om.Manifests) != 1 || om.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != tag {
+		t.Fatalf("index.json %+v, want one index tagged %s", om.Manifests, tag)
+	}
+	idx, err := outer.ImageIndex(om.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(im.Manifests) != 1 || im.Manifests[0].Platform.String() != platform {
+		t.Fatalf("index %+v, want one image for %s", im.Manifests, platform)
+	}
+	ref, err := name.NewTag(tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarImg, err := tarball.ImageFromPath(filepath.Join(out, "ratelimitd-linux-"+runtime.GOARCH+".tar"), &ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tarImg.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := im.Manifests[0].Digest; got != want {
+		t.Errorf("tarball image %s, want the layout's %s", got, want)
+	}
+	cf, err := tarImg.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := time.Unix(1764590400, 0); !cf.Created.Time.Equal(want) {
+		t.Errorf("created %v, want SOURCE_DATE_EPOCH %v", cf.Created.Time, want)
+	}
+	if r := cf.Config.Labels["org.opencontainers.image.revision"]; r != "abc" {
+		t.Errorf("revision label %q, want abc", r)
+	}
+	if !strings.Contains(stdout.String(), "docker load -i ") {
+		t.Errorf("stdout does not say how to load the tarball:\n%s", stdout.String())
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"--platforms", "amd64"}, "", `platform "amd64": want os/arch`},
+		{nil, "yesterday", `SOURCE_DATE_EPOCH "yesterday"`},
+		{[]string{"extra"}, "", "unexpected arguments"},
+	} {
+		args := append([]string{"--out", t.TempDir()}, c.args...)
+		err := run(context.Background(), args, func(string) string { return c.env }, &bytes.Buffer{}, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("run(%q, SOURCE_DATE_EPOCH=%q) = %v, want an error containing %q", c.args, c.env, err, c.want)
+		}
+	}
+}
