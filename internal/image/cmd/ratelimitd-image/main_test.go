@@ -64,12 +64,46 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := tarImg.Digest()
+	// A docker tarball has a manifest of its own: the config and the
+	// layers are what must be the layout's.
+	layoutImg, err := idx.Image(im.Manifests[0].Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := im.Manifests[0].Digest; got != want {
-		t.Errorf("tarball image %s, want the layout's %s", got, want)
+	got, err := tarImg.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := layoutImg.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Errorf("tarball image config %s, want the layout's %s", got, want)
+	}
+	gotLayers, err := tarImg.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLayers, err := layoutImg.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gotLayers) != len(wantLayers) {
+		t.Fatalf("tarball has %d layers, the layout %d", len(gotLayers), len(wantLayers))
+	}
+	for i := range gotLayers {
+		g, err := gotLayers[i].Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := wantLayers[i].Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g != w {
+			t.Errorf("tarball layer %d %s, want the layout's %s", i, g, w)
+		}
 	}
 	cf, err := tarImg.ConfigFile()
 	if err != nil {
