@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -93,7 +94,8 @@ func TestRun(t *testing.T) {
 		{
 			// examples/kubernetes/ratelimitd.yaml's container: its
 			// arguments, its ConfigMap at its mount path, a real Redis
-			// for its --redis-url, loopback addresses for its listeners.
+			// for its --redis-url, loopback addresses for its listeners;
+			// its probes' paths answer 200.
 			name:  "kubernetes example, native flags",
 			start: kubernetesExample,
 			calls: append(repeat(5, loginCall(rlsv3.RateLimitResponse_OK)), loginCall(rlsv3.RateLimitResponse_OVER_LIMIT)),
@@ -137,6 +139,13 @@ func kubernetesExample(t *testing.T, root rootfs) launch {
 	}
 	redis := redistest.Start(t)
 	l := launch{path: image.BinaryPath, grpcAddr: freeAddr(t), httpAddr: freeAddr(t), httpOK: []string{"/healthz", "/readyz"}}
+	// The Deployment's probes, which the manifest test pins to port 8080,
+	// the --http-addr port.
+	for _, p := range []*corev1.Probe{c.StartupProbe, c.ReadinessProbe, c.LivenessProbe} {
+		if p != nil && p.HTTPGet != nil && !slices.Contains(l.httpOK, p.HTTPGet.Path) {
+			l.httpOK = append(l.httpOK, p.HTTPGet.Path)
+		}
+	}
 	if len(c.Command) > 0 {
 		l.path = c.Command[0]
 	}
