@@ -144,6 +144,17 @@ func Build(o Options) (v1.ImageIndex, error) {
 	if len(o.Binaries) == 0 {
 		return nil, errors.New("image: no binaries")
 	}
+	var seen []string
+	for _, b := range o.Binaries {
+		p := b.Platform
+		if p.OS != "linux" {
+			return nil, fmt.Errorf("image: platform %s: only linux images", p)
+		}
+		if slices.Contains(seen, p.String()) {
+			return nil, fmt.Errorf("image: platform %s given twice", p)
+		}
+		seen = append(seen, p.String())
+	}
 	ca := o.CABundle
 	if ca == "" {
 		ca = DefaultCABundle
@@ -160,13 +171,8 @@ func Build(o Options) (v1.ImageIndex, error) {
 		return nil, err
 	}
 	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
-	var seen []string
 	for _, b := range o.Binaries {
 		p := b.Platform
-		if slices.Contains(seen, p.String()) {
-			return nil, fmt.Errorf("image: platform %s given twice", p)
-		}
-		seen = append(seen, p.String())
 		img, err := o.image(b, base)
 		if err != nil {
 			return nil, err
@@ -181,9 +187,6 @@ func Build(o Options) (v1.ImageIndex, error) {
 
 func (o Options) image(b Binary, base v1.Layer) (v1.Image, error) {
 	p := b.Platform
-	if p.OS != "linux" {
-		return nil, fmt.Errorf("image: platform %s: only linux images", p)
-	}
 	bin, err := os.ReadFile(b.Path)
 	if err != nil {
 		return nil, fmt.Errorf("image: binary for %s: %w", p, err)

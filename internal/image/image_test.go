@@ -46,6 +46,7 @@ type fixture struct {
 	platform v1.Platform
 	opts     image.Options
 	bin      string // the binary built for the image
+	tiny     string // a static do-nothing binary, cheap to pack again
 	layout   string // the OCI layout written
 	img      v1.Image
 	rootfs   string                 // img's layers, unpacked
@@ -90,12 +91,16 @@ func build() (*fixture, error) {
 	f := &fixture{
 		platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
 		bin:      filepath.Join(dir, "ratelimitd"),
+		tiny:     filepath.Join(dir, "tiny"),
 		layout:   filepath.Join(dir, "oci"),
 		rootfs:   filepath.Join(dir, "rootfs"),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	if err := image.GoBuild(ctx, "go", moduleRoot, f.platform, f.bin); err != nil {
+		return nil, err
+	}
+	if err := buildTiny(ctx, dir, f.tiny); err != nil {
 		return nil, err
 	}
 	f.opts = image.Options{
@@ -118,6 +123,23 @@ func build() (*fixture, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// buildTiny builds a static do-nothing program for the host to out: the
+// tests that pack images again (reproducibility, errors) need a static ELF,
+// not ratelimitd's 30 MB, which take seconds to compress under -race.
+func buildTiny(ctx context.Context, dir, out string) error {
+	src := filepath.Join(dir, "tiny.go")
+	if err := os.WriteFile(src, []byte("package main\n\nfunc main() {}\n"), 0o644); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, src)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build tiny.go: %w\n%s", err, b)
+	}
+	return nil
 }
 
 // readBack opens the layout at dir as a registry client would: index.json
@@ -378,16 +400,18 @@ func TestReproducible(t *testing.T) {
 		}
 		return d
 	}
-	first, again := digest(f.opts), digest(f.opts)
+	opts := f.opts
+	opts.Binaries = []image.Binary{{Platform: f.platform, Path: f.tiny}}
+	first, again := digest(opts), digest(opts)
 	if first != again {
 		t.Errorf("two builds of the same inputs: %s and %s", first, again)
 	}
-	later := f.opts
+	later := opts
 	later.Created = created.Add(time.Second)
 	if d := digest(later); d == first {
 		t.Errorf("a build one second later has the same digest %s", d)
 	}
-	epoch := f.opts
+	epoch := opts
 	epoch.Created = time.Time{}
 	idx, err := image.Build(epoch)
 	if err != nil {
@@ -442,15 +466,15 @@ func TestBuildErrors(t *testing.T) {
 		want string
 	}{
 		{"no binaries", nil, "", "no binaries"},
-		{"missing CA bundle", []image.Binary{{host, f.bin}}, filepath.Join(dir, "nope.pem"), "CA bundle"},
-		{"empty CA bundle", []image.Binary{{host, f.bin}}, emptyCA, "is empty"},
+		{"missing CA bundle", []image.Binary{{host, f.tiny}}, filepath.Join(dir, "nope.pem"), "CA bundle"},
+		{"empty CA bundle", []image.Binary{{host, f.tiny}}, emptyCA, "is empty"},
 		{"missing binary", []image.Binary{{host, filepath.Join(dir, "nope")}}, "", "binary for linux/" + runtime.GOARCH},
 		{"not an ELF", []image.Binary{{host, text}}, "", "not an ELF"},
-		{"another architecture", []image.Binary{{other, f.bin}}, "", "ELF machine"},
+		{"another architecture", []image.Binary{{other, f.tiny}}, "", "ELF machine"},
 		{"dynamically linked", []image.Binary{{v1.Platform{OS: "linux", Architecture: runtime.GOARCH}, dynamic}}, "", "dynamically linked"},
-		{"not linux", []image.Binary{{v1.Platform{OS: "windows", Architecture: "amd64"}, f.bin}}, "", "only linux"},
-		{"unsupported architecture", []image.Binary{{v1.Platform{OS: "linux", Architecture: "mips"}, f.bin}}, "", `unsupported architecture "mips"`},
-		{"platform twice", []image.Binary{{host, f.bin}, {host, f.bin}}, "", "given twice"},
+		{"not linux", []image.Binary{{v1.Platform{OS: "windows", Architecture: "amd64"}, f.tiny}}, "", "only linux"},
+		{"unsupported architecture", []image.Binary{{v1.Platform{OS: "linux", Architecture: "mips"}, f.tiny}}, "", `unsupported architecture "mips"`},
+		{"platform twice", []image.Binary{{host, f.tiny}, {host, f.tiny}}, "", "given twice"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := image.Build(image.Options{Binaries: c.bins, CABundle: c.ca})
