@@ -173,7 +173,7 @@ func TestNative(t *testing.T) {
 	}
 	checkHardened(t, d)
 	checkProbes(t, c)
-	checkPorts(t, c, map[string]int32{"http": 8080, "grpc": 8081})
+	checkPorts(t, c, map[string]int32{"http": 8080, "grpc": 8081, "debug": 6070, "metrics": 19001})
 
 	flags := map[string]string{}
 	for _, a := range c.Args {
@@ -183,8 +183,16 @@ func TestNative(t *testing.T) {
 		}
 		flags[k] = v
 	}
-	if flags["--grpc-addr"] != ":8081" || flags["--http-addr"] != ":8080" {
-		t.Errorf("--grpc-addr %q --http-addr %q, want :8081 and :8080 (every interface)", flags["--grpc-addr"], flags["--http-addr"])
+	for flag, want := range map[string]string{"--http-addr": ":8080", "--grpc-addr": ":8081", "--debug-addr": ":6070", "--metrics-addr": ":19001"} {
+		if flags[flag] != want {
+			t.Errorf("%s %q, want %s (every interface: the port the container declares)", flag, flags[flag], want)
+		}
+	}
+	if flags["--grpc-max-connection-age"] == "" {
+		t.Error("no --grpc-max-connection-age: the HPA's new replicas would get no calls from Envoy's existing connections")
+	}
+	if p := d.Spec.Template.Annotations["prometheus.io/port"]; p != "19001" {
+		t.Errorf("prometheus.io/port %q, want the --metrics-addr port 19001", p)
 	}
 	cm := mountedConfigMap(t, ms, d, c, flags["--config"])
 	checkDescriptors(t, cm)

@@ -71,7 +71,7 @@ type launch struct {
 	env      []string // the whole environment
 	grpcAddr string   // loopback host:port
 	httpAddr string
-	httpOK   []string // paths that answer 200 once it serves
+	httpOK   []string // URLs that answer 200 once it serves
 }
 
 // call is one ShouldRateLimit and the overall code it must get.
@@ -138,13 +138,17 @@ func kubernetesExample(t *testing.T, root rootfs) launch {
 		}
 	}
 	redis := redistest.Start(t)
-	l := launch{path: image.BinaryPath, grpcAddr: freeAddr(t), httpAddr: freeAddr(t), httpOK: []string{"/healthz", "/readyz"}}
+	l := launch{path: image.BinaryPath, grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
+	paths := []string{"/healthz", "/readyz"}
 	// The Deployment's probes, which the manifest test pins to port 8080,
 	// the --http-addr port.
 	for _, p := range []*corev1.Probe{c.StartupProbe, c.ReadinessProbe, c.LivenessProbe} {
-		if p != nil && p.HTTPGet != nil && !slices.Contains(l.httpOK, p.HTTPGet.Path) {
-			l.httpOK = append(l.httpOK, p.HTTPGet.Path)
+		if p != nil && p.HTTPGet != nil && !slices.Contains(paths, p.HTTPGet.Path) {
+			paths = append(paths, p.HTTPGet.Path)
 		}
+	}
+	for _, p := range paths {
+		l.httpOK = append(l.httpOK, "http://"+l.httpAddr+p)
 	}
 	if len(c.Command) > 0 {
 		l.path = c.Command[0]
@@ -156,6 +160,11 @@ func kubernetesExample(t *testing.T, root rootfs) launch {
 			value = l.grpcAddr
 		case "--http-addr":
 			value = l.httpAddr
+		case "--debug-addr":
+			value = freeAddr(t)
+		case "--metrics-addr":
+			value = freeAddr(t)
+			l.httpOK = append(l.httpOK, "http://"+value+"/metrics")
 		case "--redis-url":
 			value = "redis://" + redis.Addr
 		case "--config":
@@ -262,7 +271,7 @@ func runImage(t *testing.T, r imageRun) {
 	defer conn.Close()
 	awaitServing(t, conn, exited, logs)
 	for _, p := range l.httpOK {
-		resp, err := http.Get("http://" + l.httpAddr + p)
+		resp, err := http.Get(p)
 		if err != nil {
 			t.Fatalf("GET %s: %v", p, err)
 		}
