@@ -100,6 +100,18 @@ func TestRun(t *testing.T) {
 			start: kubernetesExample,
 			calls: append(repeat(5, loginCall(rlsv3.RateLimitResponse_OK)), loginCall(rlsv3.RateLimitResponse_OVER_LIMIT)),
 		},
+		{
+			// Istio's sample with the image swapped: /bin/ratelimit reads
+			// envoyproxy/ratelimit's environment. PATH=/ has 1 a
+			// minute, any other path 100.
+			name:  "istio example, the incumbent's environment",
+			start: istioExample,
+			calls: []call{
+				pathCall("/", rlsv3.RateLimitResponse_OK),
+				pathCall("/", rlsv3.RateLimitResponse_OVER_LIMIT),
+				pathCall("/other", rlsv3.RateLimitResponse_OK),
+			},
+		},
 	} {
 		t.Run(r.name, func(t *testing.T) { runImage(t, r) })
 	}
@@ -126,17 +138,9 @@ func repeat(n int, c call) []call {
 }
 
 func kubernetesExample(t *testing.T, root rootfs) launch {
-	d, cm := exampleDeployment(t)
+	d, cm := exampleDeployment(t, "ratelimitd.yaml", "ratelimitd")
 	c := d.Spec.Template.Spec.Containers[0]
-	for _, m := range c.VolumeMounts {
-		for _, v := range d.Spec.Template.Spec.Volumes {
-			if v.Name == m.Name && v.ConfigMap != nil && v.ConfigMap.Name == cm.Name {
-				for name, data := range cm.Data {
-					root.write(t, filepath.Join(m.MountPath, name), []byte(data))
-				}
-			}
-		}
-	}
+	mountConfigMap(t, root, d, cm)
 	redis := redistest.Start(t)
 	l := launch{path: image.BinaryPath, grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
 	paths := []string{"/healthz", "/readyz"}
@@ -175,26 +179,90 @@ func kubernetesExample(t *testing.T, root rootfs) launch {
 	return l
 }
 
-// exampleDeployment reads the native Deployment and its ConfigMap from
-// examples/kubernetes (whose own tests check them strictly).
-func exampleDeployment(t *testing.T) (*appsv1.Deployment, *corev1.ConfigMap) {
+// istioExample is examples/kubernetes/istio's ratelimit container:
+// /bin/ratelimit with Istio's sample environment, its ConfigMap at its
+// mount path (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config), a real Redis for
+// its REDIS_URL, and the listeners (the sample's "::", every interface)
+// on free loopback ports.
+func istioExample(t *testing.T, root rootfs) launch {
+	d, cm := exampleDeployment(t, "istio/rate-limit-service.yaml", "ratelimit")
+	c := d.Spec.Template.Spec.Containers[0]
+	mountConfigMap(t, root, d, cm)
+	redis := redistest.Start(t)
+	l := launch{path: c.Command[0], grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
+	l.httpOK = []string{"http://" + l.httpAddr + "/healthcheck"}
+	_, httpPort, _ := net.SplitHostPort(l.httpAddr)
+	_, grpcPort, _ := net.SplitHostPort(l.grpcAddr)
+	_, debugPort, _ := net.SplitHostPort(freeAddr(t))
+	for _, e := range c.Env {
+		v := e.Value
+		switch e.Name {
+		case "HOST", "GRPC_HOST":
+			v = "127.0.0.1"
+		case "REDIS_URL":
+			v = redis.Addr
+		case "RUNTIME_ROOT":
+			v = root.path(v)
+		}
+		l.env = append(l.env, e.Name+"="+v)
+	}
+	l.env = append(l.env, "PORT="+httpPort, "GRPC_PORT="+grpcPort, "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+debugPort)
+	return l
+}
+
+func pathCall(path string, want rlsv3.RateLimitResponse_Code) call {
+	return call{
+		req: &rlsv3.RateLimitRequest{
+			Domain: "echo-ratelimit",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{
+				{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "PATH", Value: path}}},
+			},
+		},
+		want: want,
+	}
+}
+
+// mountConfigMap writes cm's files where d's container mounts it, as the
+// kubelet would.
+func mountConfigMap(t *testing.T, root rootfs, d *appsv1.Deployment, cm *corev1.ConfigMap) {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(moduleRoot, "examples/kubernetes/ratelimitd.yaml"))
+	for _, m := range d.Spec.Template.Spec.Containers[0].VolumeMounts {
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name == m.Name && v.ConfigMap != nil && v.ConfigMap.Name == cm.Name {
+				for name, data := range cm.Data {
+					root.write(t, filepath.Join(m.MountPath, name), []byte(data))
+				}
+				return
+			}
+		}
+	}
+	t.Fatalf("Deployment %s does not mount ConfigMap %s", d.Name, cm.Name)
+}
+
+// exampleDeployment reads the Deployment called name and the ConfigMap in
+// the same file from examples/kubernetes/file (whose own tests check them
+// strictly).
+func exampleDeployment(t *testing.T, file, name string) (*appsv1.Deployment, *corev1.ConfigMap) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(moduleRoot, "examples/kubernetes", file))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var d *appsv1.Deployment
 	var cm *corev1.ConfigMap
 	for _, doc := range strings.Split(string(data), "\n---\n") {
-		var kind struct{ Kind string }
-		if err := yaml.Unmarshal([]byte(doc), &kind); err != nil {
+		var head struct {
+			Kind     string
+			Metadata struct{ Name string }
+		}
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
 			t.Fatal(err)
 		}
-		switch kind.Kind {
-		case "Deployment":
+		switch {
+		case head.Kind == "Deployment" && head.Metadata.Name == name:
 			d = &appsv1.Deployment{}
 			err = yaml.UnmarshalStrict([]byte(doc), d)
-		case "ConfigMap":
+		case head.Kind == "ConfigMap":
 			cm = &corev1.ConfigMap{}
 			err = yaml.UnmarshalStrict([]byte(doc), cm)
 		}
@@ -203,7 +271,7 @@ func exampleDeployment(t *testing.T) (*appsv1.Deployment, *corev1.ConfigMap) {
 		}
 	}
 	if d == nil || cm == nil || len(d.Spec.Template.Spec.Containers) != 1 {
-		t.Fatal("examples/kubernetes/ratelimitd.yaml: want a Deployment of one container and a ConfigMap")
+		t.Fatalf("examples/kubernetes/%s: want a Deployment %s of one container and a ConfigMap", file, name)
 	}
 	return d, cm
 }
