@@ -10,6 +10,8 @@ package image_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io/fs"
 	"net"
@@ -17,24 +19,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimitd/ratelimitd/internal/image"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
 // rootfs is one run's unpacked image.
@@ -72,6 +69,12 @@ type launch struct {
 	grpcAddr string   // loopback host:port
 	httpAddr string
 	httpOK   []string // URLs that answer 200 once it serves
+	// grpcCA, when set, is the PEM file of the CA of the gRPC server's
+	// certificate: gRPC is TLS (1.3) and verified against it.
+	grpcCA string
+	// ready, when set, runs once the process serves and before the calls
+	// (to push a config, say).
+	ready func(t *testing.T)
 }
 
 // call is one ShouldRateLimit and the overall code it must get.
@@ -112,168 +115,18 @@ func TestRun(t *testing.T) {
 				pathCall("/other", rlsv3.RateLimitResponse_OK),
 			},
 		},
+		{
+			// The Deployment Envoy Gateway renders, image swapped:
+			// /bin/ratelimit with EG's environment, config over mTLS
+			// xDS from a management server built as EG builds its own.
+			// Rule 0 of the EG-shaped snapshot is 10 a minute.
+			name:  "envoy gateway's deployment, config over xDS",
+			start: envoyGatewayDeployment,
+			calls: append(repeat(10, egRule0(rlsv3.RateLimitResponse_OK)), egRule0(rlsv3.RateLimitResponse_OVER_LIMIT)),
+		},
 	} {
 		t.Run(r.name, func(t *testing.T) { runImage(t, r) })
 	}
-}
-
-func loginCall(want rlsv3.RateLimitResponse_Code) call {
-	return call{
-		req: &rlsv3.RateLimitRequest{
-			Domain: "edge",
-			Descriptors: []*ratelimitv3.RateLimitDescriptor{
-				{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "path", Value: "/login"}}},
-			},
-		},
-		want: want,
-	}
-}
-
-func repeat(n int, c call) []call {
-	out := make([]call, n)
-	for i := range out {
-		out[i] = c
-	}
-	return out
-}
-
-func kubernetesExample(t *testing.T, root rootfs) launch {
-	d, cm := exampleDeployment(t, "ratelimitd.yaml", "ratelimitd")
-	c := d.Spec.Template.Spec.Containers[0]
-	mountConfigMap(t, root, d, cm)
-	redis := redistest.Start(t)
-	l := launch{path: image.BinaryPath, grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
-	paths := []string{"/healthz", "/readyz"}
-	// The Deployment's probes, which the manifest test pins to port 8080,
-	// the --http-addr port.
-	for _, p := range []*corev1.Probe{c.StartupProbe, c.ReadinessProbe, c.LivenessProbe} {
-		if p != nil && p.HTTPGet != nil && !slices.Contains(paths, p.HTTPGet.Path) {
-			paths = append(paths, p.HTTPGet.Path)
-		}
-	}
-	for _, p := range paths {
-		l.httpOK = append(l.httpOK, "http://"+l.httpAddr+p)
-	}
-	if len(c.Command) > 0 {
-		l.path = c.Command[0]
-	}
-	for _, a := range c.Args {
-		name, value, _ := strings.Cut(a, "=")
-		switch name {
-		case "--grpc-addr":
-			value = l.grpcAddr
-		case "--http-addr":
-			value = l.httpAddr
-		case "--debug-addr":
-			value = freeAddr(t)
-		case "--metrics-addr":
-			value = freeAddr(t)
-			l.httpOK = append(l.httpOK, "http://"+value+"/metrics")
-		case "--redis-url":
-			value = "redis://" + redis.Addr
-		case "--config":
-			value = root.path(value)
-		}
-		l.args = append(l.args, name+"="+value)
-	}
-	return l
-}
-
-// istioExample is examples/kubernetes/istio's ratelimit container:
-// /bin/ratelimit with Istio's sample environment, its ConfigMap at its
-// mount path (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config), a real Redis for
-// its REDIS_URL, and the listeners (the sample's "::", every interface)
-// on free loopback ports.
-func istioExample(t *testing.T, root rootfs) launch {
-	d, cm := exampleDeployment(t, "istio/rate-limit-service.yaml", "ratelimit")
-	c := d.Spec.Template.Spec.Containers[0]
-	mountConfigMap(t, root, d, cm)
-	redis := redistest.Start(t)
-	l := launch{path: c.Command[0], grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
-	l.httpOK = []string{"http://" + l.httpAddr + "/healthcheck"}
-	_, httpPort, _ := net.SplitHostPort(l.httpAddr)
-	_, grpcPort, _ := net.SplitHostPort(l.grpcAddr)
-	_, debugPort, _ := net.SplitHostPort(freeAddr(t))
-	for _, e := range c.Env {
-		v := e.Value
-		switch e.Name {
-		case "HOST", "GRPC_HOST":
-			v = "127.0.0.1"
-		case "REDIS_URL":
-			v = redis.Addr
-		case "RUNTIME_ROOT":
-			v = root.path(v)
-		}
-		l.env = append(l.env, e.Name+"="+v)
-	}
-	l.env = append(l.env, "PORT="+httpPort, "GRPC_PORT="+grpcPort, "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+debugPort)
-	return l
-}
-
-func pathCall(path string, want rlsv3.RateLimitResponse_Code) call {
-	return call{
-		req: &rlsv3.RateLimitRequest{
-			Domain: "echo-ratelimit",
-			Descriptors: []*ratelimitv3.RateLimitDescriptor{
-				{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "PATH", Value: path}}},
-			},
-		},
-		want: want,
-	}
-}
-
-// mountConfigMap writes cm's files where d's container mounts it, as the
-// kubelet would.
-func mountConfigMap(t *testing.T, root rootfs, d *appsv1.Deployment, cm *corev1.ConfigMap) {
-	t.Helper()
-	for _, m := range d.Spec.Template.Spec.Containers[0].VolumeMounts {
-		for _, v := range d.Spec.Template.Spec.Volumes {
-			if v.Name == m.Name && v.ConfigMap != nil && v.ConfigMap.Name == cm.Name {
-				for name, data := range cm.Data {
-					root.write(t, filepath.Join(m.MountPath, name), []byte(data))
-				}
-				return
-			}
-		}
-	}
-	t.Fatalf("Deployment %s does not mount ConfigMap %s", d.Name, cm.Name)
-}
-
-// exampleDeployment reads the Deployment called name and the ConfigMap in
-// the same file from examples/kubernetes/file (whose own tests check them
-// strictly).
-func exampleDeployment(t *testing.T, file, name string) (*appsv1.Deployment, *corev1.ConfigMap) {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(moduleRoot, "examples/kubernetes", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d *appsv1.Deployment
-	var cm *corev1.ConfigMap
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		var head struct {
-			Kind     string
-			Metadata struct{ Name string }
-		}
-		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
-			t.Fatal(err)
-		}
-		switch {
-		case head.Kind == "Deployment" && head.Metadata.Name == name:
-			d = &appsv1.Deployment{}
-			err = yaml.UnmarshalStrict([]byte(doc), d)
-		case head.Kind == "ConfigMap":
-			cm = &corev1.ConfigMap{}
-			err = yaml.UnmarshalStrict([]byte(doc), cm)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if d == nil || cm == nil || len(d.Spec.Template.Spec.Containers) != 1 {
-		t.Fatalf("examples/kubernetes/%s: want a Deployment %s of one container and a ConfigMap", file, name)
-	}
-	return d, cm
 }
 
 // freeAddr is a loopback address whose port was free a moment ago.
@@ -332,7 +185,17 @@ func runImage(t *testing.T, r imageRun) {
 		checkUser(t, cmd.Process.Pid)
 	}
 
-	conn, err := grpc.NewClient(l.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if l.grpcCA != "" {
+		pem, err := os.ReadFile(l.grpcCA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(pem)
+		creds = credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13})
+	}
+	conn, err := grpc.NewClient(l.grpcAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,6 +210,9 @@ func runImage(t *testing.T, r imageRun) {
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("GET %s = %d, want 200\n%s", p, resp.StatusCode, logs)
 		}
+	}
+	if l.ready != nil {
+		l.ready(t)
 	}
 	client := rlsv3.NewRateLimitServiceClient(conn)
 	for i, c := range r.calls {
