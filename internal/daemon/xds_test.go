@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -218,6 +220,60 @@ func TestXDSWrongCAFailsClosed(t *testing.T) {
 	}
 	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("health = %v, want NOT_SERVING", st)
+	}
+}
+
+// TestXDSRotatedToAWrongCAKeepsTheConfig: the CA file is replaced by one
+// that did not sign the management server's certificate (a botched
+// rotation) and the connection is re-made: the client refuses the server,
+// the last good config keeps deciding, and readiness says why.
+func TestXDSRotatedToAWrongCAKeepsTheConfig(t *testing.T) {
+	certs := xdstest.NewCerts(t)
+	xs := xdstest.Start(t, xdstest.Options{TLS: certs})
+	xs.SetSnapshot(xdstest.EGNodeID, "1", xdstest.EGConfig(egDomain, "route-a", false))
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	copyFile(t, certs.CA.File, caFile)
+	r := run(t, daemon.Config{XDS: xdsconfig.Options{Addr: xs.Addr(), NodeID: xdstest.EGNodeID,
+		TLS:                  &xdsconfig.TLSFiles{CAFile: caFile, CertFile: certs.ClientCert, KeyFile: certs.ClientKey},
+		ConnectRetryInterval: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}}, "")
+	base := "http://" + r.d.HTTPAddr().String()
+	xs.WaitForACK(t, "1")
+	eventually(t, "version 1 in force", func() bool { _, v := limitsSource(t, base); return v == "1" })
+	for range 10 {
+		egCall(t, r, "route-a")
+	}
+	if c := egCall(t, r, "route-a"); c != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("11th call under version 1 = %v, want OVER_LIMIT", c)
+	}
+
+	copyFile(t, xdstest.NewCA(t, t.TempDir(), "another CA").File, caFile)
+	xs.Stop()
+	xs.Restart(t)
+	eventually(t, "readiness naming the certificate problem", func() bool {
+		_, body := get(t, base+"/readyz")
+		return strings.Contains(body, "certificate") && strings.Contains(body, `the config of version "1" stays in force`)
+	})
+	if c := egCall(t, r, "route-a"); c != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("call with the server untrusted = %v, want OVER_LIMIT (version 1 still in force)", c)
+	}
+	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health = %v, want SERVING on the last good config", st)
+	}
+}
+
+// copyFile copies src to dst, replacing dst atomically.
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		t.Fatal(err)
 	}
 }
 
