@@ -1,7 +1,10 @@
 package server
 
 import (
+	"context"
+	"fmt"
 	"slices"
+	"time"
 
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -12,20 +15,21 @@ import (
 const DefaultOverdraftBursts = 1
 
 // Overdraft makes the server record every charge, even one that overdraws
-// its bucket, for limits whose config declares no overdraft (the
-// incumbent's files and the xDS proto cannot): each such limit is decided
-// as if it had overdraft.max_debt = Bursts × its burst (limiter.Limit.
-// WithOverdraft, clamped to what a limit may hold). Behind a control plane
-// this is what keeps Envoy's stream-done charges (apply_on_stream_done, a
-// response cost, AI Gateway's quota_cost) from being dropped when they find
-// the bucket too low.
+// its bucket, on limits whose config declares no overdraft (the
+// incumbent's files and the xDS proto cannot): behind a control plane this
+// is what keeps Envoy's stream-done charges (apply_on_stream_done, a
+// response cost, AI Gateway's quota_cost) from being dropped when they
+// find the bucket too low.
 //
-// It changes what every request with hits > 0 on those limits means: it is
-// a post-paid charge (docs/how-it-decides.md): recorded even when it
-// overdraws, down to the debt, and whatever the other limits of the
-// request decide (see Counting), and admitted when its bucket is not in
-// debt. This is the incumbent's counting (its Redis INCRBY counts every
-// hit, admitted or not).
+// Admission does not change: a request is admitted only when its tokens
+// are there, as without it. What changes is a request that is not: its
+// hits are recorded all the same (see Counting), as a post-paid charge
+// down to Bursts × the limit's burst below empty (limiter.Limit.
+// WithOverdraft, clamped to what a limit may hold), and its Retry-After is
+// when its tokens are there again, that charge paid. This is the
+// incumbent's counting: its Redis INCRBY counts every hit, admitted or
+// not, and answers OVER_LIMIT once the count is past the limit. The charge
+// is a second store call, made only for a request that was denied.
 //
 // The zero Overdraft is off: a denied request spends nothing.
 type Overdraft struct {
@@ -45,20 +49,62 @@ type Overdraft struct {
 	Counting limiter.Counting
 }
 
-// apply gives the default debt to the takes of a request to domain.
-func (o Overdraft) apply(domain string, takes []limiter.Request) {
-	if !o.On || len(o.Domains) > 0 && !slices.Contains(o.Domains, domain) {
-		return
-	}
+// covers reports whether o records the denied charges of domain.
+func (o Overdraft) covers(domain string) bool {
+	return o.On && (len(o.Domains) == 0 || slices.Contains(o.Domains, domain))
+}
+
+// countDenied records, under the default overdraft, the hits of the takes
+// of p that decisions left unspent: every take with hits of a denied
+// request (with limiter.CountWhereDenied, only the takes that denied it),
+// and a denied shadow take of an admitted one. Limits that declare their
+// own overdraft were charged by the store already. The takes recorded are
+// replaced in p by the charges made, so that observers count them. It returns the
+// decisions with the Retry-After of each recorded denial moved to when its
+// tokens are there again, and whether it changed any. A failed charge is
+// logged and leaves the decisions as they are: the request was answered.
+func (s *Server) countDenied(ctx context.Context, now time.Time, domain string, p *plan, decisions []limiter.Decision, denied bool) ([]limiter.Decision, bool) {
+	o := s.overdraft
 	bursts := o.Bursts
 	if bursts <= 0 {
 		bursts = DefaultOverdraftBursts
 	}
-	for i := range takes {
-		if takes[i].Limit.MaxDebt > 0 {
-			continue // declared in the rule
+	var charges []limiter.Request
+	var which []int
+	for i, t := range p.takes {
+		switch {
+		case t.Hits <= 0 || t.Limit.MaxDebt > 0 || decisions[i].Fallback != limiter.FallbackNone:
+			continue
+		case decisions[i].Allowed && (!denied || o.Counting == limiter.CountWhereDenied):
+			continue // spent, or not counted where it did not deny
 		}
-		takes[i].Limit = takes[i].Limit.WithOverdraft(bursts)
-		takes[i].Counting = o.Counting
+		c := t
+		c.Limit, c.MaxWait, c.Shadow, c.Counting = t.Limit.WithOverdraft(bursts), 0, false, limiter.CountAlways
+		charges = append(charges, c)
+		which = append(which, i)
 	}
+	if len(charges) == 0 {
+		return decisions, false
+	}
+	charged, err := s.store.Take(ctx, now, charges)
+	if err != nil {
+		s.logFailure(ctx, now, domain, fmt.Errorf("recording denied hits: %w", err))
+		return decisions, false
+	}
+	out := slices.Clone(decisions)
+	for j, i := range which {
+		p.takes[i] = charges[j] // what was recorded, for the observer
+		if out[i].Allowed {
+			continue
+		}
+		// The bucket is full again in charged[j].ResetAfter (rounded up);
+		// the request's tokens are there the time of burst − hits tokens
+		// (rounded down) before that: never early.
+		l, h := charges[j].Limit, charges[j].Hits
+		retry := charged[j].ResetAfter - l.TimeFor(l.Burst-min(h, l.Burst))
+		out[i].RetryAfter = max(out[i].RetryAfter, retry)
+		out[i].ResetAfter = max(out[i].ResetAfter, charged[j].ResetAfter)
+		out[i].Remaining = 0
+	}
+	return out, true
 }

@@ -104,8 +104,8 @@ descriptors:
 			// global charge counted as charged only where it is recorded.
 			denied string
 		}{
-			{limiter.CountAlways, 997, "ai OK OVER_LIMIT: over_limit(charged 1) denied_by_other(charged 1)"},
-			{limiter.CountWhereDenied, 998, "ai OK OVER_LIMIT: over_limit(charged 1) denied_by_other"},
+			{limiter.CountAlways, 998, "ai OK OVER_LIMIT: over_limit(charged 1) denied_by_other(charged 1)"},
+			{limiter.CountWhereDenied, 999, "ai OK OVER_LIMIT: over_limit(charged 1) denied_by_other"},
 		} {
 			t.Run(backend+"/"+tt.counting.String(), func(t *testing.T) {
 				rec := &recorder{summary: outcomes}
@@ -127,21 +127,24 @@ descriptors:
 				if r := both(); r.GetOverallCode() != ok {
 					t.Fatalf("first request: %v", r.GetOverallCode())
 				}
-				// The user's bucket is empty, not in debt: the next hit
-				// overdraws it (admitted, one token of debt)...
-				if r := both(); r.GetOverallCode() != ok {
-					t.Fatalf("second request: %v", r.GetOverallCode())
+				// The user's bucket is empty: the second request is denied
+				// (admission is as without the overdraft), and its hits are
+				// recorded where Counting says.
+				r := both()
+				if r.GetOverallCode() != over {
+					t.Fatalf("second request: %v, want OVER_LIMIT", r.GetOverallCode())
 				}
-				// ...and the third is denied by it.
-				if r := both(); r.GetOverallCode() != over {
-					t.Fatalf("third request: %v, want OVER_LIMIT", r.GetOverallCode())
+				// One token a minute, and the denied hit is owed: the next
+				// token is there in two minutes.
+				if got := r.GetStatuses()[0].GetDurationUntilReset().AsDuration(); got != 2*time.Minute {
+					t.Errorf("user's duration_until_reset %v, want 2m (the denied hit recorded)", got)
 				}
 				rec.mu.Lock()
-				if len(rec.calls) != 3 || rec.calls[2] != tt.denied {
-					t.Errorf("observed %q, want the third %q", rec.calls, tt.denied)
+				if len(rec.calls) != 2 || rec.calls[1] != tt.denied {
+					t.Errorf("observed %q, want the second %q", rec.calls, tt.denied)
 				}
 				rec.mu.Unlock()
-				r := call(t, c, request("ai", withHits(desc("global", "g"), 0)))
+				r = call(t, c, request("ai", withHits(desc("global", "g"), 0)))
 				if got := r.GetStatuses()[0].GetLimitRemaining(); got != tt.global {
 					t.Errorf("global remaining %d after the denied request, want %d", got, tt.global)
 				}

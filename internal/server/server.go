@@ -314,8 +314,6 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	s.overdraft.apply(req.GetDomain(), p.takes)
-	s.overdraft.apply(req.GetDomain(), p.refunds)
 	if len(p.refunds) > 0 {
 		refunder, ok := s.store.(limiter.Refunder)
 		if !ok {
@@ -343,6 +341,13 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 		decisions = s.settle(ctx, &p, decisions, now)
 	}
 	resp := buildResponse(req, p, decisions, full, s.answer, cur.cache)
+	if s.overdraft.covers(req.GetDomain()) {
+		var changed bool
+		denied := resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT
+		if decisions, changed = s.countDenied(ctx, now, req.GetDomain(), &p, decisions, denied); changed {
+			resp = buildResponse(req, p, decisions, full, s.answer, cur.cache)
+		}
+	}
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && waits(decisions) {
 		if left, err := s.hold(ctx, p, decisions, s.now()); err != nil {
 			if s.refund(p, decisions, s.now()) {
