@@ -126,6 +126,9 @@ type Rule struct {
 	// Replaces lists the names of rules this one replaces when both match
 	// descriptors of one request.
 	Replaces []string
+	// Concurrency is the concurrency limit of a KindConcurrency rule
+	// (Limits is then empty); nil for every other kind.
+	Concurrency *Concurrency
 	// File and Line locate the rule's descriptor in its file.
 	File string
 	Line int
@@ -169,6 +172,8 @@ func (k Kind) String() string {
 		return "unlimited"
 	case KindDenyAll:
 		return "deny-all"
+	case KindConcurrency:
+		return "concurrency"
 	}
 	return "invalid"
 }

@@ -84,7 +84,7 @@ descriptors:
 }
 
 func TestKindString(t *testing.T) {
-	for k, want := range map[Kind]string{0: "invalid", KindLimited: "limited", KindUnlimited: "unlimited", KindDenyAll: "deny-all", KindDenyAll + 1: "invalid"} {
+	for k, want := range map[Kind]string{0: "invalid", KindLimited: "limited", KindUnlimited: "unlimited", KindDenyAll: "deny-all", KindConcurrency: "concurrency", KindConcurrency + 1: "invalid"} {
 		if got := k.String(); got != want {
 			t.Errorf("Kind(%d).String() = %q, want %q", int(k), got, want)
 		}

@@ -15,10 +15,10 @@ import (
 var (
 	limitFields      = []string{"unit", "requests_per_unit", "burst", "unit_multiplier", "name", "counts", "overdraft", "max_wait", "max_waiters"}
 	rateLimitFields  = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier", "counts", "overdraft", "max_wait", "max_waiters"}
-	groupFields      = append([]string{"shared"}, without(limitFields, "name")...)
+	groupFields      = append([]string{"shared", "concurrency"}, without(limitFields, "name")...)
 	overdraftFields  = []string{"max_debt"}
 	topFields        = []string{"domain", "descriptors", "quota_groups"}
-	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "quota_group", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "replaces"}
+	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "quota_group", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "replaces", "concurrency"}
 )
 
 // DefaultMaxWaiters bounds the requests waiting on one bucket when a limit
@@ -310,6 +310,8 @@ type group struct {
 	// defined (rules may name it, another group may not take it), their
 	// limit is not.
 	broken bool
+	// concurrency is a concurrency group's limit (limit is then unused).
+	concurrency *Concurrency
 }
 
 // quotaGroups reads the top-level quota_groups mapping.
@@ -341,6 +343,12 @@ func (p *parser) quotaGroups(n *yaml.Node, path string) map[string]*group {
 		out[name] = g
 		fields := p.fields(v, path, pre, groupFields)
 		if fields == nil {
+			continue
+		}
+		if c, has := fields["concurrency"]; has {
+			if p.groupConcurrency(fields, c, path, pre, g) {
+				g.broken = false
+			}
 			continue
 		}
 		rl, _, good := p.limit(fields, k, path, pre, false)

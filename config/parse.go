@@ -318,6 +318,7 @@ func (p *parser) descriptor(n *yaml.Node, parent string, depth int) *desc {
 			p.errorf(qg.val, d.path, "quota_group: must not be empty")
 		}
 	}
+	p.descConcurrency(fields, d)
 	hasRule = hasRule || hasList || hasGroup
 	if f, has := fields["replaces"]; has {
 		switch {

@@ -228,6 +228,8 @@ func (r *Rule) describe() string {
 		b.WriteString("unlimited")
 	case KindDenyAll:
 		b.WriteString("denies every request (requests_per_unit: 0)")
+	case KindConcurrency:
+		r.describeConcurrency(&b)
 	default:
 		for i, l := range r.Limits {
 			if i > 0 {
@@ -473,7 +475,7 @@ func (b *builder) check(t *domainTree) {
 		if g.broken {
 			continue // its problems are reported where it is defined
 		}
-		u.rule.setLimits([]RateLimit{g.limit})
+		b.resolveGroup(u, g)
 	}
 	named := make(map[string]*node)
 	var rules []*node
