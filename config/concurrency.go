@@ -44,6 +44,27 @@ type Concurrency struct {
 	MaxWaiters int
 	// Group is the quota group the limit belongs to, or "".
 	Group string
+
+	// view is RateLimit's answer, set once the limit is complete.
+	view RateLimit
+}
+
+// RateLimit is how the limit is shown where a rate is expected (Envoy's
+// current_limit, the RateLimit headers): Name, Limit.Count =
+// MaxInFlight and no Unit (0: a concurrency limit has no period, and
+// Envoy's current_limit says UNKNOWN). The pointer is the same on every
+// call, for caches keyed by it; it must not be modified.
+func (c *Concurrency) RateLimit() *RateLimit {
+	if c.view.Limit.Count != c.Pool.MaxInFlight || c.view.Name != c.Name {
+		// A Concurrency made outside this package.
+		return &RateLimit{Name: c.Name, Limit: limiter.Limit{Count: c.Pool.MaxInFlight}, UnitMultiplier: 1, Counts: Requests}
+	}
+	return &c.view
+}
+
+// finish sets what derives from the limit's fields.
+func (c *Concurrency) finish() {
+	c.view = RateLimit{Name: c.Name, Limit: limiter.Limit{Count: c.Pool.MaxInFlight}, UnitMultiplier: 1, Counts: Requests}
 }
 
 // String sums the limit up: "8 in flight, lease 10m0s, waits up to 2s (at
@@ -229,6 +250,7 @@ func (p *parser) descConcurrency(fields map[string]field, d *desc) {
 		return
 	}
 	r := newRule(p, d, KindConcurrency, nil)
+	c.finish()
 	r.Concurrency = c
 	r.Name = c.Name
 	if g, has := fields["concurrency"]; has && c.Name != "" {
@@ -263,6 +285,7 @@ func (b *builder) resolveGroup(u *groupUse, g *group) {
 	if c.Name == "" {
 		c.Name = u.name
 	}
+	c.finish()
 	u.rule.Kind = KindConcurrency
 	u.rule.Concurrency = &c
 }

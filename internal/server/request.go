@@ -74,6 +74,9 @@ type plan struct {
 	// in spentBack (one per take; nil when nothing was given back).
 	quotas    int
 	spentBack []bool
+	// leases are the concurrency descriptors' leases (see concurrency.go),
+	// each item's at item.lease-1.
+	leases []leaseTake
 }
 
 // tolerant reports whether some quota-mode descriptor may be over its
@@ -108,6 +111,9 @@ type item struct {
 	// envoyproxy/ratelimit (where a descriptor without a rule then counts
 	// as a quota-mode descriptor that passes).
 	quota bool
+	// lease, when positive, says the descriptor holds or gives back a
+	// lease of a concurrency rule: plan.leases[lease-1].
+	lease int
 }
 
 // planRequest matches each descriptor of a checked request to its rule and

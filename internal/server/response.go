@@ -58,6 +58,9 @@ func buildResponse(req *rlsv3.RateLimitRequest, p plan, decisions []limiter.Deci
 	resp := newResponse(len(p.items))
 	sum := setStatuses(resp, p, decisions, queueFull, cache)
 	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses, sum, opts)
+	if opts.headers == RateLimitHeadersIETF {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, ietfHeaders(p, decisions, resp.Statuses, sum)...)
+	}
 	setMetadata(resp, p, sum, opts.metadata, cache, incumbentMetadata(req, p, resp.Statuses, opts.descMeta, cache))
 	return resp
 }
@@ -136,6 +139,15 @@ func setStatuses(resp *rlsv3.RateLimitResponse, p plan, decisions []limiter.Deci
 				sum.waited = append(sum.waited, it.rule)
 			}
 			if !d.Allowed && queueFull != nil && queueFull[it.first+j] {
+				sum.full = append(sum.full, it.rule)
+			}
+		case it.lease > 0:
+			lt := &p.leases[it.lease-1]
+			allowed, wait, limit = lt.status(st)
+			if lt.waited {
+				sum.waited = append(sum.waited, it.rule)
+			}
+			if lt.full {
 				sum.full = append(sum.full, it.rule)
 			}
 		default:
@@ -352,6 +364,10 @@ func rateLimitHeaders(st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.He
 	}
 	policy := strconv.FormatUint(uint64(cl.GetRequestsPerUnit()), 10)
 	limit := policy + ", " + policy + ";w=" + strconv.FormatInt(window, 10)
+	if cl.GetUnit() == rlsv3.RateLimitResponse_RateLimit_UNKNOWN {
+		// A concurrency limit: so many at once, over no window.
+		limit = policy
+	}
 	if cl.GetName() != "" {
 		limit += `;name="` + cl.GetName() + `"`
 	}

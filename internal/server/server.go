@@ -47,6 +47,10 @@ const (
 	// (draft 03) computed from the limit that denied, or when admitted from
 	// the one with the least remaining.
 	RateLimitHeadersDraft03
+	// RateLimitHeadersIETF adds RateLimit-Policy and RateLimit
+	// (draft-ietf-httpapi-ratelimit-headers-11) of the same limit as
+	// draft 03 picks, rate or concurrency alike (see ietf.go).
+	RateLimitHeadersIETF
 )
 
 // DynamicMetadata says which answers carry dynamic_metadata naming the
@@ -175,6 +179,12 @@ type Options struct {
 	// Overdraft, when on, records every charge even when it overdraws
 	// (see Overdraft). Default off.
 	Overdraft Overdraft
+	// Leases keeps the lease pools of concurrency rules; default a
+	// limiter.MemoryLeases of this process. A store shared by replicas
+	// wakes waiters elsewhere through Server.LeaseReleased.
+	Leases limiter.LeaseStore
+	// LeaseObserver, when set, learns of every lease call (metrics).
+	LeaseObserver LeaseObserver
 }
 
 // Server answers ShouldRateLimit. It is safe for concurrent use; the config
@@ -193,6 +203,7 @@ type Server struct {
 	quota    QuotaMode
 	current  atomic.Pointer[loaded]
 	waits    waitQueues
+	leases   leaseState
 
 	// overdraft is Options.Overdraft.
 	overdraft Overdraft
@@ -241,6 +252,7 @@ func New(opts Options) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.leases.init(s.now, opts.Leases, opts.LeaseObserver)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -259,7 +271,7 @@ func New(opts Options) (*Server, error) {
 	if s.answer.retryAfter != RetryAfterSend && s.answer.retryAfter != RetryAfterOmit {
 		return nil, fmt.Errorf("server: invalid RetryAfter %d", s.answer.retryAfter)
 	}
-	if s.answer.headers != RateLimitHeadersOff && s.answer.headers != RateLimitHeadersDraft03 {
+	if s.answer.headers != RateLimitHeadersOff && s.answer.headers != RateLimitHeadersDraft03 && s.answer.headers != RateLimitHeadersIETF {
 		return nil, fmt.Errorf("server: invalid RateLimitHeaders %d", s.answer.headers)
 	}
 	return s, nil
@@ -314,6 +326,15 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if err != nil {
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if planLeases(&p, req); len(p.leases) > 0 {
+		return s.decideLeases(ctx, req, now, cur, p)
+	}
+	return s.decidePlan(ctx, req, now, cur, p)
+}
+
+// decidePlan answers the planned request p at time now: its refunds, its
+// takes and its waits for reserved tokens.
+func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, now time.Time, cur *loaded, p plan) (plan, []limiter.Decision, *rlsv3.RateLimitResponse, error) {
 	if len(p.refunds) > 0 {
 		refunder, ok := s.store.(limiter.Refunder)
 		if !ok {
