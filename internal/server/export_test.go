@@ -1,6 +1,7 @@
 package server
 
 import (
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	"testing"
 
 	"github.com/ratelimitd/ratelimitd/config"
@@ -16,4 +17,16 @@ func MustParse(t testing.TB, yaml string) *config.Set {
 		t.Fatalf("config.Parse: %v", err)
 	}
 	return set
+}
+
+// LeasePoolName is the pool that descriptor d of domain holds its lease
+// in under the config in force, or "" if no concurrency rule matches.
+func (s *Server) LeasePoolName(t testing.TB, domain string, d *ratelimitv3.RateLimitDescriptor) string {
+	t.Helper()
+	entries := toEntries(nil, d)
+	r := s.Config().Lookup(domain, entries)
+	if r == nil || r.Kind != config.KindConcurrency {
+		return ""
+	}
+	return string(r.AppendPool(nil, entries))
 }
