@@ -88,7 +88,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long to drain in-flight calls on SIGTERM")
 	retryAfter := fs.String("retry-after", "send", "Retry-After on OVER_LIMIT answers: send, or omit (for Envoys with enable_retry_after_header)")
-	rlHeaders := fs.String("ratelimit-headers", "off", "X-RateLimit-* headers computed by the service: off (leave them to Envoy) or draft03")
+	rlHeaders := fs.String("ratelimit-headers", "off", "rate-limit headers computed by the service: off (leave them to Envoy), draft03 (X-RateLimit-*) or ietf (RateLimit-Policy and RateLimit, draft-ietf-httpapi-ratelimit-headers-11)")
 	metadata := fs.String("dynamic-metadata", "all", "which answers name their rules in dynamic_metadata (for access logs): all, notable (denials, shadow denials, above burst, waits, full queues) or off")
 	fs.IntVar(&c.Limits.MaxDescriptors, "max-descriptors", defLimits.MaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&c.Limits.MaxEntries, "max-entries", defLimits.MaxEntries, "most entries in one descriptor")
@@ -202,8 +202,8 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return c, usageError{err}
 	}
 	if c.RateLimitHeaders, err = choose("ratelimit-headers", *rlHeaders,
-		[]string{"off", "draft03"},
-		[]server.RateLimitHeaders{server.RateLimitHeadersOff, server.RateLimitHeadersDraft03}); err != nil {
+		[]string{"off", "draft03", "ietf"},
+		[]server.RateLimitHeaders{server.RateLimitHeadersOff, server.RateLimitHeadersDraft03, server.RateLimitHeadersIETF}); err != nil {
 		return c, usageError{err}
 	}
 	if c.DynamicMetadata, err = choose("dynamic-metadata", *metadata,

@@ -27,6 +27,7 @@ func TestParseServeFlagsChoices(t *testing.T) {
 		{"retry-after", "omit", func(c serveConfig) any { return c.RetryAfter }, server.RetryAfterOmit},
 		{"ratelimit-headers", "off", func(c serveConfig) any { return c.RateLimitHeaders }, server.RateLimitHeadersOff},
 		{"ratelimit-headers", "draft03", func(c serveConfig) any { return c.RateLimitHeaders }, server.RateLimitHeadersDraft03},
+		{"ratelimit-headers", "ietf", func(c serveConfig) any { return c.RateLimitHeaders }, server.RateLimitHeadersIETF},
 		{"dynamic-metadata", "all", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataAll},
 		{"dynamic-metadata", "notable", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataNotable},
 		{"dynamic-metadata", "off", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataOff},
@@ -129,7 +130,7 @@ func TestParseServeFlagsRejects(t *testing.T) {
 		want string
 	}{
 		{"retry-after", []string{"--retry-after", "later"}, `--retry-after "later": want send or omit`},
-		{"ratelimit-headers", []string{"--ratelimit-headers", "draft04"}, `--ratelimit-headers "draft04": want off or draft03`},
+		{"ratelimit-headers", []string{"--ratelimit-headers", "draft04"}, `--ratelimit-headers "draft04": want off, draft03 or ietf`},
 		{"dynamic-metadata", []string{"--dynamic-metadata", "some"}, `--dynamic-metadata "some": want all, notable or off`},
 		{"quota-mode", []string{"--quota-mode", "some"}, `--quota-mode "some": want per-rule or all`},
 		{"descriptor-metadata", []string{"--descriptor-metadata", "all"}, `--descriptor-metadata "all": want passed, incumbent or off`},

@@ -15,6 +15,12 @@ import (
 type backend interface {
 	// Store is the limiter.Store calls are decided with.
 	Store() limiter.Store
+	// Leases keeps the lease pools of concurrency limits.
+	Leases() limiter.LeaseStore
+	// WatchLeases calls released with each pool whose lease another
+	// replica released while someone may wait (the store's pub/sub), until
+	// ctx is done; a backend no other replica shares returns at once.
+	WatchLeases(ctx context.Context, released func(pool string))
 	// Name labels metrics and log lines: memory, redis, redis-sentinel or
 	// redis-cluster.
 	Name() string
@@ -43,19 +49,24 @@ type backend interface {
 }
 
 // memoryBackend keeps buckets in this process: one replica's limits.
-type memoryBackend struct{ store *limiter.MemoryStore }
-
-func newMemoryBackend() memoryBackend {
-	return memoryBackend{store: limiter.NewMemoryStore(limiter.MemoryOptions{})}
+type memoryBackend struct {
+	store  *limiter.MemoryStore
+	leases *limiter.MemoryLeases
 }
 
-func (m memoryBackend) Store() limiter.Store               { return m.store }
-func (m memoryBackend) Name() string                       { return "memory" }
-func (m memoryBackend) Prepare(context.Context) error      { return nil }
-func (m memoryBackend) Ready(context.Context) error        { return nil }
-func (m memoryBackend) Healthy() bool                      { return true }
-func (m memoryBackend) FailureMode() failover.Mode         { return 0 }
-func (m memoryBackend) Probe(context.Context) error        { return nil }
-func (m memoryBackend) Sweep(now time.Time)                { m.store.Sweep(now) }
-func (m memoryBackend) Collectors() []prometheus.Collector { return nil }
-func (m memoryBackend) Close() error                       { return nil }
+func newMemoryBackend() memoryBackend {
+	return memoryBackend{store: limiter.NewMemoryStore(limiter.MemoryOptions{}), leases: limiter.NewMemoryLeases(limiter.MemoryOptions{})}
+}
+
+func (m memoryBackend) Store() limiter.Store                      { return m.store }
+func (m memoryBackend) Leases() limiter.LeaseStore                { return m.leases }
+func (m memoryBackend) WatchLeases(context.Context, func(string)) {}
+func (m memoryBackend) Name() string                              { return "memory" }
+func (m memoryBackend) Prepare(context.Context) error             { return nil }
+func (m memoryBackend) Ready(context.Context) error               { return nil }
+func (m memoryBackend) Healthy() bool                             { return true }
+func (m memoryBackend) FailureMode() failover.Mode                { return 0 }
+func (m memoryBackend) Probe(context.Context) error               { return nil }
+func (m memoryBackend) Sweep(now time.Time)                       { m.store.Sweep(now) }
+func (m memoryBackend) Collectors() []prometheus.Collector        { return nil }
+func (m memoryBackend) Close() error                              { return nil }

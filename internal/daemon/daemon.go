@@ -120,10 +120,13 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		QuotaMode:          cfg.QuotaMode,
 		DescriptorMetadata: cfg.DescriptorMetadata,
 		Overdraft:          cfg.Overdraft,
+		Leases:             d.backend.Leases(),
+		LeaseObserver:      d.obs.leases,
 	})
 	if err != nil {
 		return nil, err
 	}
+	d.obs.leases.SetPools(d.srv.LeasePools)
 	if set != nil {
 		d.obs.metrics.ConfigLoaded(set)
 		d.srv.SetConfig(set)
@@ -261,6 +264,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		})
 	}
 	wg.Go(func() { every(d.stopping, time.Minute, d.backend.Sweep) })
+	wg.Go(func() { d.backend.WatchLeases(d.stopping, d.srv.LeaseReleased) })
+	wg.Go(func() { every(d.stopping, leaseRefresh, d.refreshLeases) })
 	// Files: reload on changes (unless WatchConfig is false) and on
 	// Reload; xDS: apply what the management server pushes.
 	wg.Go(func() { d.source.run(d.stopping) })

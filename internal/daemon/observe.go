@@ -20,6 +20,7 @@ import (
 // /limits page's tracker, and tracing's gRPC options.
 type observability struct {
 	metrics     *metrics.Metrics
+	leases      *metrics.Leases
 	tracker     *limitspage.Tracker
 	grpcOptions []grpc.ServerOption
 	stopTracing func(context.Context) error
@@ -39,12 +40,17 @@ func newObservability(ctx context.Context, c Config, backend string) (*observabi
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
+	leases, err := metrics.NewLeases(m.Registry())
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	opts, stop, err := tracing.Setup(ctx, c.Tracing)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	return &observability{
 		metrics:     m,
+		leases:      leases,
 		tracker:     limitspage.NewTracker(limitspage.TrackerOptions{}),
 		grpcOptions: opts,
 		stopTracing: stop,
@@ -68,7 +74,7 @@ func (o *observability) handler(next http.Handler, srv *server.Server, source fu
 	mux := http.NewServeMux()
 	mux.Handle("/", next)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.metrics.Registry(), promhttp.HandlerOpts{}))
-	page, err := limitspage.NewHandler(limitspage.Options{Config: srv.Config, Tracker: o.tracker, Source: source})
+	page, err := limitspage.NewHandler(limitspage.Options{Config: srv.Config, Tracker: o.tracker, Source: source, Pools: srv.LeasePools})
 	if err == nil { // it fails only without Config or Tracker
 		mux.Handle("GET /limits", page)
 		mux.Handle("GET /limits.json", page)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
@@ -60,6 +61,7 @@ type redisBackend struct {
 	front      limiter.Store
 	failover   *failover.Store
 	store      *redisstore.Store
+	client     redis.UniversalClient // for the lease pub/sub
 	closeAll   func() error
 	collectors []prometheus.Collector
 }
@@ -120,7 +122,7 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 		client.Close()
 		return nil, fmt.Errorf("open the Redis backend: %w", err)
 	}
-	b := &redisBackend{name: "redis", store: store, closeAll: func() error {
+	b := &redisBackend{name: "redis", store: store, client: client, closeAll: func() error {
 		store.Close()
 		return client.Close()
 	}}
@@ -169,6 +171,7 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 }
 
 func (b *redisBackend) Store() limiter.Store               { return b.front }
+func (b *redisBackend) Leases() limiter.LeaseStore         { return b.store }
 func (b *redisBackend) Name() string                       { return b.name }
 func (b *redisBackend) Prepare(ctx context.Context) error  { return b.store.Prepare(ctx) }
 func (b *redisBackend) Ready(ctx context.Context) error    { return b.store.Probe(ctx) }

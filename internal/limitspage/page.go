@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/server"
 )
 
 //go:embed limits.html
@@ -33,6 +34,10 @@ type Options struct {
 	Now func() time.Time
 	// TopBuckets is how many busiest buckets to show; default 10.
 	TopBuckets int
+	// Pools, when set, lists the concurrency pools with leases held, the
+	// fullest first, at most n (server.Server.LeasePools): the page
+	// shows the TopBuckets fullest.
+	Pools func(n int) []server.PoolInFlight
 }
 
 // Handler serves GET /limits (HTML) and GET /limits.json. Mount it on both
@@ -71,6 +76,9 @@ type Page struct {
 	Domains []DomainPage `json:"domains"`
 	// Busiest lists the fullest buckets now, fullest first.
 	Busiest []BucketState `json:"busiest"`
+	// InFlight lists the concurrency pools with the most leases held,
+	// fullest first (at most TopBuckets).
+	InFlight []PoolState `json:"in_flight,omitempty"`
 	// Refresh, when positive, makes the HTML page reload itself every
 	// Refresh seconds (?refresh=N).
 	Refresh int `json:"-"`
@@ -113,7 +121,7 @@ type RulePage struct {
 func (h *Handler) Build(now time.Time) Page {
 	set := h.opts.Config()
 	p := Page{GeneratedAt: now, ConfigHash: set.Hash(), WindowSeconds: int(Window / time.Second),
-		Domains: []DomainPage{}, Busiest: h.opts.Tracker.Busiest(h.opts.TopBuckets, now)}
+		Domains: []DomainPage{}, Busiest: h.opts.Tracker.Busiest(h.opts.TopBuckets, now), InFlight: h.pools(h.opts.TopBuckets)}
 	if h.opts.Source != nil {
 		p.ConfigSource, p.ConfigVersion = h.opts.Source()
 	}
@@ -146,6 +154,10 @@ func rate(r *config.Rule) string {
 		return "unlimited"
 	case config.KindDenyAll:
 		return "denies all (0 per " + r.Limits[0].Unit.String() + ")"
+	case config.KindConcurrency:
+		if r.Concurrency != nil {
+			return r.Concurrency.String()
+		}
 	}
 	parts := make([]string, len(r.Limits))
 	for i, l := range r.Limits {
