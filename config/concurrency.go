@@ -305,9 +305,18 @@ func (r *Rule) describeConcurrency(b *strings.Builder) {
 		fmt.Fprintf(b, "lease %v)", c.Pool.Lease)
 		return
 	}
-	if len(r.levels) > 1 {
-		b.WriteString("pool: the values of the levels above")
-	} else {
+	perValue := false
+	for _, l := range r.levels[:len(r.levels)-1] {
+		perValue = perValue || l.keyOnly || l.wild && !l.shareThreshold && c.Group == ""
+	}
+	switch {
+	case c.Group != "" && perValue:
+		b.WriteString("one pool for every rule naming the group, per value of the key-only levels above")
+	case c.Group != "":
+		b.WriteString("one pool for every rule naming the group")
+	case perValue:
+		b.WriteString("one pool per value of the levels above")
+	default:
 		b.WriteString("one pool")
 	}
 	fmt.Fprintf(b, "; each value of %s names a lease, held until released or for %v)", quoteIfNeeded(r.levels[len(r.levels)-1].key), c.Pool.Lease)

@@ -59,8 +59,12 @@ func TestConcurrencyRules(t *testing.T) {
 	}
 	r := set.Lookup("ai-gateway", e("model", "llama-3.1-70b", "request_id", "abc"))
 	want := Concurrency{Pool: limiter.PoolLimit{MaxInFlight: 8, Lease: 10 * time.Minute}, MaxWait: 2 * time.Second, MaxWaiters: 100}
+	want.finish()
 	if r == nil || *r.Concurrency != want {
 		t.Fatalf("llama rule = %+v, want concurrency %+v", r, want)
+	}
+	if v := r.Concurrency.RateLimit(); v != r.Concurrency.RateLimit() || v.Limit.Count != 8 || v.Unit != 0 {
+		t.Errorf("RateLimit() = %+v, want one shared view of 8 with no unit", v)
 	}
 	if len(r.Limits) != 0 {
 		t.Errorf("llama rule has Limits %v, want none", r.Limits)

@@ -191,6 +191,9 @@ func (s *Set) Explain(domain string, entries []Entry) []string {
 			what := "key-only descriptor matched"
 			if c.rule != nil {
 				what = "key-only rule matched (own bucket per value)"
+				if c.rule.Kind == KindConcurrency {
+					what = "key-only concurrency level matched (its value names the lease)"
+				}
 			}
 			lines = append(lines, fmt.Sprintf("%s: %s [%s]", part, what, c.where()))
 		}

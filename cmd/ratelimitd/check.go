@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/answer"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
@@ -84,10 +85,11 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var rf requestFlags
 	rf.register(fs)
 	hits := fs.Uint("hits", 0, "the request's hits_addend (0: Envoy's default, 1)")
+	release := fs.Bool("release", false, "send the descriptors as Envoy's stream-done call does (hits_addend 1, is_negative_hits): give back tokens, or release a concurrency lease")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ratelimitd check [--addr HOST:PORT] --domain D -d key=value[,key=value] [-d ...] [--hits N] [--json]")
+		fmt.Fprintln(stderr, "usage: ratelimitd check [--addr HOST:PORT] --domain D -d key=value[,key=value] [-d ...] [--hits N] [--release] [--json]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -101,7 +103,11 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	req := &rlsv3.RateLimitRequest{Domain: rf.domain, HitsAddend: uint32(*hits)}
 	for _, entries := range rf.descs {
-		req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{Entries: entries})
+		d := &ratelimitv3.RateLimitDescriptor{Entries: entries}
+		if *release {
+			d.HitsAddend, d.IsNegativeHits = wrapperspb.UInt64(uint64(max(*hits, 1))), true
+		}
+		req.Descriptors = append(req.Descriptors, d)
 	}
 
 	creds, err := checkCredentials(*tlsCA, *tlsCert, *tlsKey)

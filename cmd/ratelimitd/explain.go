@@ -54,6 +54,10 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 		if r := set.Lookup(rf.domain, entries); r != nil {
 			// The key envoyproxy/ratelimit's per-rule stats carry.
 			fmt.Fprintf(&b, "  stats key %s\n", r.StatKey(entries))
+			if r.Kind == config.KindConcurrency && len(entries) > 0 {
+				fmt.Fprintf(&b, "  pool %s, lease %q: at request time (hits >= 1) it takes the lease, with is_negative_hits it releases it\n",
+					r.PoolLabel(entries), entries[len(entries)-1].Value)
+			}
 		}
 	}
 	_, err = io.WriteString(stdout, b.String())

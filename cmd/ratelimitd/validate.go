@@ -53,8 +53,11 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 // ruleNotes counts the rules that use the incumbent's newer fields, for
 // the domain's line: " (2 in quota mode, 2 with metadata)", or "".
 func ruleNotes(rules []*config.Rule) string {
-	var quota, meta, share int
+	var quota, meta, share, conc int
 	for _, r := range rules {
+		if r.Kind == config.KindConcurrency {
+			conc++
+		}
 		if r.QuotaMode {
 			quota++
 		}
@@ -69,7 +72,7 @@ func ruleNotes(rules []*config.Rule) string {
 	for _, n := range []struct {
 		count int
 		what  string
-	}{{quota, "in quota mode"}, {meta, "with metadata"}, {share, "sharing a wildcard's bucket"}} {
+	}{{quota, "in quota mode"}, {meta, "with metadata"}, {share, "sharing a wildcard's bucket"}, {conc, "concurrency limits"}} {
 		if n.count > 0 {
 			notes = append(notes, fmt.Sprintf("%d %s", n.count, n.what))
 		}

@@ -83,6 +83,10 @@ func (l *Limit) String() string {
 		per = fmt.Sprintf("%d %ss", l.UnitMultiplier, l.Unit)
 	}
 	s := fmt.Sprintf("%d/%s", l.RequestsPerUnit, per)
+	if l.Unit == "unknown" {
+		// A concurrency limit: so many at once, over no period.
+		s = fmt.Sprintf("%d in flight", l.RequestsPerUnit)
+	}
 	if l.Name != "" {
 		s += " (" + l.Name + ")"
 	}
