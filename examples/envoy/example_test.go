@@ -395,6 +395,12 @@ func (d sent) isCheck() bool {
 	return d.perFilter && d.hits.GetNumber() != nil && d.hits.GetNumber().GetValue() == 0 && d.hits.GetFormat() == ""
 }
 
+// isRelease reports whether d gives a concurrency lease back: a
+// stream-done descriptor with hits_addend {number: 1, is_negative_hits}.
+func (d sent) isRelease() bool {
+	return d.perFilter && d.onStreamDone && d.hits.GetIsNegativeHits() && d.hits.GetNumber().GetValue() == 1
+}
+
 func (d sent) sameEntries(o sent) bool {
 	return slices.Equal(d.entries, o.entries)
 }
@@ -618,6 +624,26 @@ func TestPostpaidCharges(t *testing.T) {
 					case format != "" && !hitsFormat.MatchString(format):
 						t.Errorf("%s: hits_addend.format %q: Envoy wants exactly one substitution command, nothing else", d.where, format)
 					}
+				}
+				if d.isRelease() {
+					// A concurrency lease given back, not a charge: its
+					// request-time twin took it.
+					twin := slices.ContainsFunc(ds, func(o sent) bool {
+						return o.sameEntries(d) && !o.onStreamDone && !o.isCheck()
+					})
+					if !twin {
+						t.Errorf("%s: the release %v has no request-time descriptor on the same route that takes the lease", d.where, d.entries)
+					}
+					rules := rulesFor(set, domain, d.entries, values)
+					if len(rules) == 0 {
+						t.Errorf("%s: the release %v reaches no rule", d.where, d.entries)
+					}
+					for _, r := range rules {
+						if r.Kind != config.KindConcurrency {
+							t.Errorf("%s: the release %v reaches rule %s (%s:%d), which is no concurrency limit: is_negative_hits would give tokens back", d.where, d.entries, r.Path, r.File, r.Line)
+						}
+					}
+					continue
 				}
 				if !d.onStreamDone && !d.isCheck() {
 					continue

@@ -2,6 +2,7 @@ package envoy_test
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -151,6 +152,7 @@ next:
 			d.Entries = append(d.Entries, &commonv3.RateLimitDescriptor_Entry{Key: k, Value: v})
 		}
 		if h := rl.GetHitsAddend(); h != nil && perFilter {
+			d.IsNegativeHits = h.GetIsNegativeHits()
 			switch {
 			case h.GetNumber() != nil:
 				d.HitsAddend = wrapperspb.UInt64(h.GetNumber().GetValue())
@@ -376,4 +378,57 @@ func TestWaitFlow(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestConcurrencyFlow: README's vLLM sequence on the vllm-qwen route. 16
+// requests in flight fill the slots; the 17th waits, and is admitted when
+// a stream is done (the release Envoy sends then); with every slot taken
+// and nothing released, a request waits its max_wait (1s) and is denied.
+func TestConcurrencyFlow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newGatewaySimClock(t, nil)
+		req := func(i int) call {
+			return post("/v1/chat/completions", "x-model", "qwen-2.5-72b", "x-request-id", fmt.Sprintf("req-%d", i))
+		}
+		for i := range 16 {
+			o := s.do(req(i), nil)
+			if o.route != "vllm-qwen" || o.code() != ok {
+				t.Fatalf("request %d: route %q, %v; want vllm-qwen, OK", i, o.route, o.code())
+			}
+			if got := o.resp.GetStatuses()[0].GetLimitRemaining(); got != uint32(15-i) {
+				t.Errorf("request %d: %d slots left, want %d", i, got, 15-i)
+			}
+		}
+		start := time.Now()
+		waiting := make(chan outcome, 1)
+		go func() { waiting <- s.do(req(16), nil) }()
+		synctest.Wait()
+		time.Sleep(200 * time.Millisecond)
+		s.streamDone(req(3)) // request 3's response is over
+		if o := <-waiting; o.code() != ok || time.Since(start) != 200*time.Millisecond {
+			t.Errorf("request 16: %v after %v, want OK at request 3's release (200ms)", o.code(), time.Since(start))
+		}
+		start = time.Now()
+		if o := s.do(req(17), nil); o.code() != over || time.Since(start) != time.Second || o.header("retry-after") != "599" {
+			t.Errorf("request 17: %v after %v, Retry-After %q; want OVER_LIMIT after max_wait, 1s, Retry-After 599 (request 0's 10m lease, taken 1.2s ago)",
+				o.code(), time.Since(start), o.header("retry-after"))
+		}
+		// Envoy retries request 5 (same x-request-id): still one slot.
+		if o := s.do(req(5), nil); o.code() != ok {
+			t.Errorf("a retry of request 5: %v, want OK (its lease renewed)", o.code())
+		}
+	})
+}
+
+// streamDone sends what Envoy sends for c once its stream is done.
+func (s *gatewaySim) streamDone(c call) {
+	s.t.Helper()
+	r := s.route(c)
+	ds := s.descriptors(r, c, true, nil)
+	if len(ds) == 0 {
+		s.t.Fatalf("%v: route %s sends nothing when the stream is done", c, r.GetName())
+	}
+	if _, err := s.srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: s.domain, Descriptors: ds}); err != nil {
+		s.t.Fatalf("%v: stream-done ShouldRateLimit: %v", c, err)
+	}
 }
