@@ -1,0 +1,101 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimitd/ratelimitd/internal/daemon"
+)
+
+// TestLeasesOnTheMemoryBackend: a daemon on the memory backend holds
+// leases, and /metrics and /limits.json show them in flight.
+func TestLeasesOnTheMemoryBackend(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ai.yaml"), []byte(`domain: ai
+descriptors:
+  - key: model
+    value: vllm
+    descriptors:
+      - key: request_id
+        concurrency: {max_in_flight: 2, lease: 1m, name: vllm-slots}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.New(daemon.Config{ConfigPath: dir, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	conn, err := grpc.NewClient(d.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	callCtx, cancelCall := context.WithTimeout(ctx, 5*time.Second)
+	defer cancelCall()
+	var codes []string
+	for _, id := range []string{"a", "b", "c"} {
+		resp, err := rls.ShouldRateLimit(callCtx, &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "vllm"}, {Key: "request_id", Value: id}},
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		codes = append(codes, resp.GetOverallCode().String())
+	}
+	if got := strings.Join(codes, " "); got != "OK OK OVER_LIMIT" {
+		t.Errorf("three leases of two slots: %s, want OK OK OVER_LIMIT", got)
+	}
+	get := func(path string) string {
+		resp, err := http.Get("http://" + d.HTTPAddr().String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	m := get("/metrics")
+	for _, want := range []string{`ratelimitd_leases_in_flight{domain="ai",rule="vllm-slots"} 2`, `ratelimitd_leases_taken_total{domain="ai",rule="vllm-slots"} 2`, `ratelimitd_leases_denied_total{domain="ai",rule="vllm-slots"} 1`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	var page struct {
+		InFlight []struct {
+			Rule        string `json:"rule"`
+			Pool        string `json:"pool"`
+			InFlight    int64  `json:"in_flight"`
+			MaxInFlight int64  `json:"max_in_flight"`
+		} `json:"in_flight"`
+	}
+	if err := json.Unmarshal([]byte(get("/limits.json")), &page); err != nil {
+		t.Fatal(err)
+	}
+	if len(page.InFlight) != 1 || page.InFlight[0].Rule != "vllm-slots" || page.InFlight[0].Pool != "ai > model=vllm > request_id" || page.InFlight[0].InFlight != 2 || page.InFlight[0].MaxInFlight != 2 {
+		t.Errorf("/limits.json in_flight = %+v, want vllm-slots' pool with 2 of 2", page.InFlight)
+	}
+	if html := get("/limits"); !strings.Contains(html, "Requests in flight") || !strings.Contains(html, "2 / 2") {
+		t.Errorf("/limits lacks the pool in flight")
+	}
+}
