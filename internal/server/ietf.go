@@ -7,8 +7,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
-	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 // The IETF RateLimit fields (draft-ietf-httpapi-ratelimit-headers-11,
@@ -39,7 +37,7 @@ const (
 // ietfHeaders are the RateLimit-Policy and RateLimit fields of an answer
 // whose statuses are set (see setStatuses); nil when no enforced limit
 // applied.
-func ietfHeaders(p plan, decisions []limiter.Decision, statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sum summary) []*corev3.HeaderValue {
+func ietfHeaders(p plan, statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sum summary) []*corev3.HeaderValue {
 	pick := sum.least
 	over := sum.denied > 0
 	if over {

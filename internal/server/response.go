@@ -59,7 +59,7 @@ func buildResponse(req *rlsv3.RateLimitRequest, p plan, decisions []limiter.Deci
 	sum := setStatuses(resp, p, decisions, queueFull, cache)
 	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses, sum, opts)
 	if opts.headers == RateLimitHeadersIETF {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, ietfHeaders(p, decisions, resp.Statuses, sum)...)
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, ietfHeaders(p, resp.Statuses, sum)...)
 	}
 	setMetadata(resp, p, sum, opts.metadata, cache, incumbentMetadata(req, p, resp.Statuses, opts.descMeta, cache))
 	return resp
