@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -244,5 +245,54 @@ func golden(t *testing.T, path, got string) {
 	}
 	if got != string(want) {
 		t.Errorf("got:\n%s\nwant (%s):\n%s", got, path, want)
+	}
+}
+
+// leaseEvents records what a LeaseObserver hears.
+type leaseEvents struct {
+	mu     sync.Mutex
+	events []server.LeaseEvent
+}
+
+func (l *leaseEvents) ObserveLease(e server.LeaseEvent) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+// TestRefreshCountsExpiredLeases: leases whose release never came are
+// counted once, by the refresh that finds them expired, and their pool is
+// forgotten; every call reports what it purged.
+func TestRefreshCountsExpiredLeases(t *testing.T) {
+	clock := clocktest.New()
+	obs := &leaseEvents{}
+	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clock.Now, LeaseObserver: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(server.MustParse(t, leaseConfig))
+	ctx := context.Background()
+	for _, id := range []string{"a", "b", "c"} {
+		if resp, err := srv.ShouldRateLimit(ctx, request("ai-gateway", desc("model", "llama", "request_id", id))); err != nil || resp.GetOverallCode() != ok {
+			t.Fatalf("acquire %s: %v %v", id, resp.GetOverallCode(), err)
+		}
+	}
+	if pools := srv.LeasePools(10); len(pools) != 1 || pools[0].InFlight != 3 || pools[0].Label != "ai-gateway > model=llama > request_id" {
+		t.Fatalf("LeasePools = %+v, want the llama pool with 3", pools)
+	}
+	clock.Advance(11 * time.Minute)
+	srv.RefreshLeasePools(ctx)
+	srv.RefreshLeasePools(ctx) // nothing left to count
+	var expired int64
+	ops := map[server.LeaseOp]int{}
+	for _, e := range obs.events {
+		expired += e.Expired
+		ops[e.Op]++
+	}
+	if expired != 3 || ops[server.LeaseTaken] != 3 {
+		t.Errorf("events %+v: %d expired, %d taken; want 3 and 3", obs.events, expired, ops[server.LeaseTaken])
+	}
+	if pools := srv.LeasePools(10); len(pools) != 0 {
+		t.Errorf("LeasePools after the leases expired = %+v, want none", pools)
 	}
 }
