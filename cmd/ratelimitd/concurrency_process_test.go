@@ -120,7 +120,7 @@ func TestConcurrencyAcrossReplicas(t *testing.T) {
 				resp, err := conns[rnd.IntN(3)].ShouldRateLimit(callCtx, leaseReq("vllm", id, false))
 				cancelCall()
 				if err != nil {
-					errs.Store(status.Code(err).String(), true)
+					errs.Store(status.Code(err).String()+": "+status.Convert(err).Message(), true)
 					continue
 				}
 				if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {

@@ -60,6 +60,7 @@ type redisBackend struct {
 	name       string
 	front      limiter.Store
 	failover   *failover.Store
+	leases     *failover.Leases // the store's lease pools, failing as buckets do
 	store      *redisstore.Store
 	client     redis.UniversalClient // for the lease pub/sub
 	closeAll   func() error
@@ -159,6 +160,7 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 	}
 	breaker.Store(fs)
 	b.failover, b.front = fs, fs
+	b.leases = fs.Leases(store)
 	if cache != nil {
 		b.front = cache.Front(fs)
 	}
@@ -171,7 +173,7 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 }
 
 func (b *redisBackend) Store() limiter.Store               { return b.front }
-func (b *redisBackend) Leases() limiter.LeaseStore         { return b.store }
+func (b *redisBackend) Leases() limiter.LeaseStore         { return b.leases }
 func (b *redisBackend) Name() string                       { return b.name }
 func (b *redisBackend) Prepare(ctx context.Context) error  { return b.store.Prepare(ctx) }
 func (b *redisBackend) Ready(ctx context.Context) error    { return b.store.Probe(ctx) }

@@ -362,10 +362,7 @@ func (s *Store) succeeded(probe, answered bool) {
 // fallback answers reqs per the failure mode, given the outage as the
 // call found it and why it is answered so.
 func (s *Store) fallback(ctx context.Context, now time.Time, reqs []limiter.Request, o outage, cause limiter.Fallback) ([]limiter.Decision, error) {
-	s.fallbacks.Add(1)
-	if s.opts.OnFallback != nil {
-		s.opts.OnFallback(cause)
-	}
+	s.noteFallback(cause)
 	d, err := s.fallbackDecisions(ctx, now, reqs, o)
 	for i := range d {
 		d[i].Fallback = cause
@@ -376,12 +373,7 @@ func (s *Store) fallback(ctx context.Context, now time.Time, reqs []limiter.Requ
 // fallbackDecisions are the failure mode's answers to reqs.
 func (s *Store) fallbackDecisions(ctx context.Context, now time.Time, reqs []limiter.Request, o outage) ([]limiter.Decision, error) {
 	t := s.opts.Now()
-	mode := s.opts.Mode
-	// o.start is the first failure as this call saw it, under the lock that
-	// decided the call: a success since then does not restart the grace.
-	if mode == Local && t.Sub(o.start) < s.opts.Grace {
-		mode = s.opts.GraceMode
-	}
+	mode := s.mode(o)
 	if mode == Local {
 		s.mu.Lock()
 		s.lastLocal = latest(s.lastLocal, t)
@@ -408,14 +400,7 @@ func (s *Store) fallbackDecisions(ctx context.Context, now time.Time, reqs []lim
 		}
 		return d, nil
 	}
-	err := o.err
-	if err == nil {
-		err = errors.New("circuit open")
-	}
-	if errors.Is(err, limiter.ErrOverloaded) {
-		return nil, fmt.Errorf("failure mode error: %w", err)
-	}
-	return nil, fmt.Errorf("%w (failure mode error): %w", limiter.ErrUnavailable, err)
+	return nil, errorOf(o)
 }
 
 // latest returns the later of a and b.

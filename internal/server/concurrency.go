@@ -255,7 +255,9 @@ func (s *Server) acquireLease(ctx context.Context, now time.Time, lt *leaseTake,
 	for {
 		if ls.queues.head(lt.pool, w) {
 			// The head asks; those behind it wait for their turn.
-			r.MaxWait = deadline.Sub(now)
+			// Woken at or after the deadline, it asks once more without
+			// waiting (a negative MaxWait is an invalid request).
+			r.MaxWait = max(deadline.Sub(now), 0)
 			if err := s.tryLease(ctx, now, lt, r); err != nil {
 				return err
 			}
