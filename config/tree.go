@@ -29,7 +29,11 @@ import (
 // is always literal. When several patterns match, the most specific wins:
 // the one with more literal (non-'*') bytes, then the one with fewer '*',
 // then the one first in file order. Patterns are tried one after another,
-// so a level with thousands of them is slow to miss. (envoyproxy/ratelimit
+// so a level with thousands of them is slow to miss, but each costs at most
+// its own length plus MaxScanBytes, however long the value: a pattern's
+// literal prefix and suffix are checked against the whole value, the
+// literals between its stars are sought (leftmost first, in order) within
+// the first MaxScanBytes bytes after the prefix. (envoyproxy/ratelimit
 // treats only a trailing '*' as a wildcard, reads "a*b" literally, and takes
 // the first matching pattern in file order.)
 //
@@ -77,7 +81,8 @@ type groupUse struct {
 
 // node is one descriptor of the compiled tree.
 type node struct {
-	value     string // "" for a key-only descriptor
+	value     string       // "" for a key-only descriptor
+	glob      *globPattern // for a value with '*'
 	path      string
 	file      string
 	line, col int
@@ -108,7 +113,7 @@ func (n *node) child(key, value string) (*node, matchKind) {
 		return c, exactMatch
 	}
 	for _, c := range k.wild {
-		if glob(c.value, value) {
+		if c.glob.match(value) {
 			return c, wildMatch
 		}
 	}
@@ -326,34 +331,6 @@ func (s *Set) Hash() string {
 	return s.hash
 }
 
-// glob reports whether value matches pattern, in which '*' matches any run
-// of bytes. It runs in O(len(pattern)·len(value)) at worst and does not
-// allocate.
-func glob(pattern, value string) bool {
-	px, vx := 0, 0
-	starPx, starVx := -1, 0
-	for px < len(pattern) || vx < len(value) {
-		if px < len(pattern) {
-			if c := pattern[px]; c == '*' {
-				starPx, starVx = px, vx+1
-				px++
-				continue
-			} else if vx < len(value) && value[vx] == c {
-				px++
-				vx++
-				continue
-			}
-		}
-		if starPx >= 0 && starVx <= len(value) {
-			px, vx = starPx+1, starVx
-			starVx++
-			continue
-		}
-		return false
-	}
-	return true
-}
-
 // moreSpecific orders wildcard patterns: more literal bytes first, then
 // fewer stars; equal patterns keep file order (the sort is stable).
 func moreSpecific(a, b *node) int {
@@ -423,6 +400,9 @@ func (b *builder) insert(t *domainTree, parent *node, d *desc, file string, leve
 	}
 	if n == nil {
 		n = &node{value: d.value, path: d.path, file: file, line: d.line, col: d.col}
+		if strings.Contains(d.value, "*") {
+			n.glob = compileGlob(d.value)
+		}
 		switch {
 		case d.value == "":
 			k.keyOnly = n
