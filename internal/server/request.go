@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"slices"
@@ -102,6 +103,9 @@ type item struct {
 	// configured is set when rule and limits come from the loaded config
 	// (not from a limit override), so their protobuf parts can be cached.
 	configured bool
+	// overridden is set when limits is a limit override's: its bucket is
+	// its own (config.Rule.AppendOverrideKey), never the rule's.
+	overridden bool
 	// shadow is set when the rule is a shadow rule: its own shadow_mode,
 	// or every rule with Options.ShadowMode.
 	shadow bool
@@ -121,8 +125,11 @@ type item struct {
 // value longer than maxValue bytes is matched as it is, then replaced by
 // its stand-in (see longValue) for everything after: its bucket, the
 // override's path, and what observers see.
-// With shadowAll every rule is a shadow rule (Options.ShadowMode).
-func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int, shadowAll bool, quotaMode QuotaMode) (plan, error) {
+// With shadowAll every rule is a shadow rule (Options.ShadowMode). It
+// stops, returning ctx's error, when ctx ends between two descriptors: a
+// caller that has gone buys no more matching (each descriptor's costs at
+// most config.MaxScanBytes per wildcard pattern).
+func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int, shadowAll bool, quotaMode QuotaMode) (plan, error) {
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
 	p := plan{items: make([]item, len(descs)), descs: descs}
@@ -130,6 +137,9 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 	entries := eb[:0]
 	replacing, copied := false, false
 	for i, d := range descs {
+		if err := ctx.Err(); err != nil {
+			return plan{}, err
+		}
 		entries = toEntries(entries[:0], d)
 		it := item{rule: set.Lookup(domain, entries)}
 		if long := shortenValues(d, maxValue); long != nil {
@@ -203,7 +213,11 @@ func planRequest(set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Dura
 		it.first = len(p.takes)
 		hits := hitsOf(req, d)
 		for j, l := range it.limits {
-			key = it.rule.AppendKey(key[:0], j, entries)
+			if it.overridden {
+				key = it.rule.AppendOverrideKey(key[:0], entries, l.Limit)
+			} else {
+				key = it.rule.AppendKey(key[:0], j, entries)
+			}
 			// In a tolerant plan, a quota-mode take that is denied must not
 			// deny the others: quotaVerdict decides.
 			r := limiter.Request{Key: string(key), Limit: l.Limit, Hits: hits, Shadow: it.shadow || it.quota && p.tolerant()}
@@ -288,8 +302,9 @@ var overrideUnits = map[typev3.RateLimitUnit]config.Unit{
 // override applies a descriptor's limit override (from Envoy's route
 // metadata): it replaces the configured limits with one rate, with a burst
 // of one unit's worth, and applies even where no rule matched (as
-// envoyproxy/ratelimit does). The bucket is the one of the rule's first
-// limit.
+// envoyproxy/ratelimit does). The override has a bucket of its own, keyed
+// by its count and period (config.Rule.AppendOverrideKey): it never spends
+// from, or writes, the rule's buckets.
 func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) error {
 	unit, ok := overrideUnits[o.GetUnit()]
 	if !ok {
@@ -322,7 +337,7 @@ func (it *item) override(domain string, entries []config.Entry, o *ratelimitv3.R
 	} else if len(it.limits) > 0 {
 		rl.Name = it.limits[0].Name
 	}
-	it.limited, it.denyAll, it.limits, it.configured = true, false, []config.RateLimit{rl}, false
+	it.limited, it.denyAll, it.limits, it.configured, it.overridden = true, false, []config.RateLimit{rl}, false, true
 	return nil
 }
 

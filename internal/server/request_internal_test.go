@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -57,7 +58,7 @@ func TestPlanKinds(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{tt.d}}
-			p, err := planRequest(set, req, 0, 1024, false, QuotaModePerRule)
+			p, err := planRequest(context.Background(), set, req, 0, 1024, false, QuotaModePerRule)
 			if err != nil {
 				t.Fatalf("planRequest: %v", err)
 			}

@@ -322,8 +322,11 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if cur == nil {
 		return plan{}, nil, nil, answerFor(codes.Unavailable, ErrNoConfig)
 	}
-	p, err := planRequest(cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow, s.quota)
+	p, err := planRequest(ctx, cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow, s.quota)
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return plan{}, nil, nil, status.FromContextError(err).Err()
+		}
 		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	if planLeases(&p, req); len(p.leases) > 0 {
