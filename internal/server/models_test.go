@@ -148,8 +148,11 @@ func TestPostpaidTokens(t *testing.T) {
 	}
 }
 
+// TestNegativeHitsGiveTokensBack: with RefundsUnbounded (the incumbent's
+// behaviour) a refund gives back to any limit; refund_test.go has the
+// default, RefundsTaken.
 func TestNegativeHitsGiveTokensBack(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Refunds: server.RefundsUnbounded}, server.MustParse(t, testConfig))
 	call(t, c, request("api", withHits(desc("client", "zed"), 2)))
 	refund := withHits(desc("client", "zed"), 1)
 	refund.IsNegativeHits = true

@@ -50,6 +50,10 @@ type Call struct {
 	// Descriptors has one entry per request descriptor, in order, when the
 	// call reached a decision (Code OK); nil otherwise.
 	Descriptors []DescriptorOutcome
+	// Refunds is what the call's is_negative_hits descriptors asked back
+	// and were given (see RefundPolicy); zero when it had none, or when it
+	// was answered before they were made.
+	Refunds RefundOutcome
 }
 
 // Outcome is what happened to one descriptor. The zero value is invalid.
@@ -141,7 +145,7 @@ type DescriptorOutcome struct {
 
 // observe builds the Call for an answered request and hands it over.
 func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, decisions []limiter.Decision, resp *rlsv3.RateLimitResponse, err error) {
-	call := Call{Domain: req.GetDomain(), Checked: true, Start: start, Duration: s.now().Sub(start), Code: codes.OK, Err: err}
+	call := Call{Domain: req.GetDomain(), Checked: true, Start: start, Duration: s.now().Sub(start), Code: codes.OK, Err: err, Refunds: p.refunded}
 	if err != nil {
 		call.Code = status.Code(err)
 		// Checking again costs only calls answered InvalidArgument, which

@@ -68,6 +68,11 @@ type plan struct {
 	// refunds give back the hits of descriptors with is_negative_hits
 	// before the takes (which then only check them).
 	refunds []limiter.Request
+	// refundable has one flag per refund: its limit counts tokens, so
+	// that RefundsTaken may give back to it (see giveBack).
+	refundable []bool
+	// refunded is what the refunds asked and were given, once made.
+	refunded RefundOutcome
 	// quotas counts the quota-mode items (see item.quota). When there are
 	// two or more, the request's verdict is not the store's (see
 	// quotaVerdict): their takes are Shadow, no take waits, and settle
@@ -224,6 +229,7 @@ func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitReque
 			if d.GetIsNegativeHits() {
 				refund := r
 				p.refunds = append(p.refunds, refund)
+				p.refundable = append(p.refundable, l.Counts == config.Tokens)
 				r.Hits = 0
 			}
 			if checkOnly && !r.Charge() {

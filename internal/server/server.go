@@ -185,6 +185,9 @@ type Options struct {
 	Leases limiter.LeaseStore
 	// LeaseObserver, when set, learns of every lease call (metrics).
 	LeaseObserver LeaseObserver
+	// Refunds says what is_negative_hits may give back; default
+	// RefundsTaken (RefundsUnbounded is envoyproxy/ratelimit's behaviour).
+	Refunds RefundPolicy
 }
 
 // Server answers ShouldRateLimit. It is safe for concurrent use; the config
@@ -204,6 +207,9 @@ type Server struct {
 	current  atomic.Pointer[loaded]
 	waits    waitQueues
 	leases   leaseState
+	refunds  RefundPolicy
+	// refundLocks serialize the refunds of one ledger (see giveBack).
+	refundLocks *refundLocks
 
 	// overdraft is Options.Overdraft.
 	overdraft Overdraft
@@ -232,6 +238,15 @@ func New(opts Options) (*Server, error) {
 		maxWait:  opts.MaxWait,
 		shadow:   opts.ShadowMode,
 		quota:    opts.QuotaMode,
+		refunds:  opts.Refunds,
+
+		refundLocks: newRefundLocks(),
+	}
+	if s.refunds == 0 {
+		s.refunds = RefundsTaken
+	}
+	if s.refunds != RefundsTaken && s.refunds != RefundsUnbounded {
+		return nil, fmt.Errorf("server: invalid Refunds %d", s.refunds)
 	}
 	if s.quota == 0 {
 		s.quota = QuotaModePerRule
@@ -343,7 +358,10 @@ func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, no
 		if !ok {
 			return p, nil, nil, status.Error(codes.InvalidArgument, "is_negative_hits: this backend cannot give tokens back")
 		}
-		if err := refunder.Refund(ctx, now, p.refunds); err != nil {
+		// Refunds first: a settle's charge sees its estimate given back.
+		out, err := s.giveBack(ctx, now, &p, refunder)
+		p.refunded = out
+		if err != nil {
 			s.logFailure(ctx, now, req.GetDomain(), err)
 			return p, nil, nil, statusFromError(err)
 		}
@@ -353,11 +371,24 @@ func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, no
 	}
 	claimed, full := s.waits.claim(&p)
 	defer s.waits.release(&p, claimed)
-	decisions, err := s.store.Take(ctx, now, p.takes)
+	// The ledger credits ride in the same Take, after the takes, so they
+	// are recorded exactly when the takes are charged.
+	reqs, credits := p.takes, s.credits(&p)
+	if len(credits) > 0 {
+		reqs = append(slices.Clip(p.takes), credits...)
+	}
+	decisions, err := s.store.Take(ctx, now, reqs)
 	if err != nil {
 		s.logFailure(ctx, now, req.GetDomain(), err)
 		return p, nil, nil, statusFromError(err)
 	}
+	credited := credits[:0]
+	for k, c := range credits {
+		if decisions[len(p.takes)+k].Allowed {
+			credited = append(credited, c)
+		}
+	}
+	decisions = decisions[:len(p.takes):len(p.takes)]
 	if cause := decisions[0].Fallback; cause != limiter.FallbackNone {
 		s.logFallback(ctx, now, req.GetDomain(), cause)
 	}
@@ -374,7 +405,7 @@ func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, no
 	}
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && waits(decisions) {
 		if left, err := s.hold(ctx, p, decisions, s.now()); err != nil {
-			if s.refund(p, decisions, s.now()) {
+			if s.refund(p, decisions, credited, s.now()) {
 				s.waits.moveUp(left)
 			}
 			if errors.Is(err, errWaitPastDeadline) {
@@ -427,8 +458,9 @@ func waits(decisions []limiter.Decision) bool {
 // refund gives back what an admitted request took, when its caller gave
 // up while it waited for reserved tokens, and reports whether the store
 // took it back. Post-paid charges stay, and a shadow take that was denied
-// took nothing.
-func (s *Server) refund(p plan, decisions []limiter.Decision, now time.Time) bool {
+// took nothing. The ledger credits the takes earned (credited) are
+// withdrawn: a refund to a ledger spends its credit.
+func (s *Server) refund(p plan, decisions []limiter.Decision, credited []limiter.Request, now time.Time) bool {
 	refunder, ok := s.store.(limiter.Refunder)
 	if !ok {
 		return false
@@ -439,6 +471,7 @@ func (s *Server) refund(p plan, decisions []limiter.Decision, now time.Time) boo
 			back = append(back, r)
 		}
 	}
+	back = append(back, credited...)
 	if len(back) == 0 {
 		return true
 	}
