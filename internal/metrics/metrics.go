@@ -34,6 +34,7 @@
 //	ratelimitd_failure_mode_activations_total  (none)
 //	ratelimitd_failure_mode_answers_total      (none: calls answered per the failure mode, by cause)
 //	ratelimitd_rule_limit_info                 (none: each rule's limits, as loaded)
+//	ratelimitd_refund_tokens_total             (none: tokens refunds asked back, given or refused)
 //
 // With Options.IncumbentNames the registry also carries envoyproxy/ratelimit's
 // names (ratelimit_service_*, see incumbent.go), counted from the same calls.
@@ -128,6 +129,7 @@ type Metrics struct {
 	sourceLabels                     [2]string // the configSource series set, if any
 	failureMode                      *prometheus.CounterVec
 	ruleInfo                         *prometheus.GaugeVec
+	refunds                          *prometheus.CounterVec // refunds.go
 	// inc is envoyproxy/ratelimit's metrics; nil without IncumbentNames.
 	inc *incumbent
 
@@ -224,11 +226,12 @@ func New(opts Options) (*Metrics, error) {
 			Name: "ratelimitd_rule_limit_info",
 			Help: "1 for each limit of each rule that has seen traffic: what its tokens count (requests or tokens), its quota group, and its rate.",
 		}, []string{"domain", "rule", "limit", "counts", "group", "rate"}),
+		refunds: newRefundCounter(),
 	}
 	m.domains.max = opts.MaxDomains
 	m.rules.Store(&ruleCache{})
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
-		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.ruleInfo}
+		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.ruleInfo, m.refunds}
 	if opts.IncumbentNames {
 		m.inc = newIncumbent(opts.NearLimitRatio, opts.MaxValuesPerRule)
 		cs = append(cs, m.inc)
@@ -372,6 +375,7 @@ func (m *Metrics) ObserveCall(c server.Call) {
 	if m.inc != nil {
 		m.inc.observe(&c, domain)
 	}
+	m.observeRefunds(&c, domain)
 	admitted := c.Code == codes.OK && c.Overall == rlsv3.RateLimitResponse_OK
 	for i := range c.Descriptors {
 		m.observeDescriptor(domain, &c.Descriptors[i], admitted)
