@@ -87,11 +87,11 @@ func ledgerKey(bucket string) string {
 }
 
 // credits are the ledger takes that record, with RefundsTaken, what the
-// takes of p spend on limits that count tokens, so that a later refund may
-// give it back. They are Shadow: a full ledger does not deny the call, and
-// a call that is denied takes nothing from them. A call that carries a
-// refund earns none, nor a tolerant quota-mode plan (whose settle may give
-// spending back), nor a shadow take.
+// takes of an admitted p spent on limits that count tokens, so that a
+// later refund may give it back; they are Shadow, so that a full ledger
+// denies nothing. A call that carries a refund earns none, nor a tolerant
+// quota-mode plan (whose settle may give spending back), nor a shadow
+// take.
 func (s *Server) credits(p *plan) []limiter.Request {
 	if s.refunds != RefundsTaken || len(p.refunds) > 0 || p.tolerant() {
 		return nil
@@ -112,6 +112,22 @@ func (s *Server) credits(p *plan) []limiter.Request {
 		}
 	}
 	return out
+}
+
+// credit records the credits of p, a plan whose call was admitted, in a
+// store call of their own after the decision: a denied call costs nothing
+// more, and the takes of a call stay one store request where they were
+// one (the denial cache answers those; on a Redis Cluster the ledger need
+// not share its bucket's slot). If it fails, or the call's context has
+// ended, the credit is lost: a later refund gives back less, never more.
+func (s *Server) credit(ctx context.Context, now time.Time, p *plan, domain string) {
+	credits := s.credits(p)
+	if len(credits) == 0 || ctx.Err() != nil {
+		return
+	}
+	if _, err := s.store.Take(ctx, now, credits); err != nil {
+		s.logFailure(ctx, now, domain, err)
+	}
 }
 
 // giveBack makes p's refunds under the server's RefundPolicy, before its

@@ -371,24 +371,11 @@ func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, no
 	}
 	claimed, full := s.waits.claim(&p)
 	defer s.waits.release(&p, claimed)
-	// The ledger credits ride in the same Take, after the takes, so they
-	// are recorded exactly when the takes are charged.
-	reqs, credits := p.takes, s.credits(&p)
-	if len(credits) > 0 {
-		reqs = append(slices.Clip(p.takes), credits...)
-	}
-	decisions, err := s.store.Take(ctx, now, reqs)
+	decisions, err := s.store.Take(ctx, now, p.takes)
 	if err != nil {
 		s.logFailure(ctx, now, req.GetDomain(), err)
 		return p, nil, nil, statusFromError(err)
 	}
-	credited := credits[:0]
-	for k, c := range credits {
-		if decisions[len(p.takes)+k].Allowed {
-			credited = append(credited, c)
-		}
-	}
-	decisions = decisions[:len(p.takes):len(p.takes)]
 	if cause := decisions[0].Fallback; cause != limiter.FallbackNone {
 		s.logFallback(ctx, now, req.GetDomain(), cause)
 	}
@@ -405,7 +392,7 @@ func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, no
 	}
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && waits(decisions) {
 		if left, err := s.hold(ctx, p, decisions, s.now()); err != nil {
-			if s.refund(p, decisions, credited, s.now()) {
+			if s.refund(p, decisions, s.now()) {
 				s.waits.moveUp(left)
 			}
 			if errors.Is(err, errWaitPastDeadline) {
@@ -415,6 +402,9 @@ func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, no
 			}
 			return p, nil, nil, status.FromContextError(err).Err()
 		}
+	}
+	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && decisions[0].Fallback == limiter.FallbackNone {
+		s.credit(ctx, now, &p, req.GetDomain())
 	}
 	return p, decisions, resp, nil
 }
@@ -458,9 +448,8 @@ func waits(decisions []limiter.Decision) bool {
 // refund gives back what an admitted request took, when its caller gave
 // up while it waited for reserved tokens, and reports whether the store
 // took it back. Post-paid charges stay, and a shadow take that was denied
-// took nothing. The ledger credits the takes earned (credited) are
-// withdrawn: a refund to a ledger spends its credit.
-func (s *Server) refund(p plan, decisions []limiter.Decision, credited []limiter.Request, now time.Time) bool {
+// took nothing.
+func (s *Server) refund(p plan, decisions []limiter.Decision, now time.Time) bool {
 	refunder, ok := s.store.(limiter.Refunder)
 	if !ok {
 		return false
@@ -471,7 +460,6 @@ func (s *Server) refund(p plan, decisions []limiter.Decision, credited []limiter
 			back = append(back, r)
 		}
 	}
-	back = append(back, credited...)
 	if len(back) == 0 {
 		return true
 	}
