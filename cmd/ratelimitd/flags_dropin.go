@@ -35,6 +35,7 @@ func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[str
 	overdraft := fs.Int64("default-overdraft", 0, "record every charge, even one that overdraws its bucket, on limits that declare no overdraft: their debt may reach this many bursts (envoyproxy/ratelimit counts every hit; its files and the xDS proto cannot say overdraft); 0: off, a denied request spends nothing")
 	overdraftCounting := fs.String("default-overdraft-counting", "always", "with --default-overdraft, what a denied request's charges record: always (every bucket, as envoyproxy/ratelimit counts) or where-denied (only the buckets that denied it, its STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true)")
 	overdraftDomains := fs.String("default-overdraft-domains", "", "with --default-overdraft, only these domains (comma-separated); empty: every domain")
+	refunds := fs.String("refunds", "taken", "what is_negative_hits may give back: taken (only tokens this bucket's calls took, on counts: tokens limits) or unbounded (anything, on any limit: envoyproxy/ratelimit's behaviour, which lets a caller mint tokens)")
 	descMetadata := fs.String("descriptor-metadata", "passed", "what dynamic_metadata carries beside ratelimitd.*: passed (the config metadata of the descriptors that passed, under \"metadata\"), incumbent (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA keys: domain, descriptors, hitsAddend, metadata) or off")
 	fs.StringVar(&c.DebugAddr, "debug-addr", "", "HTTP listen address of the operators' endpoints envoyproxy/ratelimit keeps on its debug port (/rlconfig, and /debug/pprof/ with --pprof); empty: none")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "a listen address of its own for /metrics (as well as --http-addr), like envoyproxy/ratelimit's PROMETHEUS_ADDR; empty: none")
@@ -75,6 +76,10 @@ func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[str
 			}
 		case given["default-overdraft-counting"] != "" || given["default-overdraft-domains"] != "":
 			errs = append(errs, fmt.Errorf("%s and %s need %s", name("default-overdraft-counting"), name("default-overdraft-domains"), name("default-overdraft")))
+		}
+		if c.Refunds, err = choose("refunds", *refunds, []string{"taken", "unbounded"},
+			[]server.RefundPolicy{server.RefundsTaken, server.RefundsUnbounded}); err != nil {
+			errs = append(errs, err)
 		}
 		if c.DescriptorMetadata, err = choose("descriptor-metadata", *descMetadata, []string{"passed", "incumbent", "off"},
 			[]server.DescriptorMetadata{server.DescriptorMetadataPassed, server.DescriptorMetadataIncumbent, server.DescriptorMetadataOff}); err != nil {

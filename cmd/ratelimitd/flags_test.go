@@ -33,6 +33,8 @@ func TestParseServeFlagsChoices(t *testing.T) {
 		{"dynamic-metadata", "off", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataOff},
 		{"quota-mode", "per-rule", func(c serveConfig) any { return c.QuotaMode }, server.QuotaModePerRule},
 		{"quota-mode", "all", func(c serveConfig) any { return c.QuotaMode }, server.QuotaModeAll},
+		{"refunds", "taken", func(c serveConfig) any { return c.Refunds }, server.RefundsTaken},
+		{"refunds", "unbounded", func(c serveConfig) any { return c.Refunds }, server.RefundsUnbounded},
 		{"descriptor-metadata", "passed", func(c serveConfig) any { return c.DescriptorMetadata }, server.DescriptorMetadataPassed},
 		{"descriptor-metadata", "incumbent", func(c serveConfig) any { return c.DescriptorMetadata }, server.DescriptorMetadataIncumbent},
 		{"descriptor-metadata", "off", func(c serveConfig) any { return c.DescriptorMetadata }, server.DescriptorMetadataOff},

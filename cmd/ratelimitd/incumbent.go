@@ -218,7 +218,23 @@ func (e *incumbentEnv) mapXDS(s *incumbentSettings) []error {
 	e.set("config-xds-addr", s.xdsURL, "CONFIG_GRPC_XDS_SERVER_URL")
 	e.set("config-xds-node-id", s.xdsNodeID, "CONFIG_GRPC_XDS_NODE_ID")
 	if s.xdsMetadata != "" {
-		e.set("config-xds-node-metadata", s.xdsMetadata, "CONFIG_GRPC_XDS_NODE_METADATA")
+		// The incumbent drops an item without "=" (its own settings
+		// comment shows key1:val1): so does ratelimitd, naming it in the
+		// warning rather than refusing to start.
+		var kept, dropped []string
+		for _, item := range splitList(s.xdsMetadata) {
+			if strings.Contains(item, "=") {
+				kept = append(kept, item)
+			} else {
+				dropped = append(dropped, item)
+			}
+		}
+		if len(kept) > 0 {
+			e.set("config-xds-node-metadata", strings.Join(kept, ","), "CONFIG_GRPC_XDS_NODE_METADATA")
+		}
+		if len(dropped) > 0 {
+			s.unhonoured = append(s.unhonoured, fmt.Sprintf("CONFIG_GRPC_XDS_NODE_METADATA: items without \"=\" are dropped, as by envoyproxy/ratelimit: %q", dropped))
+		}
 	}
 	if s.xdsHeaders != "" {
 		// envconfig's map syntax: k1:v1,k2:v2.

@@ -100,7 +100,7 @@ func TestIncumbentVariables(t *testing.T) {
 		{"FORCE_START_WITHOUT_INITIAL_CONFIG", baseEnv, "true", warned, nil, nil}, // with FILE
 		{"CONFIG_GRPC_XDS_NODE_ID", xds, "envoy-ratelimit", read, field(func(c serveConfig) any { return c.XDS.NodeID }), "envoy-ratelimit"},
 		{"CONFIG_GRPC_XDS_NODE_METADATA", xds, "zone=a,team=edge", read, field(func(c serveConfig) any { return c.XDS.NodeMetadata }), map[string]string{"zone": "a", "team": "edge"}},
-		{"CONFIG_GRPC_XDS_NODE_METADATA", xds, "zone", refusal, nil, nil},
+		{"CONFIG_GRPC_XDS_NODE_METADATA", xds, "zone:a,team=edge", warned, field(func(c serveConfig) any { return c.XDS.NodeMetadata }), map[string]string{"team": "edge"}},
 		{"CONFIG_GRPC_XDS_SERVER_URL", xds, "envoy-gateway:18001", read, field(func(c serveConfig) any { return c.XDS.Addr }), "envoy-gateway:18001"},
 		{"CONFIG_GRPC_XDS_SERVER_URL", baseEnv, "envoy-gateway:18001", warned, nil, nil}, // with FILE
 		{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", xds, "1s", read, field(func(c serveConfig) any { return c.XDS.ConnectRetryInterval }), time.Second},

@@ -72,6 +72,9 @@ type Config struct {
 	// means its default).
 	QuotaMode          server.QuotaMode
 	DescriptorMetadata server.DescriptorMetadata
+	// Refunds says what is_negative_hits may give back (server.Options;
+	// zero means server.RefundsTaken).
+	Refunds server.RefundPolicy
 	// ShadowMode makes every rule a shadow rule: counted, never denying
 	// (envoyproxy/ratelimit's SHADOW_MODE; see server.Options.ShadowMode).
 	ShadowMode bool

@@ -118,6 +118,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		Observer:           d.obs.observer(),
 		ShadowMode:         cfg.ShadowMode,
 		QuotaMode:          cfg.QuotaMode,
+		Refunds:            cfg.Refunds,
 		DescriptorMetadata: cfg.DescriptorMetadata,
 		Overdraft:          cfg.Overdraft,
 		Leases:             d.backend.Leases(),
@@ -321,9 +322,19 @@ func (d *Daemon) onHealth(healthy bool) {
 		d.obs.metrics.FailureModeActivated(d.cfg.Failure.Mode.String())
 	}
 	if d.cfg.Failure.Mode == failover.Error || d.cfg.Failure.Mode == 0 {
-		d.backendServing.Store(healthy)
-		d.refreshHealth()
+		d.setBackendServing(func() bool { return healthy })
 	}
+}
+
+// setBackendServing sets whether the backend lets this replica answer to
+// what serving says, read under the lock that orders health's updates (so
+// that a breaker opening between the read and the write is not lost), and
+// refreshes health.
+func (d *Daemon) setBackendServing(serving func() bool) {
+	d.healthMu.Lock()
+	defer d.healthMu.Unlock()
+	d.backendServing.Store(serving())
+	d.refreshHealthLocked()
 }
 
 // refreshHealth sets gRPC health from the backend's state and the
@@ -334,6 +345,11 @@ func (d *Daemon) onHealth(healthy bool) {
 func (d *Daemon) refreshHealth() {
 	d.healthMu.Lock()
 	defer d.healthMu.Unlock()
+	d.refreshHealthLocked()
+}
+
+// refreshHealthLocked is refreshHealth with healthMu held.
+func (d *Daemon) refreshHealthLocked() {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if d.backendServing.Load() && d.srv.Config() != nil {
 		st = healthpb.HealthCheckResponse_SERVING
@@ -363,9 +379,10 @@ const (
 // rather than staying out of rotation until Redis is up.
 func (d *Daemon) awaitBackend() {
 	serving := func() {
-		if d.backend.Healthy() && d.stopping.Err() == nil {
-			d.backendServing.Store(true)
-			d.refreshHealth()
+		if d.stopping.Err() == nil {
+			// The breaker's state now, not before the lock: an onHealth
+			// (false) in between must win.
+			d.setBackendServing(func() bool { return d.backend.Healthy() || d.backendServing.Load() })
 		}
 	}
 	for attempt := 0; ; attempt++ {

@@ -116,6 +116,7 @@ func planLeases(p *plan, req *rlsv3.RateLimitRequest) {
 // of the plan, all or nothing (see the top of this file).
 func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, now time.Time, cur *loaded, p plan) (plan, []limiter.Decision, *rlsv3.RateLimitResponse, error) {
 	ls := &s.leases
+	checkDenied := false // a check of a pool over its limit (see checkLease)
 	for k := range p.leases {
 		lt := &p.leases[k]
 		switch lt.op {
@@ -139,6 +140,7 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 				s.logFailure(ctx, now, req.GetDomain(), err)
 				return p, nil, nil, statusFromError(err)
 			}
+			checkDenied = checkDenied || !lt.decision.Allowed && !p.items[lt.item].shadow
 		}
 	}
 	var held []*leaseTake // newly acquired: given back unless admitted
@@ -147,7 +149,7 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 			ls.giveBack(lt)
 		}
 	}
-	denied, waited := false, false
+	denied, waited := checkDenied, false
 	for k := range p.leases {
 		lt := &p.leases[k]
 		if lt.op != leaseAcquire {
@@ -166,8 +168,11 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 		}
 		err := s.acquireLease(ctx, now, lt, p.items[lt.item].shadow)
 		if err != nil {
-			// The outcome is unknown: the lease may be held.
-			held = append(held, lt)
+			// The outcome is unknown: the lease may be held, but it is not
+			// given back, since it may be a renewal of the slot of a
+			// request still running (releasing that would admit one more
+			// than max_in_flight). A slot so taken by a call whose answer
+			// was lost frees itself when its lease ends.
 			giveBack()
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				return p, nil, nil, status.FromContextError(err).Err()
@@ -206,15 +211,17 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 	return p, decisions, resp, err
 }
 
-// checkLease reads lt's pool: admitted if a slot is free.
+// checkLease reads lt's pool, as hits 0 checks a bucket: admitted unless
+// the pool holds more than max_in_flight (a bucket checked is admitted
+// unless in debt), so a check never denies on a pool that is merely full.
 func (s *Server) checkLease(ctx context.Context, now time.Time, lt *leaseTake) error {
 	st, err := s.leases.store.InFlight(ctx, now, lt.pool)
 	if err != nil {
 		return err
 	}
 	free := lt.c.Pool.MaxInFlight - st.InFlight
-	lt.decision = limiter.LeaseDecision{Allowed: free > 0, InFlight: st.InFlight, Remaining: max(free, 0), Expired: st.Expired}
-	if free <= 0 {
+	lt.decision = limiter.LeaseDecision{Allowed: free >= 0, InFlight: st.InFlight, Remaining: max(free, 0), Expired: st.Expired}
+	if free < 0 {
 		lt.decision.RetryAfter = st.NextExpiry
 	}
 	lt.asked = true

@@ -296,3 +296,78 @@ func TestRefreshCountsExpiredLeases(t *testing.T) {
 		t.Errorf("LeasePools after the leases expired = %+v, want none", pools)
 	}
 }
+
+// TestConcurrencyCheckOfAFullPool: a check (hits 0) of a pool that is full
+// but not over admits, as a check of an empty bucket does, so a request
+// whose answer is OK spends its tokens once and only once, under the
+// default overdraft too (which records the hits of denied requests).
+func TestConcurrencyCheckOfAFullPool(t *testing.T) {
+	for _, overdraft := range []bool{false, true} {
+		t.Run(fmt.Sprintf("overdraft=%v", overdraft), func(t *testing.T) {
+			clock := clocktest.New()
+			client, _ := startServer(t, server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}),
+				Leases: limiter.NewMemoryLeases(limiter.MemoryOptions{}), Now: clock.Now,
+				Overdraft: server.Overdraft{On: overdraft}}, server.MustParse(t, leaseConfig))
+			code := func(ds ...*ratelimitv3.RateLimitDescriptor) rlsv3.RateLimitResponse_Code {
+				t.Helper()
+				return call(t, client, request("ai-gateway", ds...)).GetOverallCode()
+			}
+			if c := code(desc("model", "solo", "request_id", "a")); c != ok {
+				t.Fatalf("taking solo's one slot: %v", c)
+			}
+			if c := code(desc("client", "c1"), withHits(desc("model", "solo", "request_id", "b"), 0)); c != ok {
+				t.Errorf("client c1 beside a check of the full pool: %v, want OK (a check denies only a pool over its limit)", c)
+			}
+			if c := code(desc("client", "c1")); c != over {
+				t.Errorf("client c1 again within the minute: %v, want OVER_LIMIT (its token spent)", c)
+			}
+			// Under the overdraft the denied call's hit is owed too: a
+			// minute more (and a denied probe would add one). Either way
+			// the request beside the check spent once, not twice.
+			wait := time.Minute + time.Second
+			if overdraft {
+				wait += time.Minute
+			}
+			clock.Advance(wait)
+			if c := code(desc("client", "c1")); c != ok {
+				t.Errorf("client c1 after %v: %v, want OK", wait, c)
+			}
+		})
+	}
+}
+
+// failingLeases is a lease store whose Acquire of one id fails after it
+// ran: its answer lost, as a Redis call past its deadline.
+type failingLeases struct {
+	*limiter.MemoryLeases
+	failID string
+}
+
+func (f failingLeases) Acquire(ctx context.Context, now time.Time, r limiter.LeaseRequest) (limiter.LeaseDecision, error) {
+	d, err := f.MemoryLeases.Acquire(ctx, now, r)
+	if err == nil && r.ID == f.failID {
+		return limiter.LeaseDecision{}, fmt.Errorf("fake: %w: answer lost", limiter.ErrUnavailable)
+	}
+	return d, err
+}
+
+// TestConcurrencyLostRenewalKeepsTheSlot: a renewal (an Envoy retry of a
+// request still running) whose answer is lost does not give the lease
+// back, which would free the running request's slot for another.
+func TestConcurrencyLostRenewalKeepsTheSlot(t *testing.T) {
+	clock := clocktest.New()
+	leases := failingLeases{MemoryLeases: limiter.NewMemoryLeases(limiter.MemoryOptions{})}
+	client, _ := startServer(t, server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Leases: &leases, Now: clock.Now},
+		server.MustParse(t, leaseConfig))
+	if c := call(t, client, request("ai-gateway", desc("model", "solo", "request_id", "a"))).GetOverallCode(); c != ok {
+		t.Fatalf("taking solo's one slot: %v", c)
+	}
+	leases.failID = "a"
+	if _, err := client.ShouldRateLimit(context.Background(), request("ai-gateway", desc("model", "solo", "request_id", "a"))); err == nil {
+		t.Fatal("the renewal whose answer was lost succeeded; want its error")
+	}
+	leases.failID = ""
+	if c := call(t, client, request("ai-gateway", desc("model", "solo", "request_id", "b"))).GetOverallCode(); c != over {
+		t.Errorf("another request after the lost renewal: %v, want OVER_LIMIT (a still holds the slot)", c)
+	}
+}

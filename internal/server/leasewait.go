@@ -195,6 +195,30 @@ const maxPools = 4096
 type poolTable struct {
 	mu    sync.Mutex
 	pools map[string]*PoolInFlight
+	// idle counts the pools with no lease held, so that a full table of
+	// busy pools is not scanned on every call for a new one.
+	idle int
+}
+
+// setInFlight sets e's leases held, keeping idle.
+func (t *poolTable) setInFlight(e *PoolInFlight, inFlight int64) {
+	switch {
+	case e.InFlight == 0 && inFlight != 0:
+		t.idle--
+	case e.InFlight != 0 && inFlight == 0:
+		t.idle++
+	}
+	e.InFlight = inFlight
+}
+
+// remove forgets the pool name, keeping idle.
+func (t *poolTable) remove(name string) {
+	if e := t.pools[name]; e != nil {
+		if e.InFlight == 0 {
+			t.idle--
+		}
+		delete(t.pools, name)
+	}
 }
 
 // record notes lt's pool holding inFlight leases.
@@ -202,7 +226,8 @@ func (t *poolTable) record(lt *leaseTake, inFlight int64, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e := t.pools[lt.pool]; e != nil {
-		e.Rule, e.InFlight, e.MaxInFlight, e.Seen = lt.rule, inFlight, lt.c.Pool.MaxInFlight, now
+		t.setInFlight(e, inFlight)
+		e.Rule, e.MaxInFlight, e.Seen = lt.rule, lt.c.Pool.MaxInFlight, now
 		return
 	}
 	if inFlight == 0 {
@@ -212,13 +237,13 @@ func (t *poolTable) record(lt *leaseTake, inFlight int64, now time.Time) {
 		t.pools = make(map[string]*PoolInFlight)
 	}
 	if len(t.pools) >= maxPools {
+		if t.idle == 0 {
+			return // every pool remembered holds leases: none to forget
+		}
 		for name, e := range t.pools {
 			if e.InFlight == 0 {
-				delete(t.pools, name)
+				t.remove(name)
 			}
-		}
-		if len(t.pools) >= maxPools {
-			return
 		}
 	}
 	label := lt.rule.PoolLabel(toEntries(nil, lt.desc))
@@ -280,9 +305,10 @@ func (s *Server) RefreshLeasePools(ctx context.Context) {
 		}
 		t.mu.Lock()
 		if st.InFlight == 0 {
-			delete(t.pools, x.pool)
+			t.remove(x.pool)
 		} else if e := t.pools[x.pool]; e != nil {
-			e.InFlight, e.Seen = st.InFlight, now
+			t.setInFlight(e, st.InFlight)
+			e.Seen = now
 		}
 		t.mu.Unlock()
 		if s.leases.obs != nil && (st.Expired > 0 || st.InFlight != x.e.InFlight) {

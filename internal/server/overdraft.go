@@ -54,6 +54,18 @@ func (o Overdraft) covers(domain string) bool {
 	return o.On && (len(o.Domains) == 0 || slices.Contains(o.Domains, domain))
 }
 
+// takeDenied reports whether a Take of takes was denied as a whole (and so
+// spent nothing): a request other than a shadow one was denied, not by a
+// failure mode.
+func takeDenied(takes []limiter.Request, decisions []limiter.Decision) bool {
+	for i, d := range decisions {
+		if !d.Allowed && !takes[i].Shadow && d.Fallback == limiter.FallbackNone {
+			return true
+		}
+	}
+	return false
+}
+
 // countDenied records, under the default overdraft, the hits of the takes
 // of p that decisions left unspent: every take with hits of a denied
 // request (with limiter.CountWhereDenied, only the takes that denied it),

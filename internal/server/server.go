@@ -385,7 +385,9 @@ func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, no
 	resp := buildResponse(req, p, decisions, full, s.answer, cur.cache)
 	if s.overdraft.covers(req.GetDomain()) {
 		var changed bool
-		denied := resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT
+		// Unspent: the store denied the Take, or quota mode's settle gave
+		// its takes back (the verdict is OVER_LIMIT).
+		denied := takeDenied(p.takes, decisions) || p.tolerant() && resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT
 		if decisions, changed = s.countDenied(ctx, now, req.GetDomain(), &p, decisions, denied); changed {
 			resp = buildResponse(req, p, decisions, full, s.answer, cur.cache)
 		}
