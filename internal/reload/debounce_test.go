@@ -12,11 +12,11 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 )
 
-// fakeFiles stands in for the config files: Load reads what was last set,
-// and records when it was called.
+// fakeFiles stands in for the config files: read reads what was last set,
+// and load records when the Watcher began a load.
 type fakeFiles struct {
 	mu    sync.Mutex
-	yaml  string // "" makes Load fail
+	yaml  string // "" makes Parse fail
 	loads []time.Duration
 	start time.Time
 }
@@ -27,14 +27,24 @@ func (f *fakeFiles) set(yaml string) {
 	f.yaml = yaml
 }
 
-func (f *fakeFiles) load(string) (*config.Set, error) {
+func (f *fakeFiles) read(string) ([]config.File, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return []config.File{{Name: "a.yaml", Data: []byte(f.yaml)}}, nil
+}
+
+func (f *fakeFiles) load() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.loads = append(f.loads, time.Since(f.start))
-	if f.yaml == "" {
+}
+
+// parse is config.Parse, with an empty file standing for a half-written one.
+func parse(files []config.File) (*config.Set, error) {
+	if len(files) == 1 && len(files[0].Data) == 0 {
 		return nil, errors.New("half-written file")
 	}
-	return config.Parse([]config.File{{Name: "a.yaml", Data: []byte(f.yaml)}})
+	return config.Parse(files)
 }
 
 func yamlWithRate(n int) string {
@@ -150,11 +160,12 @@ func TestDebounce(t *testing.T) {
 				}
 				files := &fakeFiles{yaml: yamlWithRate(1), start: time.Now()}
 				var out outcome
-				w, err := New(Options{Path: "unused", Current: initial, Load: files.load,
+				w, err := New(Options{Path: "unused", Current: initial, Read: files.read, Parse: parse,
 					OnLoad: out.onLoad, OnError: out.onError, Watch: WatchReloadOnly})
 				if err != nil {
 					t.Fatal(err)
 				}
+				w.test.load = files.load
 				ctx, cancel := context.WithCancel(t.Context())
 				changes := make(chan struct{})
 				done := make(chan struct{})

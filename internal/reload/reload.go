@@ -12,6 +12,16 @@
 // and a symbolic link among the path's ancestors being swapped to another
 // tree (envoyproxy/ratelimit's RUNTIME_ROOT with RUNTIME_WATCH_ROOT, where a
 // deployment tool points a "current" link at each new release).
+//
+// After a storm of writes the newest valid content wins: the Watcher reads
+// the files (without checking them, which is what costs) at each change it
+// sees and keeps what it read since the config in force was loaded; when a
+// load finds the files invalid, it puts in force the newest valid content it
+// kept. So once the files settle, the config in force is the last valid
+// content the Watcher read, even if the storm ended in an invalid write.
+// Content replaced before the Watcher could read it (between two change
+// events) is not seen; at most 8 distinct contents, and no more bytes than
+// the config's total cap (Options.Limits), are kept, the oldest dropped.
 package reload
 
 import (
@@ -57,8 +67,14 @@ type Options struct {
 	// Current is the Set in force when the Watcher starts, if any. A load
 	// whose Set has the same Hash as the one in force is not reported.
 	Current *config.Set
-	// Load loads Path; default config.Load.
-	Load func(path string) (*config.Set, error)
+	// Limits bound the config read (see config.LoadOptions).
+	Limits config.LoadOptions
+	// Read reads the files at Path without checking them, Parse checks
+	// them; defaults config.ReadFiles and config.ParseWith, with Limits.
+	// Reading is cheap beside checking: the Watcher reads the files at
+	// every change it sees, and checks them when they have settled.
+	Read  func(path string) ([]config.File, error)
+	Parse func([]config.File) (*config.Set, error)
 	// OnLoad is given every Set loaded that differs from the one in force;
 	// it becomes the one in force.
 	OnLoad func(*config.Set)
@@ -88,6 +104,14 @@ type Watcher struct {
 	links  map[string]bool   // the ancestors of dir that are symbolic links
 	hash   string            // hash of the Set in force
 	kick   chan struct{}     // Reload requests, coalesced
+	kept   snapshots         // contents read since the last load
+	test   testHooks         // zero outside tests
+}
+
+// testHooks tell a test of what the Watcher does; nil hooks are skipped.
+type testHooks struct {
+	read func(hash string) // a content read at a change (snap)
+	load func()            // a load begins
 }
 
 // New returns a Watcher for opts.Path. With WatchFiles it starts watching
@@ -100,8 +124,13 @@ func New(opts Options) (*Watcher, error) {
 	if opts.OnLoad == nil {
 		return nil, errors.New("reload: Options.OnLoad is required")
 	}
-	if opts.Load == nil {
-		opts.Load = config.Load
+	if opts.Read == nil {
+		limits := opts.Limits
+		opts.Read = func(path string) ([]config.File, error) { return config.ReadFiles(path, limits) }
+	}
+	if opts.Parse == nil {
+		limits := opts.Limits
+		opts.Parse = func(files []config.File) (*config.Set, error) { return config.ParseWith(files, limits) }
 	}
 	if opts.OnError == nil {
 		opts.OnError = func(error) {}
@@ -120,6 +149,10 @@ func New(opts Options) (*Watcher, error) {
 	}
 	opts.MaxWait = max(opts.MaxWait, opts.Debounce)
 	w := &Watcher{opts: opts, hash: opts.Current.Hash(), kick: make(chan struct{}, 1)}
+	w.kept.most = opts.Limits.MaxTotalBytes
+	if w.kept.most <= 0 {
+		w.kept.most = config.DefaultMaxTotalBytes
+	}
 	if opts.Watch == WatchReloadOnly {
 		return w, nil
 	}
@@ -334,10 +367,13 @@ func (w *Watcher) loop(ctx context.Context, changes <-chan struct{}, errs <-chan
 		case <-ctx.Done():
 			return nil
 		case <-changes:
+			drain(changes)
+			w.snap()
 			schedule()
 		case err := <-errs:
 			// Events may have been lost (a full queue): load to be sure.
 			w.opts.OnError(fmt.Errorf("%w %s: %w", ErrWatch, w.opts.Path, err))
+			w.snap()
 			schedule()
 		case <-fire:
 			fire = nil
@@ -349,16 +385,14 @@ func (w *Watcher) loop(ctx context.Context, changes <-chan struct{}, errs <-chan
 	}
 }
 
-// load loads the files and reports the outcome.
-func (w *Watcher) load() {
-	set, err := w.opts.Load(w.opts.Path)
-	if err != nil {
-		w.opts.OnError(fmt.Errorf("reload %s: %w", w.opts.Path, err))
-		return
+// drain takes the changes already waiting (at most maxDrain), which one
+// read of the files covers.
+func drain(changes <-chan struct{}) {
+	for range maxDrain {
+		select {
+		case <-changes:
+		default:
+			return
+		}
 	}
-	if set.Hash() == w.hash {
-		return
-	}
-	w.hash = set.Hash()
-	w.opts.OnLoad(set)
 }

@@ -328,12 +328,12 @@ func TestReloadWithoutWatching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	loadCalls := make(chan struct{}, 10) // one per call of Load, whatever it finds
+	loadCalls := make(chan struct{}, 10) // one per load, whatever it finds
 	loads := make(chan *config.Set, 10)  // one per OnLoad
 	w, err := reload.New(reload.Options{Path: dir, Current: current, Watch: reload.WatchReloadOnly, Debounce: debounce,
-		Load: func(path string) (*config.Set, error) {
+		Read: func(path string) ([]config.File, error) { // without watching, only loads read
 			defer func() { loadCalls <- struct{}{} }()
-			return config.Load(path)
+			return config.ReadFiles(path, config.LoadOptions{})
 		},
 		OnLoad: func(s *config.Set) { loads <- s }})
 	if err != nil {

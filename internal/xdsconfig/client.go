@@ -447,7 +447,7 @@ func (c *Client) parse(resp *discoveryv3.DiscoveryResponse) (*config.Set, error)
 	if err != nil {
 		return nil, err
 	}
-	set, err := config.Parse(files)
+	set, err := config.ParseWith(files, c.opts.Limits)
 	if err != nil {
 		if c.log.Enabled(context.Background(), slog.LevelDebug) {
 			for _, f := range files {

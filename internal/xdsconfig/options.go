@@ -8,7 +8,11 @@
 // and changes nothing. docs/xds.md is the operator's page.
 package xdsconfig
 
-import "time"
+import (
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/config"
+)
 
 // Defaults of Options.
 const (
@@ -54,6 +58,10 @@ type Options struct {
 	// MaxCallRecvMsgSize): a larger one breaks the stream, is not applied
 	// and is retried after the backoff. Default DefaultMaxMessageBytes.
 	MaxMessageBytes int
+	// Limits bounds the config a push converts to (config.LoadOptions:
+	// MaxTotalBytes, default config.DefaultMaxTotalBytes): a larger one is
+	// NACKed with an error naming its size and the cap.
+	Limits config.LoadOptions
 	// OnRefused, when set, is called with the reason of each push the
 	// client NACKs (once for a push the server sends again unchanged),
 	// from the goroutine of Run.
