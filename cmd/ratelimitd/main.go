@@ -29,6 +29,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 )
 
@@ -47,11 +48,19 @@ func main() {
 	case errors.As(err, &usage):
 		fmt.Fprintln(os.Stderr, "ratelimitd:", err)
 		os.Exit(2)
+	case errors.Is(err, daemon.ErrDrainCut):
+		fmt.Fprintln(os.Stderr, "ratelimitd:", err)
+		os.Exit(exitDrainCut)
 	default:
 		fmt.Fprintln(os.Stderr, "ratelimitd:", err)
 		os.Exit(1)
 	}
 }
+
+// exitDrainCut is the exit status of a shutdown that had to close calls
+// still in flight at --shutdown-timeout (daemon.ErrDrainCut); 1 is any
+// other failure, 2 a usage error.
+const exitDrainCut = 3
 
 // usageError is an error in how the command was called (exit status 2).
 type usageError struct{ error }

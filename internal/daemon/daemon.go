@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -205,11 +206,19 @@ func (d *Daemon) Reload() {
 	d.source.reload()
 }
 
+// ErrDrainCut is returned by Run when the drain was cut short: calls were
+// still in flight at Config.ShutdownTimeout and were closed unanswered
+// (gRPC calls, held waits among them, get UNAVAILABLE; HTTP requests a
+// closed connection). The shutdown is otherwise complete.
+var ErrDrainCut = errors.New("drain cut short: calls still in flight at the shutdown timeout were closed")
+
 // Run serves until ctx is done, then shuts down gracefully: health says
 // NOT_SERVING first, calls in flight are answered (for at most
 // Config.ShutdownTimeout), and everything New opened is released. It
 // returns the error of a server that failed, nil after a shutdown asked
-// for by ctx. Call it once.
+// for by ctx that answered every call in flight, and an error wrapping
+// ErrDrainCut (joined with a server's failure, if any) after one that had
+// to close calls at the timeout. Call it once.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.obs.close()
 	defer d.backend.Close()
@@ -291,18 +300,26 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.grpc.GracefulStop()
 		close(drained)
 	}()
+	var cut []string
 	select {
 	case <-drained:
 	case <-shutdownCtx.Done():
 		d.log.Warn("in-flight calls did not finish in time; closing them")
 		d.grpc.Stop()
 		<-drained
+		cut = append(cut, "gRPC")
 	}
 	if err := d.http.Shutdown(shutdownCtx); err != nil {
 		d.http.Close()
+		cut = append(cut, "HTTP")
 	}
 	d.shutdownExtra(shutdownCtx)
 	wg.Wait()
+	if len(cut) > 0 {
+		err := fmt.Errorf("%w (%s; --shutdown-timeout %v)", ErrDrainCut, strings.Join(cut, " and "), d.cfg.ShutdownTimeout)
+		d.log.Error("stopped, with calls cut short", "err", err)
+		return errors.Join(runErr, err)
+	}
 	d.log.Info("stopped")
 	return runErr
 }
