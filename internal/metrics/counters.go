@@ -1,15 +1,18 @@
 package metrics
 
 import (
+	"container/list"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/redact"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 )
 
@@ -68,8 +71,17 @@ type ruleCounters struct {
 	all          valueCounters // value "" (every value, for rules without detailed_metric)
 
 	mu      sync.Mutex
-	values  map[string]*valueCounters // detailed_metric: at most MaxValuesPerRule + 1
-	retired bool                      // its series are deleted: make no more
+	values  map[string]*valueSlot // detailed_metric: at most MaxValuesPerRule + 1
+	recent  list.List             // the labels of values but "_other", most recently seen first
+	retired bool                  // its series are deleted: make no more
+}
+
+// valueSlot is a detailed_metric value's counters and when it was last
+// seen, by the server's clock (server.Call.Start).
+type valueSlot struct {
+	vc   valueCounters
+	seen time.Time
+	at   *list.Element // in recent; nil for "_other"
 }
 
 // countersByID returns the counters kept for r's domain and label, or new
@@ -149,7 +161,7 @@ type valueCounters struct {
 func (m *Metrics) newRuleCounters(domain, rule string, detailed bool) *ruleCounters {
 	rc := &ruleCounters{m: m, domain: domain, rule: rule, detailed: detailed}
 	if detailed {
-		rc.values = make(map[string]*valueCounters)
+		rc.values = make(map[string]*valueSlot)
 	} else {
 		rc.all = m.newValueCounters(domain, rule, "")
 	}
@@ -171,29 +183,91 @@ func (m *Metrics) newValueCounters(domain, rule, value string) valueCounters {
 }
 
 // value returns the counters for a detailed_metric descriptor's values,
-// or those of "_other" once the rule has MaxValuesPerRule values; nil for
-// a value new to a retired rule.
-func (rc *ruleCounters) value(entries []*ratelimitv3.RateLimitDescriptor_Entry) *valueCounters {
+// seen at now; nil for a value new to a retired rule.
+//
+// A rule labels at most MaxValuesPerRule values. A new value past them
+// takes the slot of the least recently seen one if that was last seen
+// ValueIdle or more before now (its series are deleted: a value seen again
+// later starts from zero, which Prometheus takes as a counter reset), and
+// is counted as "_other" if not. So values seen once early on (a scan, a
+// misconfigured client) give their slots to the values that keep coming,
+// while a burst of new values cannot churn the series of active ones.
+func (rc *ruleCounters) value(entries []*ratelimitv3.RateLimitDescriptor_Entry, now time.Time) *valueCounters {
 	var buf [128]byte
-	v := appendValues(buf[:0], entries)
+	v := rc.m.appendLabel(buf[:0], entries)
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if vc := rc.values[string(v)]; vc != nil {
-		return vc
+	if s := rc.values[string(v)]; s != nil {
+		rc.touch(s, now)
+		return &s.vc
 	}
 	if rc.retired {
 		return nil
 	}
 	label := string(v)
-	if len(rc.values) >= rc.m.opts.MaxValuesPerRule {
+	if rc.recent.Len() >= rc.m.opts.MaxValuesPerRule && !rc.evict(now) {
 		label = OtherValue
-		if vc := rc.values[label]; vc != nil {
-			return vc
+		if s := rc.values[label]; s != nil {
+			return &s.vc
 		}
 	}
-	vc := rc.m.newValueCounters(rc.domain, rc.rule, label)
-	rc.values[label] = &vc
-	return &vc
+	s := &valueSlot{vc: rc.m.newValueCounters(rc.domain, rc.rule, label), seen: now}
+	if label != OtherValue {
+		s.at = rc.recent.PushFront(label)
+	}
+	rc.values[label] = s
+	return &s.vc
+}
+
+// touch marks s seen at now (a clock that went back leaves it as it was).
+// rc.mu is held.
+func (rc *ruleCounters) touch(s *valueSlot, now time.Time) {
+	if s.at == nil {
+		return
+	}
+	if now.After(s.seen) {
+		s.seen = now
+	}
+	rc.recent.MoveToFront(s.at)
+}
+
+// evict deletes the least recently seen value, and its series, if it was
+// last seen ValueIdle or more before now, and reports whether it did.
+// rc.mu is held.
+func (rc *ruleCounters) evict(now time.Time) bool {
+	last := rc.recent.Back()
+	if last == nil {
+		return false
+	}
+	label := last.Value.(string)
+	if now.Sub(rc.values[label].seen) < rc.m.opts.ValueIdle {
+		return false
+	}
+	rc.recent.Remove(last)
+	delete(rc.values, label)
+	m := rc.m
+	for _, v := range []*prometheus.CounterVec{m.hits, m.within, m.near, m.over, m.shadow} {
+		v.DeleteLabelValues(rc.domain, rc.rule, label)
+	}
+	m.requests.DeletePartialMatch(prometheus.Labels{"domain": rc.domain, "rule": rc.rule, "value": label})
+	m.valuesEvicted.Inc()
+	return true
+}
+
+// appendLabel appends the value label of a detailed_metric descriptor:
+// its entry values, each redacted per Options.Redact, joined by
+// appendValues' rule.
+func (m *Metrics) appendLabel(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry) []byte {
+	if m.opts.Redact == redact.Off {
+		return appendValues(b, entries)
+	}
+	for i, e := range entries {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = server.AppendEscaped(b, m.opts.Redact.Value(e.GetValue()), ",")
+	}
+	return b
 }
 
 // appendValues appends a descriptor's entry values to b, separated by ","

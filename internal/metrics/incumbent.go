@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/redact"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 )
 
@@ -66,6 +67,7 @@ const (
 type incumbent struct {
 	nearRatio float32
 	maxValues int
+	redact    redact.Mode // of the values in stat keys
 
 	// mu guards keys and detailed.
 	mu sync.RWMutex
@@ -105,8 +107,9 @@ const (
 
 var incStats = [5]string{"total_hits", "within_limit", "near_limit", "over_limit", "shadow_mode"}
 
-func newIncumbent(nearRatio float64, maxValues int) *incumbent {
+func newIncumbent(nearRatio float64, maxValues int, red redact.Mode) *incumbent {
 	inc := &incumbent{
+		redact:    red,
 		nearRatio: float32(nearRatio),
 		maxValues: maxValues,
 		detailed:  make(map[string]int),
@@ -279,15 +282,20 @@ func (inc *incumbent) counters(domain string, d *server.DescriptorOutcome) *incC
 	var parent string
 	if r.File == "" {
 		key = append(append(kb[:0], domain...), '.')
-		key = appendEntries(key, d.Descriptor.GetEntries(), false)
+		key = appendEntries(key, d.Descriptor.GetEntries(), false, inc.redact)
 		parent = domain + "." + incOverflow
 	} else {
 		// detailed_metric or value_to_metric: the rule's own key with the
-		// request's values where those say (config.Rule.StatKey).
+		// request's values where those say (config.Rule.StatKey), as
+		// Options.Redact shows them.
 		var eb [32]config.Entry
 		entries := eb[:0]
 		for _, e := range d.Descriptor.GetEntries() {
-			entries = append(entries, config.Entry{Key: e.GetKey(), Value: e.GetValue()})
+			v := e.GetValue()
+			if inc.redact != redact.Off {
+				v = inc.redact.Value(v)
+			}
+			entries = append(entries, config.Entry{Key: e.GetKey(), Value: v})
 		}
 		key = r.AppendStatKey(kb[:0], entries)
 		parent = inc.ruleKey(r)
@@ -372,8 +380,9 @@ func (inc *incumbent) ruleKey(r *config.Rule) string {
 }
 
 // appendEntries appends a request's entries as the incumbent's stat keys
-// join them: key_value, or, unless always, key alone for an empty value.
-func appendEntries(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry, always bool) []byte {
+// join them: key_value, or, unless always, key alone for an empty value;
+// values as red shows them.
+func appendEntries(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry, always bool, red redact.Mode) []byte {
 	for i, e := range entries {
 		if i > 0 {
 			b = append(b, '.')
@@ -381,7 +390,11 @@ func appendEntries(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry, a
 		b = append(b, e.GetKey()...)
 		if always || e.GetValue() != "" {
 			b = append(b, '_')
-			b = append(b, e.GetValue()...)
+			if red == redact.Off {
+				b = append(b, e.GetValue()...)
+			} else {
+				b = append(b, red.Value(e.GetValue())...)
+			}
 		}
 	}
 	return b

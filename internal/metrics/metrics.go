@@ -50,6 +50,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,6 +58,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/redact"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -77,6 +79,11 @@ const (
 	InvalidDomain = "_invalid"
 )
 
+// DefaultValueIdle is the default of Options.ValueIdle: ten minutes, many
+// scrape intervals, so that a value's last counts are scraped before its
+// series go.
+const DefaultValueIdle = 10 * time.Minute
+
 // Options configures Metrics. The zero value of each field means its
 // documented default.
 type Options struct {
@@ -89,8 +96,17 @@ type Options struct {
 	// (no bucket has fewer than 0 tokens left), which turns the counter off.
 	NearLimitRatio float64
 	// MaxValuesPerRule bounds the distinct values labelled per
-	// detailed_metric rule; later ones are counted as "_other". Default 100.
+	// detailed_metric rule; a value past them takes the slot of the least
+	// recently seen one if that has been idle for ValueIdle, and is counted
+	// as "_other" if not. Default 100.
 	MaxValuesPerRule int
+	// ValueIdle is how long a detailed_metric value must go unseen before
+	// a new value may take its slot (and its series are deleted); default
+	// DefaultValueIdle. Keep it well above the scrape interval.
+	ValueIdle time.Duration
+	// Redact is how detailed_metric value labels show descriptor values;
+	// default redact.Off (as they are).
+	Redact redact.Mode
 	// MaxDomains bounds the distinct domain label values taken from
 	// requests (unmatched descriptors, limit overrides, request counts);
 	// later ones are counted as "_other". Default 100.
@@ -128,6 +144,7 @@ type Metrics struct {
 	sourceMu                         sync.Mutex
 	sourceLabels                     [2]string // the configSource series set, if any
 	failureMode                      *prometheus.CounterVec
+	valuesEvicted                    prometheus.Counter
 	ruleInfo                         *prometheus.GaugeVec
 	refunds                          *prometheus.CounterVec // refunds.go
 	// inc is envoyproxy/ratelimit's metrics; nil without IncumbentNames.
@@ -168,6 +185,12 @@ func New(opts Options) (*Metrics, error) {
 	}
 	if opts.MaxDomains <= 0 {
 		opts.MaxDomains = 100
+	}
+	if opts.ValueIdle <= 0 {
+		opts.ValueIdle = DefaultValueIdle
+	}
+	if opts.Redact == 0 {
+		opts.Redact = redact.Off
 	}
 	if opts.Backend == "" {
 		opts.Backend = "unknown"
@@ -222,6 +245,10 @@ func New(opts Options) (*Metrics, error) {
 		}, []string{"source", "version"}),
 		failureMode: counter("ratelimitd_failure_mode_activations_total",
 			"Times a failure mode took over from normal decisions, by mode.", "mode"),
+		valuesEvicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_metric_values_evicted_total",
+			Help: "detailed_metric values whose series were deleted to give their slot, idle for --metric-value-idle, to a new value.",
+		}),
 		ruleInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ratelimitd_rule_limit_info",
 			Help: "1 for each limit of each rule that has seen traffic: what its tokens count (requests or tokens), its quota group, and its rate.",
@@ -231,9 +258,9 @@ func New(opts Options) (*Metrics, error) {
 	m.domains.max = opts.MaxDomains
 	m.rules.Store(&ruleCache{})
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
-		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.ruleInfo, m.refunds}
+		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.valuesEvicted, m.ruleInfo, m.refunds}
 	if opts.IncumbentNames {
-		m.inc = newIncumbent(opts.NearLimitRatio, opts.MaxValuesPerRule)
+		m.inc = newIncumbent(opts.NearLimitRatio, opts.MaxValuesPerRule, opts.Redact)
 		cs = append(cs, m.inc)
 	}
 	if opts.ProcessMetrics {
@@ -378,7 +405,7 @@ func (m *Metrics) ObserveCall(c server.Call) {
 	m.observeRefunds(&c, domain)
 	admitted := c.Code == codes.OK && c.Overall == rlsv3.RateLimitResponse_OK
 	for i := range c.Descriptors {
-		m.observeDescriptor(domain, &c.Descriptors[i], admitted)
+		m.observeDescriptor(domain, &c.Descriptors[i], admitted, c.Start)
 	}
 }
 
@@ -397,9 +424,9 @@ func errorKind(err error) string {
 	return "unavailable"
 }
 
-// observeDescriptor counts one descriptor of a call; admitted tells
-// whether the call was answered OK.
-func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome, admitted bool) {
+// observeDescriptor counts one descriptor of a call that began at start;
+// admitted tells whether the call was answered OK.
+func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome, admitted bool, start time.Time) {
 	if d.Rule == nil {
 		m.unmatched.WithLabelValues(domain).Inc()
 		return
@@ -410,7 +437,7 @@ func (m *Metrics) observeDescriptor(domain string, d *server.DescriptorOutcome, 
 	}
 	vc := &rc.all
 	if rc.detailed {
-		if vc = rc.value(d.Descriptor.GetEntries()); vc == nil {
+		if vc = rc.value(d.Descriptor.GetEntries(), start); vc == nil {
 			return // a rule a reload removed, after this call fetched it
 		}
 	}

@@ -3,6 +3,7 @@ package metrics
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
@@ -29,12 +30,12 @@ func TestRemovedRuleStaysRemoved(t *testing.T) {
 	m.ConfigLoaded(old)
 	user, team := old.Domains()[0].Rules[0], old.Domains()[0].Rules[1]
 	rc := m.ruleCounters(user, "api") // fetched before the reload
-	if rc == nil || rc.value([]*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}) == nil {
+	if rc == nil || rc.value([]*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}, time.Time{}) == nil {
 		t.Fatal("no counters for a loaded rule")
 	}
 
 	m.ConfigLoaded(parse("domain: api\n"))
-	if vc := rc.value([]*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u2"}}); vc != nil {
+	if vc := rc.value([]*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u2"}}, time.Time{}); vc != nil {
 		t.Error("a removed detailed_metric rule made counters for a new value")
 	}
 	// The lookup a call holding the old cache makes for a rule it had not
