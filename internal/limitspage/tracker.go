@@ -13,6 +13,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimitd/internal/redact"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -34,6 +35,10 @@ type TrackerOptions struct {
 	// it has room and the bucket refills more slowly than the bar falls
 	// (see Tracker).
 	MaxBuckets int
+	// Redact is how bucket descriptors show the request's values on the
+	// page and in its JSON; default redact.Off (as they are). Configured
+	// rule paths are the config's own text and are shown as they are.
+	Redact redact.Mode
 }
 
 // Tracker counts, per configured rule, the descriptors and tokens of the
@@ -70,6 +75,7 @@ type TrackerOptions struct {
 // be fuller than some kept.)
 type Tracker struct {
 	maxBuckets int
+	redact     redact.Mode
 
 	mu      sync.Mutex
 	rules   map[string]*window            // by rule path
@@ -147,8 +153,12 @@ func NewTracker(opts TrackerOptions) *Tracker {
 	if opts.MaxBuckets <= 0 {
 		opts.MaxBuckets = 1000
 	}
+	if opts.Redact == 0 {
+		opts.Redact = redact.Off
+	}
 	return &Tracker{
 		maxBuckets: opts.MaxBuckets,
+		redact:     opts.Redact,
 		rules:      make(map[string]*window),
 		buckets:    make(map[string]map[string]*bucket),
 	}
@@ -203,6 +213,7 @@ func (w *window) sum(now int64) Counts {
 // bucket is the last known state of one bucket.
 type bucket struct {
 	path, desc string
+	shown      string // desc as the page shows it (redacted), if not desc
 	limit      limiter.Limit
 	used       int64 // burst − remaining after the last call
 	at         time.Time
@@ -307,6 +318,9 @@ func (t *Tracker) noteBucket(d *server.DescriptorOutcome, at time.Time) {
 		t.buckets[d.Rule.Path] = byDesc
 	}
 	b := &bucket{path: d.Rule.Path, desc: string(t.scratch), limit: d.Limit, used: used, at: at}
+	if t.redact != redact.Off {
+		b.shown = string(appendDescriptorAs(nil, d.Descriptor.GetEntries(), t.redact))
+	}
 	byDesc[b.desc] = b
 	t.nb++
 }
@@ -373,13 +387,18 @@ func compareFilled(x, y filled) int {
 // "=" and "%" in keys and values percent-escaped so that distinct
 // descriptors read differently.
 func appendDescriptor(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry) []byte {
+	return appendDescriptorAs(b, entries, redact.Off)
+}
+
+// appendDescriptorAs is appendDescriptor with values as red shows them.
+func appendDescriptorAs(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry, red redact.Mode) []byte {
 	for i, e := range entries {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
 		b = server.AppendEscaped(b, e.GetKey(), ",=")
 		b = append(b, '=')
-		b = server.AppendEscaped(b, e.GetValue(), ",=")
+		b = server.AppendEscaped(b, red.Value(e.GetValue()), ",=")
 	}
 	return b
 }
@@ -432,7 +451,7 @@ func (t *Tracker) Busiest(n int, now time.Time) []BucketState {
 	out := make([]BucketState, len(all))
 	for i, f := range all {
 		b, u := f.b, f.used
-		out[i] = BucketState{Rule: b.path, Descriptor: b.desc, Used: u, Burst: b.limit.Burst,
+		out[i] = BucketState{Rule: b.path, Descriptor: cmp.Or(b.shown, b.desc), Used: u, Burst: b.limit.Burst,
 			FillPercent: u * 100 / b.limit.Burst, LastSeen: b.at}
 	}
 	return out
