@@ -162,3 +162,31 @@ func TestIncumbentValuesRedacted(t *testing.T) {
 		t.Error("the value is in a stat key as it is")
 	}
 }
+
+// TestPolicyCounted: calls a policy answered are counted by cause and
+// action (the server sets Call.Guard; internal/server's tests pin when).
+func TestPolicyCounted(t *testing.T) {
+	m, err := metrics.New(metrics.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []server.Guard{
+		{Cause: server.CauseInvalidOverride, Action: "deny"},
+		{Cause: server.CauseInvalidOverride, Action: "deny"},
+		{Cause: server.CauseOversizedRequest, Action: "error"},
+		{},
+	} {
+		m.ObserveCall(server.Call{Guard: g})
+	}
+	for _, tt := range []struct {
+		cause, action string
+		want          float64
+	}{
+		{"invalid_override", "deny", 2},
+		{"oversized_request", "error", 1},
+	} {
+		if got, _ := value(t, m.Registry(), "ratelimitd_request_policy_total", map[string]string{"cause": tt.cause, "action": tt.action}); got != tt.want {
+			t.Errorf("ratelimitd_request_policy_total{%s,%s} = %v, want %v", tt.cause, tt.action, got, tt.want)
+		}
+	}
+}

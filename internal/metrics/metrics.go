@@ -35,6 +35,8 @@
 //	ratelimitd_failure_mode_answers_total      (none: calls answered per the failure mode, by cause)
 //	ratelimitd_rule_limit_info                 (none: each rule's limits, as loaded)
 //	ratelimitd_refund_tokens_total             (none: tokens refunds asked back, given or refused)
+//	ratelimitd_request_policy_total            (none: invalid overrides and oversized requests, per policy)
+//	ratelimitd_metric_values_evicted_total     (none: detailed_metric values aged out of their slot)
 //
 // With Options.IncumbentNames the registry also carries envoyproxy/ratelimit's
 // names (ratelimit_service_*, see incumbent.go), counted from the same calls.
@@ -145,6 +147,7 @@ type Metrics struct {
 	sourceLabels                     [2]string // the configSource series set, if any
 	failureMode                      *prometheus.CounterVec
 	valuesEvicted                    prometheus.Counter
+	guards                           *prometheus.CounterVec
 	ruleInfo                         *prometheus.GaugeVec
 	refunds                          *prometheus.CounterVec // refunds.go
 	// inc is envoyproxy/ratelimit's metrics; nil without IncumbentNames.
@@ -249,6 +252,9 @@ func New(opts Options) (*Metrics, error) {
 			Name: "ratelimitd_metric_values_evicted_total",
 			Help: "detailed_metric values whose series were deleted to give their slot, idle for --metric-value-idle, to a new value.",
 		}),
+		guards: counter("ratelimitd_request_policy_total",
+			"Calls Envoy would have let through on an error, answered per --on-invalid-override or --on-oversized-request instead, by cause (invalid_override, oversized_request) and action (deny, ignore, error).",
+			"cause", "action"),
 		ruleInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ratelimitd_rule_limit_info",
 			Help: "1 for each limit of each rule that has seen traffic: what its tokens count (requests or tokens), its quota group, and its rate.",
@@ -258,7 +264,7 @@ func New(opts Options) (*Metrics, error) {
 	m.domains.max = opts.MaxDomains
 	m.rules.Store(&ruleCache{})
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
-		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.valuesEvicted, m.ruleInfo, m.refunds}
+		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.valuesEvicted, m.guards, m.ruleInfo, m.refunds}
 	if opts.IncumbentNames {
 		m.inc = newIncumbent(opts.NearLimitRatio, opts.MaxValuesPerRule, opts.Redact)
 		cs = append(cs, m.inc)
@@ -396,6 +402,9 @@ func (m *Metrics) ObserveCall(c server.Call) {
 		domain = m.domains.get(c.Domain)
 	}
 	m.calls.WithLabelValues(domain, c.Code.String(), overall).Inc()
+	if c.Guard.Cause != "" {
+		m.guards.WithLabelValues(c.Guard.Cause, c.Guard.Action).Inc()
+	}
 	if c.Code == codes.Unavailable && errors.Is(c.Err, server.ErrNoConfig) {
 		m.BackendError("no_config")
 	}

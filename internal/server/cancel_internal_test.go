@@ -22,10 +22,10 @@ func TestPlanStopsWhenTheCallerHasGone(t *testing.T) {
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("model", "m", nil), descriptor("model", "n", nil)}}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := planRequest(ctx, set, req, 0, 1024, false, QuotaModePerRule); !errors.Is(err, context.Canceled) {
+	if _, err := planRequest(ctx, set, req, 0, 1024, false, QuotaModePerRule, InvalidOverrideDeny); !errors.Is(err, context.Canceled) {
 		t.Errorf("planRequest with a cancelled context: %v, want context.Canceled", err)
 	}
-	if _, err := planRequest(context.Background(), set, req, 0, 1024, false, QuotaModePerRule); err != nil {
+	if _, err := planRequest(context.Background(), set, req, 0, 1024, false, QuotaModePerRule, InvalidOverrideDeny); err != nil {
 		t.Errorf("planRequest: %v", err)
 	}
 	s, err := New(Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: func() time.Time { return time.Unix(1e9, 0) }})

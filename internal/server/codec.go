@@ -42,6 +42,9 @@ func Codec() grpc.ServerOption {
 type requestCodec struct{ encoding.CodecV2 }
 
 func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*sizedRequest); ok {
+		return c.unmarshalSized(data, r)
+	}
 	err := c.CodecV2.Unmarshal(data, v)
 	req, ok := v.(*rlsv3.RateLimitRequest)
 	if err == nil || !ok {

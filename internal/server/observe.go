@@ -48,12 +48,19 @@ type Call struct {
 	// Overall is the answer's overall_code when Code is OK.
 	Overall rlsv3.RateLimitResponse_Code
 	// Descriptors has one entry per request descriptor, in order, when the
-	// call reached a decision (Code OK); nil otherwise.
+	// call reached a decision (Code OK); nil otherwise (and for a request
+	// over Options.MaxRequestBytes, which is not decoded: Domain is then
+	// empty and Checked false).
 	Descriptors []DescriptorOutcome
 	// Refunds is what the call's is_negative_hits descriptors asked back
 	// and were given (see RefundPolicy); zero when it had none, or when it
 	// was answered before they were made.
 	Refunds RefundOutcome
+	// Guard, when its Cause is set, is the policy that answered a request
+	// Envoy would let through on an error: an invalid limit override or a
+	// request over the size bound (Options.OnInvalidOverride,
+	// Options.OnOversizedRequest).
+	Guard Guard
 }
 
 // Outcome is what happened to one descriptor. The zero value is invalid.
@@ -145,7 +152,7 @@ type DescriptorOutcome struct {
 
 // observe builds the Call for an answered request and hands it over.
 func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, decisions []limiter.Decision, resp *rlsv3.RateLimitResponse, err error) {
-	call := Call{Domain: req.GetDomain(), Checked: true, Start: start, Duration: s.now().Sub(start), Code: codes.OK, Err: err, Refunds: p.refunded}
+	call := Call{Domain: req.GetDomain(), Checked: true, Start: start, Duration: s.now().Sub(start), Code: codes.OK, Err: err, Refunds: p.refunded, Guard: s.guardOf(p, err)}
 	if err != nil {
 		call.Code = status.Code(err)
 		// Checking again costs only calls answered InvalidArgument, which

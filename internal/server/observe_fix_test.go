@@ -84,11 +84,12 @@ func TestObserverSeesTokensAsked(t *testing.T) {
 			},
 		},
 		{
-			name: "checked, then refused",
+			// The default policy for an invalid override denies.
+			name: "checked, then denied for an invalid override",
 			calls: []*rlsv3.RateLimitRequest{request("api", &ratelimitv3.RateLimitDescriptor{
 				Entries: desc("model", "m").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1},
 			})},
-			want: []string{"checked=true InvalidArgument UNKNOWN:"},
+			want: []string{"checked=true OK OVER_LIMIT: over_limit/1"},
 		},
 	}
 	for _, tt := range tests {

@@ -52,7 +52,7 @@ func TestPlanQuotaMode(t *testing.T) {
 			for _, k := range tt.keys {
 				req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: k, Value: "x"}}})
 			}
-			p, err := planRequest(context.Background(), set, req, 5*time.Second, 1024, false, QuotaModePerRule)
+			p, err := planRequest(context.Background(), set, req, 5*time.Second, 1024, false, QuotaModePerRule, InvalidOverrideDeny)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func TestQuotaVerdict(t *testing.T) {
 		for _, k := range tt.keys {
 			req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: k, Value: "x"}}})
 		}
-		p, err := planRequest(context.Background(), set, req, 0, 1024, false, QuotaModePerRule)
+		p, err := planRequest(context.Background(), set, req, 0, 1024, false, QuotaModePerRule, InvalidOverrideDeny)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -114,6 +114,9 @@ type item struct {
 	// shadow is set when the rule is a shadow rule: its own shadow_mode,
 	// or every rule with Options.ShadowMode.
 	shadow bool
+	// invalidOverride is set when the descriptor's limit override was
+	// invalid and the policy ignored it or denied (see invalidOverride).
+	invalidOverride bool
 	// quota is set for a quota-mode descriptor: its rule has quota_mode
 	// (and no override replaced it), or QuotaModeAll makes every
 	// descriptor one but those of unlimited rules, as in
@@ -133,8 +136,9 @@ type item struct {
 // With shadowAll every rule is a shadow rule (Options.ShadowMode). It
 // stops, returning ctx's error, when ctx ends between two descriptors: a
 // caller that has gone buys no more matching (each descriptor's costs at
-// most config.MaxScanBytes per wildcard pattern).
-func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int, shadowAll bool, quotaMode QuotaMode) (plan, error) {
+// most config.MaxScanBytes per wildcard pattern). An invalid limit
+// override is handled per onInvalid (see invalidOverride).
+func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int, shadowAll bool, quotaMode QuotaMode, onInvalid InvalidOverride) (plan, error) {
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
 	p := plan{items: make([]item, len(descs)), descs: descs}
@@ -168,7 +172,9 @@ func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitReque
 		// where no rule matched).
 		if o := d.GetLimit(); o != nil && set.HasDomain(domain) {
 			if err := it.override(domain, entries, o); err != nil {
-				return plan{}, fmt.Errorf("descriptors[%d].limit: %w", i, err)
+				if err := invalidOverride(onInvalid, &it, domain, i, err); err != nil {
+					return plan{}, err
+				}
 			}
 		}
 		it.shadow = it.rule != nil && (it.rule.ShadowMode || shadowAll)

@@ -58,7 +58,7 @@ func TestPlanKinds(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{tt.d}}
-			p, err := planRequest(context.Background(), set, req, 0, 1024, false, QuotaModePerRule)
+			p, err := planRequest(context.Background(), set, req, 0, 1024, false, QuotaModePerRule, InvalidOverrideDeny)
 			if err != nil {
 				t.Fatalf("planRequest: %v", err)
 			}

@@ -42,7 +42,7 @@ func plannedFor(t *testing.T, set *config.Set, keys ...string) plan {
 		}
 		req.Descriptors = append(req.Descriptors, descriptor(k, "v", o))
 	}
-	p, err := planRequest(context.Background(), set, req, 0, 1024, false, QuotaModePerRule)
+	p, err := planRequest(context.Background(), set, req, 0, 1024, false, QuotaModePerRule, InvalidOverrideDeny)
 	if err != nil {
 		t.Fatalf("planRequest(%v): %v", keys, err)
 	}

@@ -5,6 +5,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -188,6 +189,13 @@ type Options struct {
 	// Refunds says what is_negative_hits may give back; default
 	// RefundsTaken (RefundsUnbounded is envoyproxy/ratelimit's behaviour).
 	Refunds RefundPolicy
+	// OnInvalidOverride and OnOversizedRequest answer the requests Envoy
+	// would let through on an error (see policy.go); default deny. A
+	// request larger than MaxRequestBytes (0: no bound of the server's own)
+	// is oversized when served through Register with Codec.
+	OnInvalidOverride  InvalidOverride
+	OnOversizedRequest OversizedRequest
+	MaxRequestBytes    int
 }
 
 // Server answers ShouldRateLimit. It is safe for concurrent use; the config
@@ -204,10 +212,14 @@ type Server struct {
 	maxWait  time.Duration
 	shadow   bool // Options.ShadowMode
 	quota    QuotaMode
-	current  atomic.Pointer[loaded]
-	waits    waitQueues
-	leases   leaseState
-	refunds  RefundPolicy
+	// The policies of policy.go, and the size bound of a request.
+	onInvalid       InvalidOverride
+	onOversized     OversizedRequest
+	maxRequestBytes int
+	current         atomic.Pointer[loaded]
+	waits           waitQueues
+	leases          leaseState
+	refunds         RefundPolicy
 	// refundLocks serialize the refunds of one ledger (see giveBack).
 	refundLocks *refundLocks
 
@@ -241,12 +253,22 @@ func New(opts Options) (*Server, error) {
 		refunds:  opts.Refunds,
 
 		refundLocks: newRefundLocks(),
+
+		onInvalid:       cmp.Or(opts.OnInvalidOverride, InvalidOverrideDeny),
+		onOversized:     cmp.Or(opts.OnOversizedRequest, OversizedDeny),
+		maxRequestBytes: max(opts.MaxRequestBytes, 0),
 	}
 	if s.refunds == 0 {
 		s.refunds = RefundsTaken
 	}
 	if s.refunds != RefundsTaken && s.refunds != RefundsUnbounded {
 		return nil, fmt.Errorf("server: invalid Refunds %d", s.refunds)
+	}
+	if _, ok := invalidOverrideNames[s.onInvalid]; !ok {
+		return nil, fmt.Errorf("server: invalid OnInvalidOverride %d", s.onInvalid)
+	}
+	if _, ok := oversizedNames[s.onOversized]; !ok {
+		return nil, fmt.Errorf("server: invalid OnOversizedRequest %d", s.onOversized)
 	}
 	if s.quota == 0 {
 		s.quota = QuotaModePerRule
@@ -337,12 +359,12 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if cur == nil {
 		return plan{}, nil, nil, answerFor(codes.Unavailable, ErrNoConfig)
 	}
-	p, err := planRequest(ctx, cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow, s.quota)
+	p, err := planRequest(ctx, cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow, s.quota, s.onInvalid)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return plan{}, nil, nil, status.FromContextError(err).Err()
 		}
-		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
+		return plan{}, nil, nil, answerFor(codes.InvalidArgument, err)
 	}
 	if planLeases(&p, req); len(p.leases) > 0 {
 		return s.decideLeases(ctx, req, now, cur, p)

@@ -400,7 +400,10 @@ func TestRateLimitHeadersNameTheDenyingLimit(t *testing.T) {
 }
 
 func TestInvalidArgument(t *testing.T) {
-	c, _ := startServer(t, server.Options{Limits: server.RequestLimits{MaxDescriptors: 3, MaxEntries: 2, MaxValueBytes: 8, MaxHits: 1000}},
+	// Invalid overrides answer INVALID_ARGUMENT under the error policy
+	// only; policy_test.go pins the others.
+	c, _ := startServer(t, server.Options{Limits: server.RequestLimits{MaxDescriptors: 3, MaxEntries: 2, MaxValueBytes: 8, MaxHits: 1000},
+		OnInvalidOverride: server.InvalidOverrideError},
 		server.MustParse(t, testConfig))
 	tests := []struct {
 		name string
