@@ -82,6 +82,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&c.ConfigPath, "config", "", "descriptor file, or directory of *.yaml files (required, unless --config-xds-addr)")
 	fs.StringVar(&c.envCompat, "env-compat", envCompatNative, "also read envoyproxy/ratelimit's environment variables (REDIS_URL, GRPC_PORT, ...) with its defaults: envoyproxy; the default when the binary runs as \"ratelimit\"")
 	finishDropIn := addDropInFlags(fs, &c)
+	finishGuards := addGuardFlags(fs, &c)
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", daemon.DefaultGRPCAddr, "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", daemon.DefaultHTTPAddr, "HTTP listen address (/healthz, /readyz, /metrics, /limits, /limits.json, and /debug/pprof/ with --pprof)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
@@ -177,6 +178,9 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return c, usageError{fmt.Errorf("%s %v: want more than 0 and at most 1", flagSpelling(given, "near-limit-ratio"), c.NearLimitRatio)}
 	}
 	if err := finishDropIn(given); err != nil {
+		return c, usageError{err}
+	}
+	if err := finishGuards(given); err != nil {
 		return c, usageError{err}
 	}
 	if c.StreamWorkers < 0 || c.StreamWorkers > 1<<16 {

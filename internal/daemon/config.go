@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/redact"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
@@ -81,7 +82,17 @@ type Config struct {
 	// GRPCTLS, when CertFile is set, serves gRPC over TLS.
 	GRPCTLS TLSFiles
 	// MaxMessageBytes bounds a gRPC request; default DefaultMaxMessageBytes.
+	// A larger one, up to 4 times as large (server.ReadLimit), is answered
+	// per OnOversizedRequest; gRPC refuses still larger ones itself.
 	MaxMessageBytes int
+	// OnInvalidOverride and OnOversizedRequest answer the requests Envoy
+	// would let through on an error (see server.InvalidOverride and
+	// server.OversizedRequest); zero means deny.
+	OnInvalidOverride  server.InvalidOverride
+	OnOversizedRequest server.OversizedRequest
+	// MaxConfigBytes caps the total size of a config, all its files (or an
+	// xDS push) together; default config.DefaultMaxTotalBytes (16 MiB).
+	MaxConfigBytes int64
 	// StreamWorkers is how many goroutines are kept to handle gRPC calls;
 	// default DefaultStreamWorkers; negative keeps none.
 	StreamWorkers int
@@ -113,6 +124,9 @@ type Config struct {
 	// DefaultNearLimitRatio and DefaultMaxMetricValues.
 	NearLimitRatio  float64
 	MaxMetricValues int
+	// RedactValues is how request values show on /limits, /limits.json
+	// and the metrics' value labels; zero means redact.Off.
+	RedactValues redact.Mode
 	// Tracing exports spans (tracing.ConfigFromEnv reads it).
 	Tracing tracing.Config
 	// Pprof serves Go's profiler at /debug/pprof/ on the HTTP port.

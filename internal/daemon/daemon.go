@@ -124,6 +124,9 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		Overdraft:          cfg.Overdraft,
 		Leases:             d.backend.Leases(),
 		LeaseObserver:      d.obs.leases,
+		OnInvalidOverride:  cfg.OnInvalidOverride,
+		OnOversizedRequest: cfg.OnOversizedRequest,
+		MaxRequestBytes:    cfg.MaxMessageBytes,
 	})
 	if err != nil {
 		return nil, err
@@ -170,14 +173,14 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		}
 	}
 
-	sopts := append(append(grpcOpts, d.obs.grpcOptions...), grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), server.Codec())
+	sopts := append(append(grpcOpts, d.obs.grpcOptions...), grpc.MaxRecvMsgSize(server.ReadLimit(cfg.MaxMessageBytes)), server.Codec())
 	sopts = append(sopts, keepaliveOptions(cfg)...)
 	if cfg.StreamWorkers > 0 {
 		// Calls beyond the workers get goroutines of their own.
 		sopts = append(sopts, grpc.NumStreamWorkers(uint32(cfg.StreamWorkers)))
 	}
 	d.grpc = grpc.NewServer(sopts...)
-	rlsv3.RegisterRateLimitServiceServer(d.grpc, d.srv)
+	d.srv.Register(d.grpc) // requests over MaxMessageBytes answered per OnOversizedRequest
 	// With Redis, NOT_SERVING (health.NewServer says SERVING for "")
 	// until the backend is ready, so that Envoy sends no call that would
 	// pay for a dial, a TLS handshake and the scripts' first load.
@@ -592,6 +595,7 @@ func (d *Daemon) newWatcher(current *config.Set) (*reload.Watcher, error) {
 		Path:    path,
 		Current: current,
 		Watch:   mode,
+		Limits:  config.LoadOptions{MaxTotalBytes: d.cfg.MaxConfigBytes},
 		OnLoad: func(set *config.Set) {
 			// Metrics first: a call decided on the new config must find
 			// its rules' counters ready.

@@ -36,6 +36,7 @@ func newObservability(ctx context.Context, c Config, backend string) (*observabi
 		Backend:          backend,
 		ProcessMetrics:   true,
 		IncumbentNames:   c.IncumbentMetrics,
+		Redact:           c.RedactValues,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
@@ -51,7 +52,7 @@ func newObservability(ctx context.Context, c Config, backend string) (*observabi
 	return &observability{
 		metrics:     m,
 		leases:      leases,
-		tracker:     limitspage.NewTracker(limitspage.TrackerOptions{}),
+		tracker:     limitspage.NewTracker(limitspage.TrackerOptions{Redact: c.RedactValues}),
 		grpcOptions: opts,
 		stopTracing: stop,
 		pprof:       c.Pprof,

@@ -86,7 +86,7 @@ func initialConfig(cfg Config) (*config.Set, error) {
 	case cfg.ConfigPath == "":
 		return nil, errors.New("daemon: Config.ConfigPath (or Config.XDS) is required")
 	}
-	set, err := config.Load(cfg.ConfigPath)
+	set, err := config.LoadWith(cfg.ConfigPath, config.LoadOptions{MaxTotalBytes: cfg.MaxConfigBytes})
 	if err != nil {
 		return nil, fmt.Errorf("load config %s:\n%w", cfg.ConfigPath, err)
 	}
@@ -104,6 +104,7 @@ func (d *Daemon) newSource(current *config.Set) (configSource, error) {
 	}
 	opts := d.cfg.XDS
 	opts.OnRefused = d.obs.metrics.ConfigRejected
+	opts.Limits = config.LoadOptions{MaxTotalBytes: d.cfg.MaxConfigBytes}
 	x := &xdsSource{addr: opts.Addr, d: d}
 	c, err := xdsconfig.New(opts, d.applyXDS, d.log.With("xds_server", opts.Addr))
 	if err != nil {
