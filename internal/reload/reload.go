@@ -19,9 +19,12 @@
 // load finds the files invalid, it puts in force the newest valid content it
 // kept. So once the files settle, the config in force is the last valid
 // content the Watcher read, even if the storm ended in an invalid write.
-// Content replaced before the Watcher could read it (between two change
-// events) is not seen; at most 8 distinct contents, and no more bytes than
-// the config's total cap (Options.Limits), are kept, the oldest dropped.
+// Content replaced before the Watcher could read it is not seen: reads are
+// paced to take about a fifth of the time at most (a directory of
+// thousands of files is read less often than a few small files), and the
+// read after a pause sees every change before it. At most 8 distinct
+// contents, and no more bytes than the config's total cap
+// (Options.Limits), are kept, the oldest dropped.
 package reload
 
 import (
@@ -110,7 +113,7 @@ type Watcher struct {
 
 // testHooks tell a test of what the Watcher does; nil hooks are skipped.
 type testHooks struct {
-	read func(hash string) // a content read at a change (snap)
+	read func(hash string) // a content read, at a change (snap) or by a load
 	load func()            // a load begins
 }
 
@@ -349,6 +352,8 @@ func (w *Watcher) loop(ctx context.Context, changes <-chan struct{}, errs <-chan
 		fire = nil
 	}
 	defer stop()
+	var reads snapTimer
+	defer reads.cancel()
 	schedule := func() {
 		now := time.Now()
 		if fire == nil {
@@ -368,18 +373,23 @@ func (w *Watcher) loop(ctx context.Context, changes <-chan struct{}, errs <-chan
 			return nil
 		case <-changes:
 			drain(changes)
-			w.snap()
+			w.snapSoon(&reads)
 			schedule()
 		case err := <-errs:
 			// Events may have been lost (a full queue): load to be sure.
 			w.opts.OnError(fmt.Errorf("%w %s: %w", ErrWatch, w.opts.Path, err))
-			w.snap()
+			w.snapSoon(&reads)
 			schedule()
+		case <-reads.c:
+			reads.c = nil
+			w.snapNow(&reads)
 		case <-fire:
 			fire = nil
+			reads.cancel() // the load reads them
 			w.load()
 		case <-w.kick:
 			stop()
+			reads.cancel()
 			w.load()
 		}
 	}

@@ -2,6 +2,7 @@ package reload
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/ratelimitd/ratelimitd/config"
 )
@@ -13,7 +14,55 @@ const (
 	maxSnapshots = 8
 	// maxDrain bounds the change events merged into one read.
 	maxDrain = 64
+	// readGap bounds the time spent reading at changes to about a fifth:
+	// after a read that took d, the next waits until readGap·d after it
+	// began (a read of a few small files takes microseconds; one of a
+	// directory of thousands, milliseconds).
+	readGap = 5
 )
+
+// snapTimer paces the reads at changes (see readGap): a change that comes
+// before next arms the timer, whose read then sees it and every change
+// after it.
+type snapTimer struct {
+	t    *time.Timer
+	c    <-chan time.Time // nil unless a read is pending
+	next time.Time
+}
+
+// cancel drops the pending read, if any.
+func (st *snapTimer) cancel() {
+	if st.t != nil {
+		st.t.Stop()
+	}
+	st.c = nil
+}
+
+// snapSoon reads the files now, or, too soon after the last read, arms st
+// to read them once the gap has passed.
+func (w *Watcher) snapSoon(st *snapTimer) {
+	now := time.Now()
+	if !now.Before(st.next) {
+		w.snapNow(st)
+		return
+	}
+	if st.c != nil {
+		return // the pending read will see this change
+	}
+	if st.t == nil {
+		st.t = time.NewTimer(st.next.Sub(now))
+	} else {
+		st.t.Reset(st.next.Sub(now))
+	}
+	st.c = st.t.C
+}
+
+// snapNow reads the files and sets when the next read may be.
+func (w *Watcher) snapNow(st *snapTimer) {
+	begin := time.Now()
+	w.snap()
+	st.next = begin.Add(readGap * time.Since(begin))
+}
 
 // A snapshot is the content of the files as read at one change: read,
 // not checked (checking is what costs).
@@ -90,6 +139,9 @@ func (w *Watcher) load() {
 	var hash string
 	if err == nil {
 		hash = config.HashFiles(files)
+		if w.test.read != nil {
+			w.test.read(hash)
+		}
 		if hash == w.hash {
 			return
 		}

@@ -302,3 +302,87 @@ func TestReloadOverTheCap(t *testing.T) {
 		t.Fatal("Reload reported nothing")
 	}
 }
+
+// TestStormReadsArePaced: when reading the files takes time (a directory
+// of thousands), reads at changes take about a fifth of the time at most,
+// and the config in force once settled is the newest valid content read.
+// Virtual time: each read takes 10 ms, changes come every millisecond.
+func TestStormReadsArePaced(t *testing.T) {
+	const ms = time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		initial, err := config.Parse([]config.File{{Name: "a.yaml", Data: []byte(yamlWithRate(1))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		files := &fakeFiles{yaml: yamlWithRate(1), start: time.Now()}
+		var (
+			mu      sync.Mutex
+			reads   []time.Duration
+			newest  string // the hash of the newest valid content read
+			inForce = initial
+		)
+		w, err := New(Options{Path: "unused", Current: initial, Watch: WatchReloadOnly,
+			Read: func(p string) ([]config.File, error) {
+				fs, err := files.read(p)
+				time.Sleep(10 * ms)
+				return fs, err
+			},
+			Parse: parse,
+			OnLoad: func(s *config.Set) {
+				mu.Lock()
+				defer mu.Unlock()
+				inForce = s
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.test.read = func(hash string) {
+			mu.Lock()
+			defer mu.Unlock()
+			reads = append(reads, time.Since(files.start))
+			for _, s := range w.kept.list {
+				if s.hash == hash {
+					if _, err := parse(s.files); err == nil {
+						newest = hash
+					}
+				}
+			}
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		changes := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			w.loop(ctx, changes, nil)
+		}()
+		const n = 300
+		for i := range n {
+			time.Sleep(time.Duration(i)*ms - time.Since(files.start))
+			files.set(yamlWithRate(i + 2))
+			changes <- struct{}{}
+		}
+		time.Sleep(n*ms - time.Since(files.start))
+		files.set("domain: d\ndescriptors: [broken")
+		changes <- struct{}{}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		// 300 ms of changes, reads of 10 ms at most every 50 ms: about 7,
+		// the last some 50 ms after the last change; then the load's.
+		during := 0
+		for _, at := range reads {
+			if at <= (n+60)*ms {
+				during++
+			}
+		}
+		if during > n/50+2 || during == len(reads) {
+			t.Errorf("%d reads at %v during 300 ms of changes and after, want at most %d, then the load's", during, reads, n/50+2)
+		}
+		if inForce.Hash() != newest || newest == "" {
+			t.Errorf("rate %d in force after the storm, not the newest valid content read", rate(inForce))
+		}
+	})
+}
