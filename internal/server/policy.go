@@ -215,11 +215,15 @@ func (s *Server) handle(_ any, ctx context.Context, dec func(any) error, interce
 	if err := dec(in); err != nil {
 		return nil, err
 	}
-	call := func(ctx context.Context, _ any) (any, error) {
+	call := func(ctx context.Context, req any) (any, error) {
 		if in.over() {
 			return s.oversized(ctx, in.size)
 		}
-		return s.ShouldRateLimit(ctx, in.RateLimitRequest)
+		r, ok := req.(*rlsv3.RateLimitRequest) // an interceptor may have replaced it
+		if !ok {
+			r = in.RateLimitRequest
+		}
+		return s.ShouldRateLimit(ctx, r)
 	}
 	if interceptor == nil {
 		return call(ctx, in.RateLimitRequest)

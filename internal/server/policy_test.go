@@ -9,6 +9,8 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,6 +19,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
+	"github.com/ratelimitd/ratelimitd/internal/tracing"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -221,5 +224,40 @@ func TestParsePolicies(t *testing.T) {
 	}
 	if _, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), OnInvalidOverride: 9}); err == nil {
 		t.Error("New accepted OnInvalidOverride 9")
+	}
+}
+
+// TestRegisterTraced: served through Register with tracing's options, as
+// the daemon serves it, a call and an oversized one each get their span,
+// the decided one with its domain.
+func TestRegisterTraced(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), MaxRequestBytes: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(server.MustParse(t, policyConfig))
+	opts := append(tracing.ServerOptions(tp), server.Codec(), grpc.MaxRecvMsgSize(server.ReadLimit(1024)))
+	s := servertest.Start(t, servertest.Options{Register: func(g *grpc.Server) { srv.Register(g) }, ServerOptions: opts})
+	c := s.Client()
+	if resp, err := c.ShouldRateLimit(context.Background(), request("api", desc("user", "a"))); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("ShouldRateLimit = %v, %v", resp.GetOverallCode(), err)
+	}
+	if resp, err := c.ShouldRateLimit(context.Background(), request("api", desc("user", strings.Repeat("v", 2000)))); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("oversized ShouldRateLimit = %v, %v; want OVER_LIMIT", resp.GetOverallCode(), err)
+	}
+	s.GracefulStop()
+	spans := exp.GetSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2", len(spans))
+	}
+	found := false
+	for _, a := range spans[0].Attributes {
+		found = found || a.Key == tracing.DomainKey && a.Value.AsString() == "api"
+	}
+	if !found {
+		t.Errorf("first span's attributes %v lack the domain", spans[0].Attributes)
 	}
 }
