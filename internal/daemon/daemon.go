@@ -16,7 +16,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,12 +208,6 @@ func (d *Daemon) Reload() {
 	d.source.reload()
 }
 
-// ErrDrainCut is returned by Run when the drain was cut short: calls were
-// still in flight at Config.ShutdownTimeout and were closed unanswered
-// (gRPC calls, held waits among them, get UNAVAILABLE; HTTP requests a
-// closed connection). The shutdown is otherwise complete.
-var ErrDrainCut = errors.New("drain cut short: calls still in flight at the shutdown timeout were closed")
-
 // Run serves until ctx is done, then shuts down gracefully: health says
 // NOT_SERVING first, calls in flight are answered (for at most
 // Config.ShutdownTimeout), and everything New opened is released. It
@@ -296,32 +289,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.shuttingDown.Store(true)
 	d.health.Shutdown()
 	d.stop()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownTimeout)
-	defer cancel()
-	drained := make(chan struct{})
-	go func() {
-		d.grpc.GracefulStop()
-		close(drained)
-	}()
-	var cut []string
-	select {
-	case <-drained:
-	case <-shutdownCtx.Done():
-		d.log.Warn("in-flight calls did not finish in time; closing them")
-		d.grpc.Stop()
-		<-drained
-		cut = append(cut, "gRPC")
-	}
-	if err := d.http.Shutdown(shutdownCtx); err != nil {
-		d.http.Close()
-		cut = append(cut, "HTTP")
-	}
-	d.shutdownExtra(shutdownCtx)
+	cut := d.drain()
 	wg.Wait()
-	if len(cut) > 0 {
-		err := fmt.Errorf("%w (%s; --shutdown-timeout %v)", ErrDrainCut, strings.Join(cut, " and "), d.cfg.ShutdownTimeout)
-		d.log.Error("stopped, with calls cut short", "err", err)
-		return errors.Join(runErr, err)
+	if cut != nil {
+		d.log.Error("stopped, with calls cut short", "err", cut)
+		return errors.Join(runErr, cut)
 	}
 	d.log.Info("stopped")
 	return runErr
