@@ -91,8 +91,11 @@ func ledgerKey(bucket string) string {
 // later refund may give it back; they are Shadow, so that a full ledger
 // denies nothing. A call that carries a refund earns none, nor a tolerant
 // quota-mode plan (whose settle may give spending back), nor a shadow
-// take.
-func (s *Server) credits(p *plan) []limiter.Request {
+// take. The credit is what the take recorded: its hits, except a post-paid
+// charge that stopped at its floor (MaxDebt below empty), which recorded
+// less; admitted, its bucket was not in debt, so it recorded at least
+// MaxDebt, which is then the credit.
+func (s *Server) credits(p *plan, decisions []limiter.Decision) []limiter.Request {
 	if s.refunds != RefundsTaken || len(p.refunds) > 0 || p.tolerant() {
 		return nil
 	}
@@ -107,8 +110,12 @@ func (s *Server) credits(p *plan) []limiter.Request {
 			if l.Counts != config.Tokens || r.Hits == 0 || r.Shadow {
 				continue
 			}
+			hits := r.Hits
+			if r.Charge() && decisions[it.first+j].ResetAfter >= r.Limit.TimeFor(r.Limit.Burst+r.Limit.MaxDebt) {
+				hits = min(hits, r.Limit.MaxDebt) // at its floor: see above
+			}
 			ll := ledgerLimit(r.Limit)
-			out = append(out, limiter.Request{Key: ledgerKey(r.Key), Limit: ll, Hits: min(r.Hits, ll.Burst), Shadow: true})
+			out = append(out, limiter.Request{Key: ledgerKey(r.Key), Limit: ll, Hits: min(hits, ll.Burst), Shadow: true})
 		}
 	}
 	return out
@@ -120,8 +127,8 @@ func (s *Server) credits(p *plan) []limiter.Request {
 // one (the denial cache answers those; on a Redis Cluster the ledger need
 // not share its bucket's slot). If it fails, or the call's context has
 // ended, the credit is lost: a later refund gives back less, never more.
-func (s *Server) credit(ctx context.Context, now time.Time, p *plan, domain string) {
-	credits := s.credits(p)
+func (s *Server) credit(ctx context.Context, now time.Time, p *plan, decisions []limiter.Decision, domain string) {
+	credits := s.credits(p, decisions)
 	if len(credits) == 0 || ctx.Err() != nil {
 		return
 	}

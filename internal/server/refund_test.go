@@ -188,3 +188,43 @@ func TestRefundsRejectsInvalidPolicy(t *testing.T) {
 		t.Error("server.New with Refunds out of range: no error")
 	}
 }
+
+// TestRefundOfAChargeAtItsFloor: a reservation on a post-paid limit that
+// overdraws it records only down to its floor (max_debt below empty); the
+// refund of that reservation gives back no more than was recorded, so a
+// settle never leaves the bucket fuller than an exact one would.
+func TestRefundOfAChargeAtItsFloor(t *testing.T) {
+	const file = `
+domain: ai
+descriptors:
+  - key: budget
+    rate_limit: {unit: minute, requests_per_unit: 20000, counts: tokens, overdraft: {max_debt: 16384}}
+`
+	for name, store := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			clock := clocktest.New()
+			c, _ := startServer(t, server.Options{Store: store(t), Now: clock.Now}, server.MustParse(t, file))
+			left := func() (int64, rlsv3.RateLimitResponse_Code) {
+				t.Helper()
+				r := call(t, c, request("ai", withHits(desc("budget", "b"), 0)))
+				return int64(r.GetStatuses()[0].GetLimitRemaining()), r.GetOverallCode()
+			}
+			// Spent by an earlier settle: final, no credit. 10,000 left.
+			call(t, c, request("ai", negative(withHits(desc("budget", "b"), 0)), withHits(desc("budget", "b"), 10000)))
+			if got, _ := left(); got != 10000 {
+				t.Fatalf("%d left after spending 10000, want 10000", got)
+			}
+			// A reservation of 1,000,000: admitted (not in debt), recorded down
+			// to the floor only: 26,384 of it.
+			if code := call(t, c, request("ai", withHits(desc("budget", "b"), 1000000))).GetOverallCode(); code != ok {
+				t.Fatalf("reserve 1000000: %v", code)
+			}
+			// The settle: the reservation given back, 100 used.
+			call(t, c, request("ai", negative(withHits(desc("budget", "b"), 1000000)), withHits(desc("budget", "b"), 100)))
+			got, code := left()
+			if code == ok && got > 9900 {
+				t.Errorf("after the settle %d left, want at most 9900 (10000 less the 100 used): the refund gave back more than was recorded", got)
+			}
+		})
+	}
+}

@@ -428,7 +428,7 @@ func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, no
 		}
 	}
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && decisions[0].Fallback == limiter.FallbackNone {
-		s.credit(ctx, now, &p, req.GetDomain())
+		s.credit(ctx, now, &p, decisions, req.GetDomain())
 	}
 	return p, decisions, resp, nil
 }
