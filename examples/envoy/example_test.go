@@ -401,6 +401,30 @@ func (d sent) isRelease() bool {
 	return d.perFilter && d.onStreamDone && d.hits.GetIsNegativeHits() && d.hits.GetNumber().GetValue() == 1
 }
 
+// isRefund reports whether d gives tokens back at stream done: a
+// stream-done descriptor with is_negative_hits that is not a lease release.
+func (d sent) isRefund() bool {
+	return d.perFilter && d.onStreamDone && d.hits.GetIsNegativeHits() && !d.isRelease()
+}
+
+// isCharge reports whether d charges usage at stream done: a stream-done
+// descriptor that takes (no is_negative_hits).
+func (d sent) isCharge() bool {
+	return d.onStreamDone && !d.hits.GetIsNegativeHits()
+}
+
+// isRefundOf reports whether refund d gives back what o takes: o is a
+// request-time take (no check) of the same entries, with the same
+// hits_addend but for is_negative_hits (the same number, or the same
+// format, which Envoy evaluates on the same request headers and metadata).
+func (d sent) isRefundOf(o sent) bool {
+	if o.onStreamDone || o.isCheck() || o.hits.GetIsNegativeHits() || !o.sameEntries(d) {
+		return false
+	}
+	dn, on := d.hits.GetNumber(), o.hits.GetNumber()
+	return d.hits.GetFormat() == o.hits.GetFormat() && (dn == nil) == (on == nil) && dn.GetValue() == on.GetValue()
+}
+
 func (d sent) sameEntries(o sent) bool {
 	return slices.Equal(d.entries, o.entries)
 }
@@ -584,25 +608,35 @@ func TestDescriptorsHaveRules(t *testing.T) {
 var hitsFormat = regexp.MustCompile(`^%[A-Z_]+(\([^%]*\))?(:[0-9]+)?%$`)
 
 // TestPostpaidCharges checks the descriptors that carry a hits_addend or
-// are sent when the stream is done (the claude-sonnet tokens):
+// are sent when the stream is done (the claude-sonnet tokens, the
+// gpt-4o-mini budget, the qwen leases):
 //   - hits_addend is only in RateLimitPerRoute rate_limits, where Envoy
 //     reads it (it ignores it in route.rate_limits);
 //   - every apply_on_stream_done rate limit has a hits_addend (else it
 //     charges 1 after the fact, which is not what anyone means), with a
 //     format of one substitution or a number;
-//   - every stream-done charge has a request-time check (hits_addend 0) of
-//     the same descriptor on the same route, and every check a charge: a
-//     charge nobody checks never denies, a check nobody charges never
-//     fills;
-//   - every rule such a descriptor can reach counts tokens with an
-//     overdraft, because Envoy ignores the stream-done answer and nothing
-//     in it says "post-paid": without overdraft, usage that does not fit
-//     would be lost.
+//   - is_negative_hits is only sent when the stream is done: a refund at
+//     request time would give back before anything was taken;
+//   - every stream-done refund (is_negative_hits, not a lease release) has
+//     its reservation: a request-time descriptor on the same route with the
+//     same entries and the same hits_addend, so that it gives back exactly
+//     what was taken; and every rule it reaches counts tokens (ratelimitd
+//     gives nothing back on a limit that counts requests);
+//   - every stream-done charge has a request-time gate of the same
+//     descriptor on the same route: a check (hits_addend 0) or a
+//     reservation, and every check a charge: a charge nobody checks never
+//     denies, a check nobody charges never fills; a descriptor taken at
+//     request time and charged at stream done has its refund, or the
+//     request pays for its estimate and its usage;
+//   - every rule a charge can reach counts tokens with an overdraft,
+//     because Envoy ignores the stream-done answer and nothing in it says
+//     "post-paid": without overdraft, usage that does not fit would be
+//     lost.
 func TestPostpaidCharges(t *testing.T) {
 	g := loadGateway(t)
 	files := loadDescriptorFiles(t)
 	set := loadSet(t)
-	charges := 0
+	charges, refunds := 0, 0
 	for _, rl := range g.rateLimited(t) {
 		domain := rl.filter.GetDomain()
 		values := domainValues(files, domain)
@@ -625,6 +659,10 @@ func TestPostpaidCharges(t *testing.T) {
 						t.Errorf("%s: hits_addend.format %q: Envoy wants exactly one substitution command, nothing else", d.where, format)
 					}
 				}
+				if d.hits.GetIsNegativeHits() && !d.onStreamDone {
+					t.Errorf("%s: is_negative_hits at request time gives back before anything is taken; send it with apply_on_stream_done", d.where)
+					continue
+				}
 				if d.isRelease() {
 					// A concurrency lease given back, not a charge: its
 					// request-time twin took it.
@@ -645,23 +683,52 @@ func TestPostpaidCharges(t *testing.T) {
 					}
 					continue
 				}
-				if !d.onStreamDone && !d.isCheck() {
+				if d.isRefund() {
+					refunds++
+					if !slices.ContainsFunc(ds, d.isRefundOf) {
+						t.Errorf("%s: the refund %v (hits_addend %v) has no reservation: no request-time descriptor on the same route with the same entries and hits_addend, so it would not give back what was taken", d.where, d.entries, d.hits)
+					}
+					rules := rulesFor(set, domain, d.entries, values)
+					if len(rules) == 0 {
+						t.Errorf("%s: the refund %v reaches no rule", d.where, d.entries)
+					}
+					for _, r := range rules {
+						if !slices.ContainsFunc(r.Limits, func(l config.RateLimit) bool { return l.Counts == config.Tokens }) {
+							t.Errorf("%s: the refund %v reaches rule %s (%s:%d), which has no limit with counts: tokens: ratelimitd gives nothing back there", d.where, d.entries, r.Path, r.File, r.Line)
+						}
+					}
 					continue
 				}
-				want, role := d.isCheck(), "check (hits_addend: {number: 0})"
 				if d.isCheck() {
-					role = "stream-done charge"
+					if !slices.ContainsFunc(ds, func(o sent) bool { return o.isCharge() && o.sameEntries(d) }) {
+						t.Errorf("%s: descriptor %v has no matching stream-done charge on the same route", d.where, d.entries)
+					}
+					continue
 				}
-				twin := slices.ContainsFunc(ds, func(o sent) bool {
-					return o.sameEntries(d) && o.onStreamDone == want && (want || o.isCheck())
-				})
-				if !twin {
-					t.Errorf("%s: descriptor %v has no matching %s on the same route", d.where, d.entries, role)
-				}
-				if !d.onStreamDone {
+				if !d.isCharge() {
 					continue
 				}
 				charges++
+				// The gate: a check, or a reservation that a refund gives
+				// back. A request-time take that nothing gives back is
+				// paid for twice, estimate and usage.
+				var gated bool
+				for _, o := range ds {
+					if o.onStreamDone || !o.sameEntries(d) {
+						continue
+					}
+					switch {
+					case o.isCheck():
+						gated = true
+					case slices.ContainsFunc(ds, func(r sent) bool { return r.isRefund() && r.isRefundOf(o) }):
+						gated = true
+					default:
+						t.Errorf("%s: descriptor %v is taken at request time (%s) and charged at stream done, with no refund of the former: the request pays for its estimate and for its usage", d.where, d.entries, o.where)
+					}
+				}
+				if !gated {
+					t.Errorf("%s: descriptor %v has no matching check (hits_addend: {number: 0}) or refunded reservation on the same route", d.where, d.entries)
+				}
 				rules := rulesFor(set, domain, d.entries, values)
 				if len(rules) == 0 {
 					t.Errorf("%s: the stream-done charge %v reaches no rule", d.where, d.entries)
@@ -678,6 +745,9 @@ func TestPostpaidCharges(t *testing.T) {
 	}
 	if charges == 0 {
 		t.Errorf("%s: no route charges usage when the stream is done (apply_on_stream_done)", bootstrapFile)
+	}
+	if refunds == 0 {
+		t.Errorf("%s: no route gives a reservation back when the stream is done (reserve-then-settle); the example is meant to show one", bootstrapFile)
 	}
 }
 
@@ -789,7 +859,10 @@ func TestDescriptorFilesLoad(t *testing.T) {
 		{entries: entries("model", "claude-sonnet")},                        // only its kinds are limited
 		{entries: entries("model", "claude-sonnet", "client", "team-a")},    // no per-client level
 		{entries: entries("model", "llama-3.1-70b"), name: "llama-3.1-70b"}, // waits
-		{entries: entries("model", "gpt-4o-mini"), name: "other-models"},    // not a gpt-4o alias
+		{entries: entries("model", "gpt-4o-mini"), name: "gpt-4o-mini-rpm"}, // not a gpt-4o alias
+		{entries: entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"), name: "gpt-4o-mini-client-tokens"},
+		{entries: entries("model", "gpt-4o-mini", "kind", "budget")},   // only per client
+		{entries: entries("model", "gpt-4o-mini", "client", "team-a")}, // no per-client request limit
 		{entries: entries("model", "some-new-model"), name: "other-models"},
 		{entries: entries("model", "some-new-model", "client", "team-a")},
 		{entries: entries("caller", "internal"), name: "internal", unlimited: true},
@@ -815,6 +888,19 @@ func TestDescriptorFilesLoad(t *testing.T) {
 	if r := set.Lookup(domain, entries("model", "claude-sonnet", "kind", "tokens")); r != nil {
 		if l := r.Limits[0]; l.Counts != config.Tokens || l.Limit.MaxDebt <= 0 {
 			t.Errorf("claude-sonnet tokens: counts %v, max_debt %d; want tokens with an overdraft", l.Counts, l.Limit.MaxDebt)
+		}
+	}
+	// The gpt-4o-mini budget is refunded and post-paid: it counts tokens
+	// and has an overdraft, one bucket per client.
+	a := set.Lookup(domain, entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"))
+	b := set.Lookup(domain, entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-b"))
+	if a != nil {
+		if l := a.Limits[0]; l.Counts != config.Tokens || l.Limit.MaxDebt <= 0 {
+			t.Errorf("gpt-4o-mini budget: counts %v, max_debt %d; want tokens with an overdraft", l.Counts, l.Limit.MaxDebt)
+		}
+		ea, eb := entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"), entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-b")
+		if b == nil || string(a.AppendKey(nil, 0, ea)) == string(b.AppendKey(nil, 0, eb)) {
+			t.Errorf("gpt-4o-mini budget: team-a and team-b share a bucket; want one per client (refunds reach only their own)")
 		}
 	}
 	if r := set.Lookup(domain, entries("model", "llama-3.1-70b")); r != nil && r.Limits[0].MaxWait <= 0 {

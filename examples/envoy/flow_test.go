@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -45,6 +46,12 @@ func newGatewaySim(t *testing.T) *gatewaySim {
 // (in a synctest bubble: ratelimitd's waits sleep on the clock it reads).
 func newGatewaySimClock(t *testing.T, clk *clocktest.Clock) *gatewaySim {
 	t.Helper()
+	return newGatewaySimStore(t, clk, limiter.NewMemoryStore(limiter.MemoryOptions{}))
+}
+
+// newGatewaySimStore is newGatewaySimClock with ratelimitd on store.
+func newGatewaySimStore(t *testing.T, clk *clocktest.Clock, store limiter.Store) *gatewaySim {
+	t.Helper()
 	g := loadGateway(t)
 	rls := g.rateLimited(t)
 	if len(rls) != 1 {
@@ -54,7 +61,7 @@ func newGatewaySimClock(t *testing.T, clk *clocktest.Clock) *gatewaySim {
 	if len(vhs) != 1 {
 		t.Fatalf("%s: %d virtual hosts; this test models one", bootstrapFile, len(vhs))
 	}
-	opts := server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{})}
+	opts := server.Options{Store: store}
 	if clk != nil {
 		opts.Now = clk.Now
 	}
@@ -106,6 +113,13 @@ func (s *gatewaySim) route(c call) *routev3.Route {
 				ok = ok && present && v == sm.GetExact()
 			case sm.GetPrefix() != "":
 				ok = ok && present && strings.HasPrefix(v, sm.GetPrefix())
+			case sm.GetSafeRegex().GetRegex() != "":
+				// Envoy's safe_regex must match the whole value (RE2, as Go's).
+				re, err := regexp.Compile(`^(?:` + sm.GetSafeRegex().GetRegex() + `)$`)
+				if err != nil {
+					s.t.Fatalf("route %s: header %s: %v", r.GetName(), h.GetName(), err)
+				}
+				ok = ok && present && re.MatchString(v)
 			default:
 				s.t.Fatalf("route %s: header match %v is unknown to this test", r.GetName(), h)
 			}
@@ -117,7 +131,14 @@ func (s *gatewaySim) route(c call) *routev3.Route {
 	return nil
 }
 
-var dynamicMetadata = regexp.MustCompile(`^%DYNAMIC_METADATA\(([^:)]+):([^:)]+)\)%$`)
+var (
+	dynamicMetadata = regexp.MustCompile(`^%DYNAMIC_METADATA\(([^:)]+):([^:)]+)\)%$`)
+	requestHeader   = regexp.MustCompile(`^%REQ\(([^:)]+)\)%$`)
+)
+
+// maxHitsAddend is the largest hits_addend Envoy sends, from a number or a
+// format; a format that yields more, or no number, drops the descriptor.
+const maxHitsAddend = 1_000_000_000
 
 // descriptors are what the ratelimit filter sends for c on route r: at
 // request time, or (streamDone) after the response, when metadata holds
@@ -157,13 +178,21 @@ next:
 			case h.GetNumber() != nil:
 				d.HitsAddend = wrapperspb.UInt64(h.GetNumber().GetValue())
 			default:
-				m := dynamicMetadata.FindStringSubmatch(h.GetFormat())
-				if m == nil {
+				var n uint64
+				var ok bool
+				if m := dynamicMetadata.FindStringSubmatch(h.GetFormat()); m != nil {
+					n, ok = metadata[m[1]+":"+m[2]]
+				} else if m := requestHeader.FindStringSubmatch(h.GetFormat()); m != nil {
+					// Header names are case-insensitive; c.headers has them in lower case.
+					var v string
+					if v, ok = c.headers[strings.ToLower(m[1])]; ok {
+						n, ok = parseHits(v)
+					}
+				} else {
 					s.t.Fatalf("route %s: hits_addend format %q is unknown to this test", r.GetName(), h.GetFormat())
 				}
-				n, ok := metadata[m[1]+":"+m[2]]
-				if !ok {
-					continue // Envoy drops a descriptor whose hits_addend does not resolve
+				if !ok || n > maxHitsAddend {
+					continue // Envoy drops a descriptor whose hits_addend does not resolve to 0..1e9
 				}
 				d.HitsAddend = wrapperspb.UInt64(n)
 			}
@@ -171,6 +200,13 @@ next:
 		out = append(out, d)
 	}
 	return out
+}
+
+// parseHits reads a header value as Envoy reads a hits_addend format's
+// output: a non-negative decimal number.
+func parseHits(v string) (uint64, bool) {
+	n, err := strconv.ParseUint(v, 10, 64)
+	return n, err == nil
 }
 
 // outcome is what the gateway did with one request.
@@ -196,10 +232,12 @@ func (o outcome) header(name string) string {
 	return ""
 }
 
-// do sends c through the gateway. When the request is admitted and usage
-// is not nil, the response is taken to have left usage as dynamic metadata
-// and the stream-done call is made too, as Envoy does when the stream ends
-// (Envoy ignores its answer; so does do, beyond checking it is no error).
+// do sends c through the gateway. When usage is not nil the stream is taken
+// to end too, and the stream-done call is made, as Envoy does (it ignores
+// the answer; so does do, beyond checking it is no error): an admitted
+// request's response is taken to have left usage as dynamic metadata; a
+// denied one was answered by Envoy's own 429, which leaves none, and Envoy
+// still makes the stream-done call for it with whatever resolves without.
 func (s *gatewaySim) do(c call, usage map[string]uint64) outcome {
 	s.t.Helper()
 	r := s.route(c)
@@ -219,14 +257,13 @@ func (s *gatewaySim) do(c call, usage map[string]uint64) outcome {
 		}
 		o.resp = resp
 	}
-	if o.code() == rlsv3.RateLimitResponse_OVER_LIMIT || usage == nil {
+	if usage == nil {
 		return o
 	}
-	if ds := s.descriptors(r, c, true, usage); len(ds) > 0 {
-		if _, err := s.srv.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: s.domain, Descriptors: ds}); err != nil {
-			s.t.Fatalf("%v via route %s: stream-done ShouldRateLimit: %v", c, r.GetName(), err)
-		}
+	if o.code() == rlsv3.RateLimitResponse_OVER_LIMIT {
+		usage = map[string]uint64{}
 	}
+	s.streamDone(c, usage)
 	return o
 }
 
@@ -404,7 +441,9 @@ func TestConcurrencyFlow(t *testing.T) {
 		go func() { waiting <- s.do(req(16), nil) }()
 		synctest.Wait()
 		time.Sleep(200 * time.Millisecond)
-		s.streamDone(req(3)) // request 3's response is over
+		if ds := s.streamDone(req(3), nil); len(ds) != 1 { // request 3's response is over
+			t.Fatalf("request 3's stream done: %d descriptors sent, want 1 (the release)", len(ds))
+		}
 		if o := <-waiting; o.code() != ok || time.Since(start) != 200*time.Millisecond {
 			t.Errorf("request 16: %v after %v, want OK at request 3's release (200ms)", o.code(), time.Since(start))
 		}
@@ -420,15 +459,18 @@ func TestConcurrencyFlow(t *testing.T) {
 	})
 }
 
-// streamDone sends what Envoy sends for c once its stream is done.
-func (s *gatewaySim) streamDone(c call) {
+// streamDone sends what Envoy sends for c once its stream is done, with
+// metadata the dynamic metadata the response left, and returns the
+// descriptors of that call (none: no call).
+func (s *gatewaySim) streamDone(c call, metadata map[string]uint64) []*commonv3.RateLimitDescriptor {
 	s.t.Helper()
 	r := s.route(c)
-	ds := s.descriptors(r, c, true, nil)
+	ds := s.descriptors(r, c, true, metadata)
 	if len(ds) == 0 {
-		s.t.Fatalf("%v: route %s sends nothing when the stream is done", c, r.GetName())
+		return nil
 	}
 	if _, err := s.srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: s.domain, Descriptors: ds}); err != nil {
 		s.t.Fatalf("%v: stream-done ShouldRateLimit: %v", c, err)
 	}
+	return ds
 }
