@@ -27,8 +27,12 @@ func TestOverdraftRecordsStreamDoneCharges(t *testing.T) {
 	const file = `domain: ai
 descriptors:
   - key: model
-    rate_limit: {unit: minute, requests_per_unit: 1000}
+    rate_limit: {unit: day, requests_per_unit: 1000}
 `
+	// A day, not a minute: Redis expires a bucket's key by its own clock
+	// once the bucket would be full again (86.4 s for a token here), while
+	// the store decides on this test's clock (CallerClock); at 60 ms a
+	// token a busy machine let the key of the first request expire.
 	for _, backend := range []string{"memory", "redis"} {
 		for _, on := range []bool{true, false} {
 			name := backend + "/overdraft off"
@@ -67,11 +71,12 @@ descriptors:
 					}
 					return
 				}
-				// 501 tokens of debt at 60 ms a token: 30.06 s, 31 in whole seconds.
-				if r.GetOverallCode() != over || header(r, "retry-after") != "31" {
-					t.Fatalf("check after the charge: %v Retry-After %q, want OVER_LIMIT 31", r.GetOverallCode(), header(r, "retry-after"))
+				// 501 tokens of debt at 86.4 s a token: 43286.4 s, 43287 in
+				// whole seconds.
+				if r.GetOverallCode() != over || header(r, "retry-after") != "43287" {
+					t.Fatalf("check after the charge: %v Retry-After %q, want OVER_LIMIT 43287", r.GetOverallCode(), header(r, "retry-after"))
 				}
-				clock.Advance(30060*time.Millisecond - time.Microsecond)
+				clock.Advance(43286400*time.Millisecond - time.Microsecond)
 				if r := check(); r.GetOverallCode() != over || header(r, "retry-after") != "1" {
 					t.Fatalf("a µs before paid: %v Retry-After %q, want OVER_LIMIT 1", r.GetOverallCode(), header(r, "retry-after"))
 				}
