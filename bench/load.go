@@ -221,8 +221,15 @@ type Result struct {
 	// 20 ms on a loaded machine, and DecidedShare measures how many did.
 	Strict bool `json:"strict,omitempty"`
 	// Capped reports that --max-requests ended the phase before --duration.
-	Capped bool        `json:"capped,omitempty"`
-	Redis  *RedisUsage `json:"redis,omitempty"`
+	Capped bool `json:"capped,omitempty"`
+	// Attack is what the attackers did beside this run's legitimate load
+	// (nil but in an attack cell: see attack.go); Baseline names the case
+	// it is compared with, on the same target, and AttackMinRatio the
+	// least share of the baseline's throughput that passes.
+	Attack         *AttackUsage `json:"attack,omitempty"`
+	Baseline       string       `json:"baseline_case,omitempty"`
+	AttackMinRatio float64      `json:"attack_min_ratio,omitempty"`
+	Redis          *RedisUsage  `json:"redis,omitempty"`
 	// Floor ratios, set when a floor was measured in the same run.
 	ThroughputVsFloor float64 `json:"throughput_vs_floor,omitempty"`
 	P50VsFloor        float64 `json:"p50_vs_floor,omitempty"`
@@ -277,7 +284,7 @@ func load(ctx context.Context, o loadOptions, lat []int64) (Result, error) {
 	}
 	voc := newVocabulary(o.mix.keyspace)
 	if o.prime && o.mix.mix == MixMixed {
-		failed, err := prime(ctx, conns[0], voc, min(o.concurrency, 16))
+		failed, err := prime(ctx, conns[0], o.mix.domainName(), voc, min(o.concurrency, 16))
 		if err != nil {
 			return Result{}, err
 		}

@@ -38,6 +38,14 @@ type matrixOptions struct {
 	asJSON       bool
 	// allowErrors reports errors in strict cells without failing the run.
 	allowErrors bool
+	// attack adds the attack cells (see attackCells): the legitimate mixed
+	// load at attackConc, without and with attackers as attackers say,
+	// against ratelimitd on each backend; the run fails when the attacked
+	// throughput is below attackMinRatio of the baseline's.
+	attack         bool
+	attackConc     int
+	attackers      attackOptions // clients, rate and valueBytes
+	attackMinRatio float64
 }
 
 // target is one server the matrix loads.
@@ -88,6 +96,11 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 	configDir := filepath.Join(tmp, "config")
 	if _, err := writeConfig(configDir); err != nil {
 		return err
+	}
+	if o.attack {
+		if err := writeAttackConfig(configDir); err != nil {
+			return err
+		}
 	}
 
 	floorAddr, _, err := procs.start(ctx, "floor", self, []string{"floor", "--addr", "127.0.0.1:0"}, jsonReady(floorStartedMsg))
@@ -147,28 +160,38 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 		}
 	}
 
-	// Spend every abuser's token once per server, so the mixed load's
-	// over-limit share is over the limit from its first call.
-	for _, t := range targets {
-		lo := o.load
-		lo.addr, lo.concurrency = t.addr, 16
-		failed, err := primeTarget(ctx, lo)
-		if err != nil {
-			return fmt.Errorf("%s: %w", t.name, err)
-		}
-		if failed > 0 {
-			fmt.Fprintf(stderr, "ratelimit-bench: %s: priming: %d of %d abuser calls failed; those buckets admit one call each\n", t.name, failed, lo.mix.keyspace)
+	// Spend every abuser's token once per server and domain, so the mixed
+	// load's over-limit share is over the limit from its first call.
+	cells := matrixCells(o, targets)
+	type primed struct{ target, domain string }
+	done := map[primed]bool{}
+	for _, c := range cells {
+		for _, i := range c.targets {
+			t := targets[i]
+			lo := o.load
+			lo.addr, lo.concurrency, lo.mix.domain = t.addr, 16, c.domain
+			if done[primed{t.name, lo.mix.domainName()}] {
+				continue
+			}
+			done[primed{t.name, lo.mix.domainName()}] = true
+			failed, err := primeTarget(ctx, lo)
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.name, err)
+			}
+			if failed > 0 {
+				fmt.Fprintf(stderr, "ratelimit-bench: %s: priming %s: %d of %d abuser calls failed; those buckets admit one call each\n",
+					t.name, lo.mix.domainName(), failed, lo.mix.keyspace)
+			}
 		}
 	}
 
-	cells := matrixCells(o, targets)
 	lat := make([]int64, o.load.maxRequests) // one buffer, reused by every run
 	rep := report{Settings: settingsOf(o.load, o.rounds)}
 	total := 0
 	for _, c := range cells {
 		total += len(c.targets) * o.rounds
 	}
-	done := 0
+	run := 0
 	for _, c := range cells {
 		byTarget := make([][]Result, len(c.targets))
 		for r := range o.rounds {
@@ -178,17 +201,18 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 				t := targets[c.targets[j]]
 				lo := o.load
 				lo.addr, lo.redisAddr, lo.concurrency, lo.timeout = t.addr, t.redisAddr, c.conc, c.timeout
-				lo.mix.mix = c.mix
+				lo.mix.mix, lo.mix.domain = c.mix, c.domain
 				lo.seed = o.load.seed + uint64(r)
 				lo.warnings = stderr
-				done++
-				fmt.Fprintf(stderr, "[%d/%d] %s against %s (%s)\n", done, total, c.name, t.name, t.addr)
-				res, err := load(ctx, lo, lat)
+				run++
+				fmt.Fprintf(stderr, "[%d/%d] %s against %s (%s)\n", run, total, c.name, t.name, t.addr)
+				res, err := loadCell(ctx, c, lo, lat)
 				if err != nil {
 					return fmt.Errorf("%s against %s: %w", c.name, t.name, err)
 				}
 				res.Case, res.Target = c.name, t.name
 				res.Strict = c.kind == cellStrict
+				res.Baseline, res.AttackMinRatio = c.baseline, c.minRatio
 				byTarget[j] = append(byTarget[j], res)
 			}
 		}
@@ -219,10 +243,10 @@ func (o matrixOptions) finish(rep report, stdout, stderr io.Writer) error {
 	} else {
 		err = writeTable(stdout, rep)
 	}
-	if err != nil || len(sum.FailedCells) == 0 {
+	if err != nil || len(sum.FailedCells)+len(sum.AttackShortfalls) == 0 {
 		return err
 	}
-	failed := cellErrors{cells: sum.FailedCells}
+	failed := cellErrors{cells: append(slices.Clone(sum.FailedCells), sum.AttackShortfalls...)}
 	if o.allowErrors {
 		fmt.Fprintf(stderr, "ratelimit-bench: --allow-errors: %v\n", failed)
 		return nil
@@ -249,16 +273,24 @@ const (
 type cell struct {
 	name    string // as the results show it: "mixed c=64", "mixed c=64 20ms deadline"
 	mix     Mix
+	domain  string // of the mix's calls; "" for benchDomain
 	conc    int
 	timeout time.Duration // each call's client deadline
 	kind    cellKind
-	targets []int // indices into the run's targets, the floor's first
+	targets []int // indices into the run's targets, the floor's first if it is one
+	// attack, when set, runs attackers beside the load (see startAttack);
+	// baseline names the cell its throughput is compared with, and
+	// minRatio the least share of the baseline's that passes.
+	attack   *attackOptions
+	baseline string
+	minRatio float64
 }
 
 // matrixCells lists the cells of a run against targets (the floor first):
 // the mixed load at each of o.concurrencies and the hot key at o.hotConc
 // (if o.hotKey), strict, against every target with the client deadline
-// o.load.timeout; then the mixed load at each of o.shortConcs with the
+// o.load.timeout; then the attack cells (see attackCells, if o.attack);
+// then the mixed load at each of o.shortConcs with the
 // deadline o.shortTimeout against the floor and ratelimitd on Redis only
 // (none without the Redis backend).
 func matrixCells(o matrixOptions, targets []target) []cell {
@@ -276,6 +308,7 @@ func matrixCells(o matrixOptions, targets []target) []cell {
 	if o.hotKey {
 		cells = append(cells, strict(MixHot, o.hotConc))
 	}
+	cells = append(cells, attackCells(o, targets)...)
 	floor, redis := slices.IndexFunc(targets, func(t target) bool { return t.name == "floor" }),
 		slices.IndexFunc(targets, func(t target) bool { return t.name == "redis" })
 	if floor < 0 || redis < 0 {
@@ -295,7 +328,7 @@ func matrixCells(o matrixOptions, targets []target) []cell {
 type cellErrors struct{ cells []string }
 
 func (e cellErrors) Error() string {
-	return fmt.Sprintf("%d cell(s) against a healthy backend had errors (--allow-errors reports them without failing): %s",
+	return fmt.Sprintf("%d cell(s) against a healthy backend failed (--allow-errors reports them without failing): %s",
 		len(e.cells), strings.Join(e.cells, "; "))
 }
 
@@ -316,6 +349,7 @@ func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 	fs.StringVar(&o.ratelimitd, "ratelimitd", "", "ratelimitd binary to run (default: go build it into a temporary directory)")
 	fs.StringVar(&o.goTool, "go", "go", "go command used to build ratelimitd")
 	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "redis-server binary")
+	addAttackFlags(fs, &o)
 	fs.StringVar(&serverFlags, "server-flags", "", "extra flags for every ratelimitd, space-separated")
 	fs.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
@@ -353,6 +387,7 @@ func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 	if o.rounds < 1 || o.rounds > 100 {
 		errs = append(errs, fmt.Errorf("--rounds %d: want 1 to 100", o.rounds))
 	}
+	errs = append(errs, o.validateAttack()...)
 	o.serverFlags = strings.Fields(serverFlags)
 	// Validate the shared load options with placeholders for the per-cell ones.
 	check := o.load
@@ -454,5 +489,5 @@ func primeTarget(ctx context.Context, o loadOptions) (failed int64, err error) {
 		return 0, fmt.Errorf("dial %s: %w", o.addr, err)
 	}
 	defer cc.Close()
-	return prime(ctx, rlsv3.NewRateLimitServiceClient(cc), newVocabulary(o.mix.keyspace), o.concurrency)
+	return prime(ctx, rlsv3.NewRateLimitServiceClient(cc), o.mix.domainName(), newVocabulary(o.mix.keyspace), o.concurrency)
 }

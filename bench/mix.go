@@ -88,6 +88,16 @@ type mixParams struct {
 	keyspace       int     // distinct first-entry values
 	overLimitShare float64 // of requests sent to exhausted rules
 	zipfS          float64 // Zipf exponent, > 1
+	// domain is the requests' domain; "" means benchDomain.
+	domain string
+}
+
+// domainName is the requests' domain.
+func (p mixParams) domainName() string {
+	if p.domain == "" {
+		return benchDomain
+	}
+	return p.domain
 }
 
 // vocabulary is the read-only set of values the mixers draw from, built
@@ -140,7 +150,7 @@ func newMixer(p mixParams, voc *vocabulary, seed uint64) *mixer {
 	for i := range m.entries {
 		m.entries[i] = &ratelimitv3.RateLimitDescriptor_Entry{}
 	}
-	m.req = &rlsv3.RateLimitRequest{Domain: benchDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{m.desc}}
+	m.req = &rlsv3.RateLimitRequest{Domain: p.domainName(), Descriptors: []*ratelimitv3.RateLimitDescriptor{m.desc}}
 	if p.mix == MixHot {
 		m.entries[0].Key, m.entries[0].Value = "hot", "key"
 		m.desc.Entries = m.entries[:1]
@@ -168,12 +178,12 @@ func (m *mixer) next() (req *rlsv3.RateLimitRequest, aimedOver bool) {
 	return m.req, aimedOver
 }
 
-// prime spends the single token of every abuser bucket (one call per
+// prime spends the single token of every abuser bucket of domain (one call per
 // keyspace value, from conc goroutines), so that the traffic aimed over the
 // limit is over it from the first measured call. It is best effort: a call
 // that fails is retried twice, then counted in failed. It is bounded by the
 // keyspace, the retries and ctx (at most a minute).
-func prime(ctx context.Context, client rlsv3.RateLimitServiceClient, voc *vocabulary, conc int) (failed int64, err error) {
+func prime(ctx context.Context, client rlsv3.RateLimitServiceClient, domain string, voc *vocabulary, conc int) (failed int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	var next, fails atomic.Int64
@@ -181,7 +191,7 @@ func prime(ctx context.Context, client rlsv3.RateLimitServiceClient, voc *vocabu
 	for range conc {
 		wg.Go(func() {
 			entry := &ratelimitv3.RateLimitDescriptor_Entry{Key: "abuser"}
-			req := &rlsv3.RateLimitRequest{Domain: benchDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			req := &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{
 				{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{entry}},
 			}}
 			for ctx.Err() == nil {

@@ -37,6 +37,12 @@ type summary struct {
 	// FailedCells names each strict cell that had an error (see
 	// failedCells); the run fails if there is any.
 	FailedCells []string `json:"failed_cells,omitempty"`
+	// AttackPairs set each attack cell beside its baseline (see
+	// attackPairs); AttackShortfalls name those whose legitimate
+	// throughput fell short (see attackShortfalls): the run fails if
+	// there is any.
+	AttackPairs      []attackPair `json:"attack,omitempty"`
+	AttackShortfalls []string     `json:"attack_shortfalls,omitempty"`
 }
 
 // deadlineShares are the shares of calls answered with a decision within
@@ -79,6 +85,8 @@ func summarize(rs []Result) summary {
 		}
 	}
 	s.FailedCells = failedCells(rs)
+	s.AttackPairs = attackPairs(rs)
+	s.AttackShortfalls = attackShortfalls(s.AttackPairs)
 	return s
 }
 
@@ -225,8 +233,8 @@ func percent(share float64) string {
 	return strconv.FormatFloat(math.Floor(share*10_000+1e-6)/100, 'f', 2, 64) + "%"
 }
 
-// writeSummary prints the lines the targets are read from, and the strict
-// cells that had errors.
+// writeSummary prints the lines the targets are read from, the attack
+// cells beside their baselines, and the cells that failed.
 func writeSummary(w io.Writer, s summary) {
 	if s.RedisP50VsScriptFloor > 0 {
 		fmt.Fprintf(w, "mixed c=1: p50 of ratelimitd on Redis ÷ the script floor's = %.2f (%s ÷ %s)\n",
@@ -235,6 +243,12 @@ func writeSummary(w io.Writer, s summary) {
 	for _, d := range s.ShortDeadline {
 		fmt.Fprintf(w, "%s: calls answered with a decision within %gms: ratelimitd on Redis %s, floor %s\n",
 			d.Case, d.TimeoutMs, percent(d.Redis), percent(d.Floor))
+	}
+	for _, p := range s.AttackPairs {
+		fmt.Fprintln(w, p)
+	}
+	if len(s.AttackShortfalls) > 0 {
+		fmt.Fprintf(w, "attack cells below their minimum: %s\n", strings.Join(s.AttackShortfalls, "; "))
 	}
 	if len(s.FailedCells) == 0 {
 		fmt.Fprintln(w, "errors in strict cells: none")
