@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -145,8 +146,7 @@ type AttackUsage struct {
 	FirstError  string           `json:"first_error,omitempty"`
 	CallsPerSec float64          `json:"calls_per_sec"`
 	// Skipped counts the ticks at which an attacker sent nothing because
-	// attackMaxInFlight of its calls were unanswered (or the count cap was
-	// reached).
+	// attackMaxInFlight of its calls were unanswered.
 	Skipped int64 `json:"skipped"`
 }
 
@@ -171,7 +171,8 @@ type attack struct {
 // call of domain attackDomain with the single entry client=<one of
 // attackValues>, without waiting for the last to be answered (at most
 // attackMaxInFlight unanswered), each with the client deadline o.timeout,
-// until stop, o.limit or o.maxCalls, or ctx is done.
+// until stop, o.limit or ctx is done, or o.maxCalls calls have been sent
+// by all of them together (never more).
 func startAttack(ctx context.Context, addr string, o attackOptions) (*attack, error) {
 	if err := checkLoopback(addr); err != nil {
 		return nil, fmt.Errorf("attack: %w", err)
@@ -218,8 +219,7 @@ func (a *attack) run(ctx context.Context, client rlsv3.RateLimitServiceClient, v
 			if a.sent.Add(1) > a.o.maxCalls {
 				a.sent.Add(-1)
 				<-inFlight
-				a.skipped.Add(1)
-				break
+				return // the count cap: this attacker is done
 			}
 			req := &rlsv3.RateLimitRequest{Domain: attackDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{
 				{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: values[k%2]}}},
@@ -338,8 +338,8 @@ func attackShortfalls(pairs []attackPair) []string {
 		case p.BasePerS == 0:
 			out = append(out, fmt.Sprintf("%s against %s: no baseline throughput (%s) to compare with", p.Case, p.Target, p.Baseline))
 		default:
-			out = append(out, fmt.Sprintf("%s against %s: legitimate throughput %.2f of the baseline's (want at least %.2f)",
-				p.Case, p.Target, p.Ratio, p.MinRatio))
+			out = append(out, fmt.Sprintf("%s against %s: legitimate throughput %s of the baseline's (want at least %.2f)",
+				p.Case, p.Target, ratioDown(p.Ratio), p.MinRatio))
 		}
 	}
 	return out
@@ -352,8 +352,8 @@ func (p attackPair) String() string {
 		verdict = "TOO LOW"
 	}
 	a := p.Attackers
-	s := fmt.Sprintf("%s against %s: legitimate %.0f decisions/s under attack ÷ %.0f baseline = %.2f (want ≥ %.2f): %s; %d legitimate error(s); attackers: %d × %s values, %d calls (%.1f/s of %g/s), %d decided, %s error(s)",
-		p.Case, p.Target, p.AttackedPerS, p.BasePerS, p.Ratio, p.MinRatio, verdict, p.LegitErrors,
+	s := fmt.Sprintf("%s against %s: legitimate %.0f decisions/s under attack ÷ %.0f baseline = %s (want ≥ %.2f): %s; %d legitimate error(s); attackers: %d × %s values, %d calls (%.1f/s of %g/s), %d decided, %s error(s)",
+		p.Case, p.Target, p.AttackedPerS, p.BasePerS, ratioDown(p.Ratio), p.MinRatio, verdict, p.LegitErrors,
 		a.Clients, byteSize(a.ValueBytes), a.Calls, a.CallsPerSec, a.TargetRate, a.Decided,
 		errorsCell(Result{Errors: a.Errors, ErrorsTotal: a.Errors, ErrorKind: a.ErrorKind}))
 	if a.Skipped > 0 {
@@ -363,6 +363,12 @@ func (p attackPair) String() string {
 		s += ", first " + truncate(a.FirstError, tableErrorLen)
 	}
 	return s
+}
+
+// ratioDown prints a ratio rounded down to two decimals, so that one
+// printed as the minimum is not below it.
+func ratioDown(r float64) string {
+	return strconv.FormatFloat(math.Floor(r*100+1e-9)/100, 'f', 2, 64)
 }
 
 // byteSize prints n bytes as KiB when whole: 60 KiB, 100 B.

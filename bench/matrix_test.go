@@ -62,8 +62,10 @@ func TestParseMatrixFlags(t *testing.T) {
 }
 
 // TestMatrixCells: with the default flags every strict cell runs against
-// every target with the 2 s deadline, and the short-deadline cells against
-// the floor and ratelimitd on Redis alone; without Redis there are none.
+// every target with the 2 s deadline, but the attack cells (a baseline and
+// an attacked run at c=64, back to back, against each ratelimitd alone),
+// and the short-deadline cells against the floor and ratelimitd on Redis
+// alone; without Redis there are none.
 func TestMatrixCells(t *testing.T) {
 	o, err := parseMatrixFlags(nil, io.Discard)
 	if err != nil {
@@ -90,6 +92,10 @@ func TestMatrixCells(t *testing.T) {
 			{"mixed c=256", 256, 2 * time.Second, cellStrict, every},
 			{"mixed c=1024", 1024, 2 * time.Second, cellStrict, every},
 			{"hot-key c=64", 64, 2 * time.Second, cellStrict, every},
+			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{2}},
+			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{2}},
+			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{5}},
+			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{5}},
 			{"mixed c=64 20ms deadline", 64, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
 			{"mixed c=256 20ms deadline", 256, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
 		}},
@@ -100,6 +106,8 @@ func TestMatrixCells(t *testing.T) {
 			{"mixed c=256", 256, 2 * time.Second, cellStrict, every[:3]},
 			{"mixed c=1024", 1024, 2 * time.Second, cellStrict, every[:3]},
 			{"hot-key c=64", 64, 2 * time.Second, cellStrict, every[:3]},
+			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{2}},
+			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{2}},
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
