@@ -34,7 +34,10 @@
 // short-deadline cells (--short-timeout, Envoy's default 20 ms, at
 // --short-concurrency) set the share of calls ratelimitd on Redis answers
 // within that deadline beside the floor's; calls that miss it are shown
-// but do not fail the run.
+// but do not fail the run. Its attack cells (see attack.go) set the
+// mixed load's throughput beside attackers sending 60 KiB values to a
+// level with 400 wildcard rules against its own without them, and fail
+// the run below --attack-min-ratio.
 //
 // It is a tool beside the product, not part of it, so it lives in bench/
 // rather than cmd/ (which lists what an operator installs); `make bench`
@@ -136,6 +139,7 @@ Usage:
   ratelimit-bench run [flags]                     start the floors, ratelimitd and redis-server,
                                                   run the matrix, print ratios to the floor;
                                                   exit 1 if a call failed in a strict cell
+                                                  or an attack cell fell below its baseline
   ratelimit-bench --write-config DIR              write the descriptor file the load expects
   ratelimit-bench COMMAND --help                  list a command's flags
 
