@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -228,7 +229,7 @@ func TestAttackCells(t *testing.T) {
 	}
 	for i, c := range cells {
 		w := want[i]
-		if c.name != w.name || c.baseline != w.baseline || len(c.targets) != 1 || c.targets[0] != w.target || (c.attack != nil) != w.attacked ||
+		if c.name != w.name || c.baseline != w.baseline || len(c.targets) != 1 || c.targets[0] != w.target || (c.attack != nil) != w.attacked || c.interleave != w.attacked ||
 			c.kind != cellStrict || c.domain != attackDomain || c.conc != 64 || c.mix != MixMixed {
 			t.Errorf("cell %d = %+v, want %+v, strict, mixed at c=64 on %s", i, c, w, attackDomain)
 		}
@@ -382,5 +383,42 @@ func TestFinishAttack(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCellGroups: an interleaved cell joins the group of the cell before
+// it, and a group's cells alternate their order round by round.
+func TestCellGroups(t *testing.T) {
+	o, err := parseMatrixFlags([]string{"--concurrency", "1,64", "--hot-key=false"}, new(bytes.Buffer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := []target{{name: "floor"}, {name: "memory"}, {name: "redis"}}
+	var got []string
+	for _, g := range cellGroups(matrixCells(o, all)) {
+		var names []string
+		for _, c := range g {
+			names = append(names, c.name+" "+all[c.targets[0]].name)
+		}
+		got = append(got, strings.Join(names, " + "))
+	}
+	want := []string{
+		"mixed c=1 floor", "mixed c=64 floor",
+		"attack-baseline c=64 memory + attack c=64 4×48/s memory",
+		"attack-baseline c=64 redis + attack c=64 4×48/s redis",
+		"mixed c=64 20ms deadline floor", "mixed c=256 20ms deadline floor",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("cellGroups =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, tt := range []struct {
+		n, r int
+		want string
+	}{
+		{2, 0, "[0 1]"}, {2, 1, "[1 0]"}, {2, 2, "[0 1]"}, {1, 1, "[0]"}, {3, 1, "[2 1 0]"},
+	} {
+		if got := fmt.Sprint(roundOrder(tt.n, tt.r)); got != tt.want {
+			t.Errorf("roundOrder(%d, %d) = %s, want %s", tt.n, tt.r, got, tt.want)
+		}
 	}
 }

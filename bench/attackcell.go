@@ -46,9 +46,9 @@ func (o matrixOptions) validateAttack() []error {
 // attackCells are the attack cells of a run against targets, if o.attack:
 // the mixed load at o.attackConc on attackDomain against ratelimitd on
 // each backend (targets memory and redis), first alone (the baseline),
-// then beside o.attackers. Both are strict, and each has one target, so
-// that a backend's baseline and attacked run follow one another (a shared
-// machine's load drifts less between them than across the matrix). The attackers are bounded in
+// then beside o.attackers. Both are strict, and each has one target; the
+// attacked cell is interleaved with its baseline (round by round, in
+// turn: see cellGroups), so that a shared machine's drift falls on both. The attackers are bounded in
 // time by the cell's warm-up, duration and two client deadlines (each
 // call's is o.load.timeout), and in count by their rate over that time.
 func attackCells(o matrixOptions, targets []target) []cell {
@@ -70,7 +70,7 @@ func attackCells(o matrixOptions, targets []target) []cell {
 		}
 		attacked := base
 		attacked.name = fmt.Sprintf("attack c=%d %d×%g/s", o.attackConc, a.clients, a.rate/float64(a.clients))
-		attacked.attack, attacked.baseline, attacked.minRatio = &a, base.name, o.attackMinRatio
+		attacked.attack, attacked.baseline, attacked.minRatio, attacked.interleave = &a, base.name, o.attackMinRatio, true
 		cells = append(cells, base, attacked)
 	}
 	return cells

@@ -192,39 +192,50 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 		total += len(c.targets) * o.rounds
 	}
 	run := 0
-	for _, c := range cells {
-		byTarget := make([][]Result, len(c.targets))
+	// Each group of cells (a cell and those after it marked interleave)
+	// runs round by round, the group's cells in turn, so that cells meant
+	// to be compared see the same drift of a shared machine.
+	for _, group := range cellGroups(cells) {
+		byCell := make([][][]Result, len(group))
+		for i, c := range group {
+			byCell[i] = make([][]Result, len(c.targets))
+		}
 		for r := range o.rounds {
-			// Rotate the order each round so no target always goes first.
-			for k := range c.targets {
-				j := (k + r) % len(c.targets)
-				t := targets[c.targets[j]]
-				lo := o.load
-				lo.addr, lo.redisAddr, lo.concurrency, lo.timeout = t.addr, t.redisAddr, c.conc, c.timeout
-				lo.mix.mix, lo.mix.domain = c.mix, c.domain
-				lo.seed = o.load.seed + uint64(r)
-				lo.warnings = stderr
-				run++
-				fmt.Fprintf(stderr, "[%d/%d] %s against %s (%s)\n", run, total, c.name, t.name, t.addr)
-				res, err := loadCell(ctx, c, lo, lat)
-				if err != nil {
-					return fmt.Errorf("%s against %s: %w", c.name, t.name, err)
+			for _, i := range roundOrder(len(group), r) {
+				c := group[i]
+				// Rotate the order each round so no target always goes first.
+				for k := range c.targets {
+					j := (k + r) % len(c.targets)
+					t := targets[c.targets[j]]
+					lo := o.load
+					lo.addr, lo.redisAddr, lo.concurrency, lo.timeout = t.addr, t.redisAddr, c.conc, c.timeout
+					lo.mix.mix, lo.mix.domain = c.mix, c.domain
+					lo.seed = o.load.seed + uint64(r)
+					lo.warnings = stderr
+					run++
+					fmt.Fprintf(stderr, "[%d/%d] %s against %s (%s)\n", run, total, c.name, t.name, t.addr)
+					res, err := loadCell(ctx, c, lo, lat)
+					if err != nil {
+						return fmt.Errorf("%s against %s: %w", c.name, t.name, err)
+					}
+					res.Case, res.Target = c.name, t.name
+					res.Strict = c.kind == cellStrict
+					res.Baseline, res.AttackMinRatio = c.baseline, c.minRatio
+					byCell[i][j] = append(byCell[i][j], res)
 				}
-				res.Case, res.Target = c.name, t.name
-				res.Strict = c.kind == cellStrict
-				res.Baseline, res.AttackMinRatio = c.baseline, c.minRatio
-				byTarget[j] = append(byTarget[j], res)
 			}
 		}
-		var floor Result
-		for j, rs := range byTarget {
-			m := median(rs)
-			if targets[c.targets[j]].name == "floor" {
-				floor = m
-			} else {
-				m.withRatios(floor)
+		for i, c := range group {
+			var floor Result
+			for j, rs := range byCell[i] {
+				m := median(rs)
+				if targets[c.targets[j]].name == "floor" {
+					floor = m
+				} else {
+					m.withRatios(floor)
+				}
+				rep.Results = append(rep.Results, m)
 			}
-			rep.Results = append(rep.Results, m)
 		}
 	}
 	return o.finish(rep, stdout, stderr)
@@ -284,6 +295,37 @@ type cell struct {
 	attack   *attackOptions
 	baseline string
 	minRatio float64
+	// interleave runs this cell's rounds in turn with the cell before it
+	// (see cellGroups), as an attacked cell with its baseline.
+	interleave bool
+}
+
+// cellGroups splits cells into groups: each cell with those after it that
+// are marked interleave.
+func cellGroups(cells []cell) [][]cell {
+	var groups [][]cell
+	for i, c := range cells {
+		if c.interleave && i > 0 {
+			groups[len(groups)-1] = append(groups[len(groups)-1], c)
+			continue
+		}
+		groups = append(groups, []cell{c})
+	}
+	return groups
+}
+
+// roundOrder is the order in which round r runs the n cells of a group:
+// forwards in even rounds, backwards in odd ones (A B, B A, A B …), so
+// that no cell always runs first.
+func roundOrder(n, r int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+		if r%2 == 1 {
+			order[i] = n - 1 - i
+		}
+	}
+	return order
 }
 
 // matrixCells lists the cells of a run against targets (the floor first):
