@@ -303,13 +303,7 @@ type leaseShard struct {
 // NewMemoryLeases returns an empty MemoryLeases; opts.Shards as for
 // NewMemoryStore (default 256).
 func NewMemoryLeases(opts MemoryOptions) *MemoryLeases {
-	n := 1
-	for n < max(opts.Shards, 1) {
-		n <<= 1
-	}
-	if opts.Shards == 0 {
-		n = 256
-	}
+	n := opts.shardCount()
 	m := &MemoryLeases{seed: maphash.MakeSeed(), shards: make([]leaseShard, n)}
 	for i := range m.shards {
 		m.shards[i].pools = make(map[string]*leasePool)

@@ -46,15 +46,22 @@ type MemoryOptions struct {
 	Shards int
 }
 
-// NewMemoryStore returns an empty MemoryStore.
-func NewMemoryStore(opts MemoryOptions) *MemoryStore {
+// shardCount returns the number of shards opts asks for: Shards rounded up
+// to a power of two, or 256 when Shards is zero.
+func (opts MemoryOptions) shardCount() int {
+	if opts.Shards == 0 {
+		return 256
+	}
 	n := 1
 	for n < max(opts.Shards, 1) {
 		n <<= 1
 	}
-	if opts.Shards == 0 {
-		n = 256
-	}
+	return n
+}
+
+// NewMemoryStore returns an empty MemoryStore.
+func NewMemoryStore(opts MemoryOptions) *MemoryStore {
+	n := opts.shardCount()
 	m := &MemoryStore{seed: maphash.MakeSeed(), shards: make([]memoryShard, n)}
 	for i := range m.shards {
 		m.shards[i].buckets = make(map[string]State)
