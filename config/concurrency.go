@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -106,15 +105,7 @@ func (r *Rule) AppendPool(dst []byte, entries []Entry) []byte {
 		}
 		return dst
 	}
-	for i, e := range above {
-		dst = appendPart(dst, e.Key)
-		if i < len(r.levels) && r.levels[i].shareThreshold {
-			dst = appendPart(dst, r.levels[i].value)
-			continue
-		}
-		dst = appendPart(dst, e.Value)
-	}
-	return dst
+	return r.appendEntries(dst, above)
 }
 
 // PoolLabel names the pool of entries for people (the /limits page): the
@@ -190,18 +181,9 @@ func (p *parser) concurrency(f field, path, pre string) *Concurrency {
 			c.MaxWait = d
 		}
 	}
-	if g, has := fields["max_waiters"]; has {
-		_, hasWait := fields["max_wait"]
-		n, good := p.positive(g.val, path, dot(pre, "max_waiters"), math.MaxInt32)
-		switch {
-		case !good:
-			ok = false
-		case !hasWait:
-			p.errorf(g.key, path, "%s: only means something with max_wait", dot(pre, "max_waiters"))
-			ok = false
-		default:
-			c.MaxWaiters = int(n)
-		}
+	var good bool
+	if c.MaxWaiters, good = p.maxWaiters(fields, path, pre, c.MaxWait); !good {
+		ok = false
 	}
 	if g, has := fields["name"]; has {
 		s, good := p.str(g.val, path, dot(pre, "name"))
@@ -214,9 +196,6 @@ func (p *parser) concurrency(f field, path, pre string) *Concurrency {
 		default:
 			c.Name = s
 		}
-	}
-	if c.MaxWait > 0 && c.MaxWaiters == 0 {
-		c.MaxWaiters = DefaultMaxWaiters
 	}
 	if !ok {
 		return nil

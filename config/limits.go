@@ -122,21 +122,9 @@ func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string,
 			ok = false
 		}
 	}
-	if g, has := fields["max_waiters"]; has {
-		_, hasWait := fields["max_wait"] // an invalid max_wait is reported on its own
-		n, good := p.positive(g.val, path, dot(pre, "max_waiters"), math.MaxInt32)
-		switch {
-		case !good:
-			ok = false
-		case !hasWait:
-			p.errorf(g.key, path, "%s: only means something with max_wait", dot(pre, "max_waiters"))
-			ok = false
-		default:
-			rl.MaxWaiters = int(n)
-		}
-	}
-	if rl.MaxWait > 0 && rl.MaxWaiters == 0 {
-		rl.MaxWaiters = DefaultMaxWaiters
+	var good bool
+	if rl.MaxWaiters, good = p.maxWaiters(fields, path, pre, rl.MaxWait); !good {
+		ok = false
 	}
 	if !ok {
 		return rl, false, false
@@ -231,6 +219,31 @@ func years(n int64, l limiter.Limit) string {
 		s = "just over " + strconv.FormatFloat(maxFillYears, 'g', -1, 64)
 	}
 	return s + " years"
+}
+
+// maxWaiters reads the max_waiters field of fields (a rate limit's or a
+// concurrency block's, named pre): a count from 1 to MaxInt32 that only
+// means something beside max_wait. Absent, it is DefaultMaxWaiters when
+// maxWait (the max_wait already read) is positive, else 0. It reports any
+// problem and returns false if there was one.
+func (p *parser) maxWaiters(fields map[string]field, path, pre string, maxWait time.Duration) (int, bool) {
+	g, has := fields["max_waiters"]
+	if !has {
+		if maxWait > 0 {
+			return DefaultMaxWaiters, true
+		}
+		return 0, true
+	}
+	_, hasWait := fields["max_wait"] // an invalid max_wait is reported on its own
+	n, good := p.positive(g.val, path, dot(pre, "max_waiters"), math.MaxInt32)
+	switch {
+	case !good:
+		return 0, false
+	case !hasWait:
+		p.errorf(g.key, path, "%s: only means something with max_wait", dot(pre, "max_waiters"))
+		return 0, false
+	}
+	return int(n), true
 }
 
 // duration reads a Go duration ("2s", "500ms").
