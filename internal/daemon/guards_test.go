@@ -25,6 +25,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/redact"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
 	"github.com/ratelimitd/ratelimitd/internal/xdstest"
 )
@@ -98,7 +99,7 @@ func TestDaemonRedactsValues(t *testing.T) {
 		if got := resp.Header.Get("X-Content-Type-Options"); got != "nosniff" {
 			t.Errorf("GET %s: X-Content-Type-Options %q, want nosniff", path, got)
 		}
-		_, body := get(t, "http://"+httpAddr+path)
+		_, body := servertest.Get(t, "http://"+httpAddr+path)
 		if strings.Contains(body, key) || !strings.Contains(body, want) {
 			t.Errorf("GET %s shows the value as it is, or not as %q:\n%s", path, want, body)
 		}

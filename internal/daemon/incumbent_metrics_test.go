@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // incumbentConfig has a rule of each shape whose incumbent stat key
@@ -35,7 +36,7 @@ descriptors:
 // and labels as written ("name{a=\"1\"}").
 func scrape(t *testing.T, url string) map[string]float64 {
 	t.Helper()
-	code, body := get(t, url)
+	code, body := servertest.Get(t, url)
 	if code != 200 {
 		t.Fatalf("GET %s = %d", url, code)
 	}

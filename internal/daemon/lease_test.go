@@ -3,9 +3,7 @@ package daemon_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // TestLeasesOnTheMemoryBackend: a daemon on the memory backend holds
@@ -67,13 +66,8 @@ descriptors:
 		t.Errorf("three leases of two slots: %s, want OK OK OVER_LIMIT", got)
 	}
 	get := func(path string) string {
-		resp, err := http.Get("http://" + d.HTTPAddr().String() + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
+		_, body := servertest.Get(t, "http://"+d.HTTPAddr().String()+path)
+		return body
 	}
 	m := get("/metrics")
 	for _, want := range []string{`ratelimitd_leases_in_flight{domain="ai",rule="vllm-slots"} 2`, `ratelimitd_leases_taken_total{domain="ai",rule="vllm-slots"} 2`, `ratelimitd_leases_denied_total{domain="ai",rule="vllm-slots"} 1`} {

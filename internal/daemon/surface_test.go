@@ -2,7 +2,6 @@ package daemon_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // running is a daemon started by run, its client and how to stop it.
@@ -80,21 +80,6 @@ func run(t *testing.T, cfg daemon.Config, yaml string) *running {
 	return &running{d: d, conn: conn, stop: stop}
 }
 
-// get returns the status and body of a GET of url.
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return resp.StatusCode, string(body)
-}
-
 // healthOf is the gRPC health status under the name "ratelimit".
 func healthOf(t *testing.T, conn *grpc.ClientConn) healthpb.HealthCheckResponse_ServingStatus {
 	t.Helper()
@@ -117,14 +102,14 @@ func TestHealthcheckFollowsRedis(t *testing.T) {
 	r := run(t, daemon.Config{Redis: daemon.Redis{URL: "redis://" + redis.Addr}, IncumbentMetrics: true}, oneAnHour)
 	base := "http://" + r.d.HTTPAddr().String()
 
-	code, body := get(t, base+"/healthcheck")
+	code, body := servertest.Get(t, base+"/healthcheck")
 	if code != http.StatusInternalServerError || body != "" {
 		t.Errorf("Redis down: GET /healthcheck = %d %q, want 500 with no body", code, body)
 	}
 	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("Redis down: gRPC health = %v, want NOT_SERVING", st)
 	}
-	if code, body := get(t, base+"/readyz"); code != http.StatusServiceUnavailable {
+	if code, body := servertest.Get(t, base+"/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("Redis down: GET /readyz = %d %q, want 503", code, body)
 	}
 	// A call meanwhile fails, and counts as the incumbent's redis_error.
@@ -144,7 +129,7 @@ func TestHealthcheckFollowsRedis(t *testing.T) {
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		code, body = get(t, base+"/healthcheck")
+		code, body = servertest.Get(t, base+"/healthcheck")
 		if code == http.StatusOK || time.Now().After(deadline) {
 			break
 		}
@@ -156,7 +141,7 @@ func TestHealthcheckFollowsRedis(t *testing.T) {
 	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("Redis up: gRPC health = %v, want SERVING", st)
 	}
-	if code, body := get(t, base+"/readyz"); code != http.StatusOK {
+	if code, body := servertest.Get(t, base+"/readyz"); code != http.StatusOK {
 		t.Errorf("Redis up: GET /readyz = %d %q, want 200", code, body)
 	}
 	// Any method, as the incumbent's router answers.
@@ -183,7 +168,7 @@ descriptors:
 func TestHealthcheckDuringShutdown(t *testing.T) {
 	r := run(t, daemon.Config{}, waitsTwoSeconds)
 	base := "http://" + r.d.HTTPAddr().String()
-	if code, body := get(t, base+"/healthcheck"); code != http.StatusOK || body != "OK" {
+	if code, body := servertest.Get(t, base+"/healthcheck"); code != http.StatusOK || body != "OK" {
 		t.Fatalf("GET /healthcheck = %d %q, want 200 \"OK\"", code, body)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -216,7 +201,7 @@ func TestHealthcheckDuringShutdown(t *testing.T) {
 	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("Watch after shutdown began = %v, %v; want NOT_SERVING", st.GetStatus(), err)
 	}
-	if code, body := get(t, base+"/healthcheck"); code != http.StatusInternalServerError {
+	if code, body := servertest.Get(t, base+"/healthcheck"); code != http.StatusInternalServerError {
 		t.Errorf("shutting down: GET /healthcheck = %d %q, want 500", code, body)
 	}
 	if err := <-held; err != nil {
@@ -234,7 +219,7 @@ func TestDebugAndMetricsListeners(t *testing.T) {
 	for _, pprof := range []bool{false, true} {
 		r := run(t, daemon.Config{DebugAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", MetricsPath: "/prom", Pprof: pprof}, oneAnHour)
 		debug := "http://" + r.d.DebugAddr().String()
-		code, body := get(t, debug+"/rlconfig")
+		code, body := servertest.Get(t, debug+"/rlconfig")
 		if want := "api.client: unit=HOUR requests_per_unit=1, shadow_mode: false"; code != http.StatusOK || !strings.Contains(body, want) ||
 			!strings.Contains(body, "api.yaml:3)\n") || !strings.HasPrefix(body, "# source: file ") {
 			t.Errorf("GET debug /rlconfig = %d %q, want 200 with %q", code, body, want)
@@ -251,10 +236,10 @@ func TestDebugAndMetricsListeners(t *testing.T) {
 				t.Errorf("POST /json call %d = %d, want %d (1 an hour)", i+1, resp.StatusCode, want)
 			}
 		}
-		if code, body := get(t, debug+"/stats"); code != http.StatusOK || !strings.Contains(body, "memstats: ") {
+		if code, body := servertest.Get(t, debug+"/stats"); code != http.StatusOK || !strings.Contains(body, "memstats: ") {
 			t.Errorf("GET debug /stats = %d %q, want 200 with memstats", code, body)
 		}
-		code, body = get(t, debug+"/")
+		code, body = servertest.Get(t, debug+"/")
 		if code != http.StatusOK || !strings.Contains(body, "/rlconfig: ") || strings.Contains(body, "/debug/pprof/") != pprof {
 			t.Errorf("Pprof %v: GET debug / = %d %q, want the index, /debug/pprof/ listed iff Pprof", pprof, code, body)
 		}
@@ -262,18 +247,18 @@ func TestDebugAndMetricsListeners(t *testing.T) {
 		if pprof {
 			want = http.StatusOK
 		}
-		if code, _ := get(t, debug+"/debug/pprof/"); code != want {
+		if code, _ := servertest.Get(t, debug+"/debug/pprof/"); code != want {
 			t.Errorf("Pprof %v: GET debug /debug/pprof/ = %d, want %d", pprof, code, want)
 		}
 
 		metrics := "http://" + r.d.MetricsAddr().String()
-		if code, body := get(t, metrics+"/prom"); code != http.StatusOK || !strings.Contains(body, "ratelimitd_config_reloads_total") {
+		if code, body := servertest.Get(t, metrics+"/prom"); code != http.StatusOK || !strings.Contains(body, "ratelimitd_config_reloads_total") {
 			t.Errorf("GET metrics /prom = %d, want 200 with ratelimitd_config_reloads_total", code)
 		}
-		if code, _ := get(t, metrics+"/metrics"); code != http.StatusNotFound {
+		if code, _ := servertest.Get(t, metrics+"/metrics"); code != http.StatusNotFound {
 			t.Errorf("GET metrics /metrics = %d, want 404 (MetricsPath is /prom)", code)
 		}
-		if code, body := get(t, "http://"+r.d.HTTPAddr().String()+"/metrics"); code != http.StatusOK || !strings.Contains(body, "ratelimitd_config_reloads_total") {
+		if code, body := servertest.Get(t, "http://"+r.d.HTTPAddr().String()+"/metrics"); code != http.StatusOK || !strings.Contains(body, "ratelimitd_config_reloads_total") {
 			t.Errorf("GET http /metrics = %d, want 200 with the metrics", code)
 		}
 		if err := r.stop(); err != nil {

@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
 	"github.com/ratelimitd/ratelimitd/internal/xdstest"
 )
@@ -53,7 +54,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // limitsSource is what /limits.json says about the config's source.
 func limitsSource(t *testing.T, base string) (source, version string) {
 	t.Helper()
-	_, body := get(t, base+"/limits.json")
+	_, body := servertest.Get(t, base+"/limits.json")
 	var p struct {
 		Source  string `json:"config_source"`
 		Version string `json:"config_version"`
@@ -89,10 +90,10 @@ func TestConfigFromXDS(t *testing.T) {
 	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health before the first push = %v, want SERVING (StartWithoutConfig)", st)
 	}
-	if code, body := get(t, base+"/healthcheck"); code != http.StatusOK || body != "OK" {
+	if code, body := servertest.Get(t, base+"/healthcheck"); code != http.StatusOK || body != "OK" {
 		t.Errorf("/healthcheck before the first push = %d %q, want 200 OK", code, body)
 	}
-	if code, body := get(t, base+"/readyz"); code != http.StatusOK || !strings.Contains(body, "no config from the xDS server") {
+	if code, body := servertest.Get(t, base+"/readyz"); code != http.StatusOK || !strings.Contains(body, "no config from the xDS server") {
 		t.Errorf("/readyz before the first push = %d %q, want 200 saying no config came yet", code, body)
 	}
 	for range 12 {
@@ -154,10 +155,10 @@ func TestConfigFromXDS(t *testing.T) {
 	if c := egCall(t, r, "route-a"); c != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("call while the server is away = %v, want OVER_LIMIT (last good config)", c)
 	}
-	if code, body := get(t, base+"/readyz"); code != http.StatusOK || !strings.Contains(body, `stays in force`) {
+	if code, body := servertest.Get(t, base+"/readyz"); code != http.StatusOK || !strings.Contains(body, `stays in force`) {
 		t.Errorf("/readyz while the server is away = %d %q, want 200 saying the last config stays", code, body)
 	}
-	if code, _ := get(t, base+"/healthcheck"); code != http.StatusOK {
+	if code, _ := servertest.Get(t, base+"/healthcheck"); code != http.StatusOK {
 		t.Errorf("/healthcheck while the server is away = %d, want 200", code)
 	}
 	xs.Restart(t)
@@ -179,16 +180,16 @@ func TestXDSWithoutStartWithoutConfig(t *testing.T) {
 	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("health before the first push = %v, want NOT_SERVING", st)
 	}
-	if code, _ := get(t, base+"/healthcheck"); code != http.StatusInternalServerError {
+	if code, _ := servertest.Get(t, base+"/healthcheck"); code != http.StatusInternalServerError {
 		t.Errorf("/healthcheck before the first push = %d, want 500", code)
 	}
-	if code, body := get(t, base+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the first config from the xDS server") {
+	if code, body := servertest.Get(t, base+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the first config from the xDS server") {
 		t.Errorf("/readyz before the first push = %d %q, want 503 waiting for the first config", code, body)
 	}
 	xs.SetSnapshot(xdstest.AIGatewayNodeID, "1", xdstest.EGConfig(egDomain, "route-a", false))
 	xs.WaitForACK(t, "1")
 	eventually(t, "SERVING after the first push", func() bool { return healthOf(t, r.conn) == healthpb.HealthCheckResponse_SERVING })
-	if code, body := get(t, base+"/healthcheck"); code != http.StatusOK || body != "OK" {
+	if code, body := servertest.Get(t, base+"/healthcheck"); code != http.StatusOK || body != "OK" {
 		t.Errorf("/healthcheck after the first push = %d %q, want 200 OK", code, body)
 	}
 	if c := egCall(t, r, "route-a"); c != rlsv3.RateLimitResponse_OK {
@@ -209,10 +210,10 @@ func TestXDSWrongCAFailsClosed(t *testing.T) {
 		ConnectRetryInterval: 20 * time.Millisecond}}, "")
 	base := "http://" + r.d.HTTPAddr().String()
 	eventually(t, "readiness naming the certificate problem", func() bool {
-		_, body := get(t, base+"/readyz")
+		_, body := servertest.Get(t, base+"/readyz")
 		return strings.Contains(body, "certificate")
 	})
-	if code, _ := get(t, base+"/readyz"); code != http.StatusServiceUnavailable {
+	if code, _ := servertest.Get(t, base+"/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz with a wrong CA = %d, want 503", code)
 	}
 	if got := len(xs.Requests()); got != 0 {
@@ -250,7 +251,7 @@ func TestXDSRotatedToAWrongCAKeepsTheConfig(t *testing.T) {
 	xs.Stop()
 	xs.Restart(t)
 	eventually(t, "readiness naming the certificate problem", func() bool {
-		_, body := get(t, base+"/readyz")
+		_, body := servertest.Get(t, base+"/readyz")
 		return strings.Contains(body, "certificate") && strings.Contains(body, `the config of version "1" stays in force`)
 	})
 	if c := egCall(t, r, "route-a"); c != rlsv3.RateLimitResponse_OVER_LIMIT {

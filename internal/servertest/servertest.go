@@ -2,7 +2,8 @@
 // grpc.Server on a free loopback port and a client connection to it, built
 // from the go-control-plane types Envoy's are generated from, both stopped
 // when the test ends. Tests of the rate-limit service, its codec, tracing,
-// reload and TLS share it rather than each setting up a server.
+// reload and TLS share it rather than each setting up a server. Get reads
+// an HTTP endpoint of a server (or process) under test.
 package servertest
 
 import (

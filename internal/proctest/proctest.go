@@ -1,0 +1,30 @@
+// Package proctest holds what tests that run processes share: a buffer the
+// process's output is copied into while the test reads it.
+package proctest
+
+import (
+	"strings"
+	"sync"
+)
+
+// Buffer collects text written by one goroutine (a copy of a process's
+// stderr, say) while others read it. The zero value is an empty buffer
+// ready to use; it is safe for concurrent use.
+type Buffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+// Write appends p. It never fails.
+func (l *Buffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns what was written so far.
+func (l *Buffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,34 @@
+package servertest_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
+)
+
+func TestGet(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/ok" {
+			http.Error(w, "nothing at "+r.URL.Path, http.StatusNotFound)
+			return
+		}
+		w.Write([]byte("fine"))
+	}))
+	defer srv.Close()
+	tests := []struct {
+		path     string
+		wantCode int
+		wantBody string
+	}{
+		{"/ok", http.StatusOK, "fine"},
+		{"/missing", http.StatusNotFound, "nothing at /missing\n"},
+	}
+	for _, tt := range tests {
+		code, body := servertest.Get(t, srv.URL+tt.path)
+		if code != tt.wantCode || body != tt.wantBody {
+			t.Errorf("Get(%s) = %d, %q; want %d, %q", tt.path, code, body, tt.wantCode, tt.wantBody)
+		}
+	}
+}
