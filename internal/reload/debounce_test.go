@@ -39,6 +39,42 @@ func (f *fakeFiles) load() {
 	f.loads = append(f.loads, time.Since(f.start))
 }
 
+// newFakeFiles returns the config of yamlWithRate(1), parsed, and fake
+// files holding it whose clock starts now.
+func newFakeFiles(t *testing.T) (*config.Set, *fakeFiles) {
+	t.Helper()
+	initial, err := config.Parse([]config.File{{Name: "a.yaml", Data: []byte(yamlWithRate(1))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return initial, &fakeFiles{yaml: yamlWithRate(1), start: time.Now()}
+}
+
+// startLoop runs w.loop on changes (a send on it is a change to the files)
+// until the test's context ends or stop is called; stop waits until the
+// loop returned.
+func startLoop(t *testing.T, w *Watcher) (changes chan struct{}, stop func()) {
+	ctx, cancel := context.WithCancel(t.Context())
+	changes = make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.loop(ctx, changes, nil)
+	}()
+	return changes, func() { cancel(); <-done }
+}
+
+// startRun runs w.Run until stop is called; stop waits until Run returned.
+func startRun(w *Watcher) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	return func() { cancel(); <-done }
+}
+
 // parse is config.Parse, with an empty file standing for a half-written one.
 func parse(files []config.File) (*config.Set, error) {
 	if len(files) == 1 && len(files[0].Data) == 0 {
@@ -154,11 +190,7 @@ func TestDebounce(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				initial, err := config.Parse([]config.File{{Name: "a.yaml", Data: []byte(yamlWithRate(1))}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				files := &fakeFiles{yaml: yamlWithRate(1), start: time.Now()}
+				initial, files := newFakeFiles(t)
 				var out outcome
 				w, err := New(Options{Path: "unused", Current: initial, Read: files.read, Parse: parse,
 					OnLoad: out.onLoad, OnError: out.onError, Watch: WatchReloadOnly})
@@ -166,13 +198,7 @@ func TestDebounce(t *testing.T) {
 					t.Fatal(err)
 				}
 				w.test.load = files.load
-				ctx, cancel := context.WithCancel(t.Context())
-				changes := make(chan struct{})
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					w.loop(ctx, changes, nil)
-				}()
+				changes, stop := startLoop(t, w)
 				for _, s := range tt.steps {
 					time.Sleep(s.at - time.Since(files.start))
 					if s.yaml != "-" {
@@ -186,8 +212,7 @@ func TestDebounce(t *testing.T) {
 				}
 				time.Sleep(tt.until - time.Since(files.start))
 				synctest.Wait()
-				cancel()
-				<-done
+				stop()
 				if fmt.Sprint(files.loads) != fmt.Sprint(tt.wantLoads) {
 					t.Errorf("loads at %v, want %v", files.loads, tt.wantLoads)
 				}

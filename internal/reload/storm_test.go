@@ -1,7 +1,6 @@
 package reload
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -70,11 +69,7 @@ func TestStormSettlesOnNewestValid(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				initial, err := config.Parse([]config.File{{Name: "a.yaml", Data: []byte(yamlWithRate(1))}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				files := &fakeFiles{yaml: yamlWithRate(1), start: time.Now()}
+				initial, files := newFakeFiles(t)
 				var out outcome
 				var rates []int
 				inForce := initial
@@ -88,13 +83,7 @@ func TestStormSettlesOnNewestValid(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ctx, cancel := context.WithCancel(t.Context())
-				changes := make(chan struct{})
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					w.loop(ctx, changes, nil)
-				}()
+				changes, stop := startLoop(t, w)
 				for i, n := range tt.contents {
 					time.Sleep(time.Duration(i)*30*ms - time.Since(files.start))
 					if n == 0 {
@@ -107,8 +96,7 @@ func TestStormSettlesOnNewestValid(t *testing.T) {
 				}
 				time.Sleep(time.Duration(len(tt.contents))*30*ms + 5*time.Second - time.Since(files.start))
 				synctest.Wait()
-				cancel()
-				<-done
+				stop()
 				if fmt.Sprint(rates) != fmt.Sprint(tt.wantRates) {
 					t.Errorf("OnLoad given rates %v, want %v", rates, tt.wantRates)
 				}
@@ -195,13 +183,7 @@ func TestStormOnDisk(t *testing.T) {
 					once.Do(func() { close(lastRead) })
 				}
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				w.Run(ctx)
-			}()
-			defer func() { cancel(); <-done }()
+			defer startRun(w)()
 
 			for n := 2; n <= last; n++ {
 				if err := tt.write(name, yamlWithRate(n)); err != nil {
@@ -264,13 +246,7 @@ func TestReloadOverTheCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.Run(ctx)
-	}()
-	defer func() { cancel(); <-done }()
+	defer startRun(w)()
 
 	big := yamlWithRate(2) + "# " + strings.Repeat("x", 1024) + "\n"
 	if err := os.WriteFile(name, []byte(big), 0o644); err != nil {
@@ -310,11 +286,7 @@ func TestReloadOverTheCap(t *testing.T) {
 func TestStormReadsArePaced(t *testing.T) {
 	const ms = time.Millisecond
 	synctest.Test(t, func(t *testing.T) {
-		initial, err := config.Parse([]config.File{{Name: "a.yaml", Data: []byte(yamlWithRate(1))}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		files := &fakeFiles{yaml: yamlWithRate(1), start: time.Now()}
+		initial, files := newFakeFiles(t)
 		var (
 			mu      sync.Mutex
 			reads   []time.Duration
@@ -348,13 +320,7 @@ func TestStormReadsArePaced(t *testing.T) {
 				}
 			}
 		}
-		ctx, cancel := context.WithCancel(t.Context())
-		changes := make(chan struct{})
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			w.loop(ctx, changes, nil)
-		}()
+		changes, stop := startLoop(t, w)
 		const n = 300
 		for i := range n {
 			time.Sleep(time.Duration(i)*ms - time.Since(files.start))
@@ -366,8 +332,7 @@ func TestStormReadsArePaced(t *testing.T) {
 		changes <- struct{}{}
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
-		cancel()
-		<-done
+		stop()
 		mu.Lock()
 		defer mu.Unlock()
 		// 300 ms of changes, reads of 10 ms at most every 50 ms: about 7,
