@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,51 +29,11 @@ func launchAs(t *testing.T, prog string, env map[string]string, args ...string) 
 	if err := os.Symlink(binary(t), link); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(link, args...)
-	cmd.Env = []string{}
+	var environ []string
 	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
+		environ = append(environ, k+"="+v)
 	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, logs: &lockedBuffer{}, exited: make(chan error, 1)}
-	ready := make(chan [2]string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			p.logs.Write(append(sc.Bytes(), '\n'))
-			var line struct {
-				Msg      string `json:"msg"`
-				GRPCAddr string `json:"grpc_addr"`
-				HTTPAddr string `json:"http_addr"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "ratelimitd started" {
-				ready <- [2]string{line.GRPCAddr, line.HTTPAddr}
-			}
-		}
-		io.Copy(io.Discard, stderr)
-		p.exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-p.exited
-	})
-	select {
-	case addrs := <-ready:
-		p.grpcAddr, p.httpAddr = addrs[0], addrs[1]
-		return p
-	case err := <-p.exited:
-		p.exited <- err
-		t.Fatalf("%s exited before serving: %v\n%s", prog, err, p.logs)
-	case <-time.After(20 * time.Second):
-		t.Fatalf("%s did not start in 20s\n%s", prog, p.logs)
-	}
-	return nil
+	return spawn(t, prog, link, environ, false, args...).await(t)
 }
 
 // istioConfigMap lays root/ratelimit/config out as the kubelet mounts
@@ -142,6 +100,26 @@ func ask(t *testing.T, client rlsv3.RateLimitServiceClient, key, value string) r
 	return resp.GetOverallCode()
 }
 
+// awaitPathLimited waits until the process p loaded a config that limits
+// each path value to 1 (before, every path was unlimited): it asks twice
+// for a new value every 20ms until the second ask is OVER_LIMIT, and fails
+// the test, naming change, if that takes more than 15s.
+func awaitPathLimited(t *testing.T, client rlsv3.RateLimitServiceClient, p *proc, change string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for i := 0; ; i++ {
+		v := fmt.Sprintf("/p%d", i)
+		ask(t, client, "path", v)
+		if ask(t, client, "path", v) == rlsv3.RateLimitResponse_OVER_LIMIT {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was not loaded in 15s\n%s", change, p.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestRunAsRatelimitWithIstiosEnvironment runs the binary as ratelimit
 // with Istio's sample environment (a ConfigMap-style directory under
 // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config), on the memory backend and on
@@ -185,18 +163,7 @@ func TestRunAsRatelimitWithIstiosEnvironment(t *testing.T) {
 			// Swap the ConfigMap: path gets a limit of 1 a minute. Until the
 			// reload lands, every path is unlimited.
 			istioConfigMap(t, root, 2, istioV2)
-			deadline := time.Now().Add(15 * time.Second)
-			for i := 0; ; i++ {
-				v := fmt.Sprintf("/p%d", i)
-				ask(t, client, "path", v)
-				if ask(t, client, "path", v) == rlsv3.RateLimitResponse_OVER_LIMIT {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the ConfigMap swap was not loaded in 15s\n%s", p.logs)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			awaitPathLimited(t, client, p, "the ConfigMap swap")
 			var warned []string
 			for _, line := range strings.Split(p.logs.String(), "\n") {
 				var l struct{ Level, Msg, Settings string }
@@ -304,16 +271,5 @@ func TestRunAsRatelimitFollowsTheRootLink(t *testing.T) {
 	if err := os.Rename(tmp, current); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for i := 0; ; i++ {
-		v := fmt.Sprintf("/p%d", i)
-		ask(t, client, "path", v)
-		if ask(t, client, "path", v) == rlsv3.RateLimitResponse_OVER_LIMIT {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the swap of RUNTIME_ROOT was not loaded in 15s\n%s", p.logs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	awaitPathLimited(t, client, p, "the swap of RUNTIME_ROOT")
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/internal/xdstest"
 )
 
@@ -35,18 +35,6 @@ func listenerAddr(t *testing.T, p *proc, name string) string {
 	}
 	t.Fatalf("no %s listener in the logs\n%s", name, p.logs)
 	return ""
-}
-
-// httpBody is the status and body of a GET of url.
-func httpBody(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 // egRule0 asks for rule 0 of xdstest.EGConfig on route.
@@ -109,7 +97,10 @@ func TestRunAsRatelimitWithEGsEnvironment(t *testing.T) {
 
 	// Serving before the first push (FORCE_START_WITHOUT_INITIAL_CONFIG),
 	// once Redis is ready: /healthcheck as EG's probes ask it.
-	waitFor("/healthcheck 200", func() bool { code, _ := httpBody(t, "http://"+p.httpAddr+"/healthcheck"); return code == http.StatusOK })
+	waitFor("/healthcheck 200", func() bool {
+		code, _ := servertest.Get(t, "http://"+p.httpAddr+"/healthcheck")
+		return code == http.StatusOK
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"}); err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
@@ -139,7 +130,7 @@ func TestRunAsRatelimitWithEGsEnvironment(t *testing.T) {
 	}
 
 	metrics := "http://" + listenerAddr(t, p, "metrics") + "/metrics"
-	_, body := httpBody(t, metrics)
+	_, body := servertest.Get(t, metrics)
 	for _, want := range []string{
 		`ratelimit_service_rate_limit_over_limit{domain="default/eg/http",key1="route-a_route-a",key2="rule-0-match-0_rule-0-match-0"} 1`,
 		`ratelimit_service_config_load_success 2`,
@@ -181,7 +172,7 @@ func TestRunAsRatelimitWithAIGatewaysEnvironment(t *testing.T) {
 		"HOST", "127.0.0.1", "PORT", "0", "GRPC_HOST", "127.0.0.1", "GRPC_PORT", "0", "DEBUG_HOST", "127.0.0.1", "DEBUG_PORT", "0",
 		"LOG_FORMAT", "json", "LOG_LEVEL", "info")
 	p := launchAs(t, "ratelimit", env)
-	if code, _ := httpBody(t, "http://"+p.httpAddr+"/healthcheck"); code != http.StatusInternalServerError {
+	if code, _ := servertest.Get(t, "http://"+p.httpAddr+"/healthcheck"); code != http.StatusInternalServerError {
 		t.Errorf("/healthcheck before the first push = %d, want 500 (no FORCE_START_WITHOUT_INITIAL_CONFIG)", code)
 	}
 
@@ -196,7 +187,7 @@ func TestRunAsRatelimitWithAIGatewaysEnvironment(t *testing.T) {
 		t.Errorf("ACK from node %q, want %q", req.NodeID, xdstest.AIGatewayNodeID)
 	}
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if code, _ := httpBody(t, "http://"+p.httpAddr+"/healthcheck"); code == http.StatusOK {
+		if code, _ := servertest.Get(t, "http://"+p.httpAddr+"/healthcheck"); code == http.StatusOK {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -10,21 +10,9 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-)
 
-func httpGet(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return resp.StatusCode, string(body)
-}
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
+)
 
 // TestServeObservability runs the whole program and checks what an
 // operator reaches on the HTTP port after some traffic: /metrics,
@@ -52,7 +40,7 @@ func TestServeObservability(t *testing.T) {
 			}
 			base := "http://" + httpAddr
 
-			code, body := httpGet(t, base+"/metrics")
+			code, body := servertest.Get(t, base+"/metrics")
 			for _, want := range []string{
 				`ratelimitd_descriptor_hits_total{domain="api",rule="gpt-4o",value=""} 7`,
 				`ratelimitd_descriptor_over_limit_total{domain="api",rule="gpt-4o",value=""} 2`,
@@ -65,7 +53,7 @@ func TestServeObservability(t *testing.T) {
 				}
 			}
 
-			code, body = httpGet(t, base+"/limits.json")
+			code, body = servertest.Get(t, base+"/limits.json")
 			var page struct {
 				Domains []struct {
 					Rules []struct {
@@ -85,13 +73,13 @@ func TestServeObservability(t *testing.T) {
 			if r := page.Domains[0].Rules[0]; r.Name != "gpt-4o" || r.LastMinute.Requests != 7 || r.LastMinute.Shed != 2 {
 				t.Errorf("/limits.json rule = %+v, want gpt-4o with 7 requests, 2 shed", r)
 			}
-			if code, body := httpGet(t, base+"/limits"); code != http.StatusOK || !strings.Contains(body, `<tr data-rule="gpt-4o">`) {
+			if code, body := servertest.Get(t, base+"/limits"); code != http.StatusOK || !strings.Contains(body, `<tr data-rule="gpt-4o">`) {
 				t.Errorf("GET /limits = %d, lacks the gpt-4o row", code)
 			}
-			if code, _ := httpGet(t, base+"/healthz"); code != http.StatusOK {
+			if code, _ := servertest.Get(t, base+"/healthz"); code != http.StatusOK {
 				t.Errorf("GET /healthz = %d, want 200 beside the new endpoints", code)
 			}
-			if code, _ := httpGet(t, base+"/debug/pprof/"); code != tt.wantPprof {
+			if code, _ := servertest.Get(t, base+"/debug/pprof/"); code != tt.wantPprof {
 				t.Errorf("GET /debug/pprof/ = %d, want %d", code, tt.wantPprof)
 			}
 		})

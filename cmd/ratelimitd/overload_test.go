@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // wideConfig is runLoad's bucket (domain mesh, key k) at a rate no load
@@ -41,7 +42,7 @@ descriptors:
 // scrape reads the process's /metrics.
 func scrape(t *testing.T, p *proc) promText {
 	t.Helper()
-	code, body := httpGet(t, "http://"+p.httpAddr+"/metrics")
+	code, body := servertest.Get(t, "http://"+p.httpAddr+"/metrics")
 	if code != 200 {
 		t.Fatalf("GET /metrics = %d", code)
 	}

@@ -36,7 +36,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/internal/proctest"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 var (
@@ -83,25 +85,8 @@ type proc struct {
 	cmd      *exec.Cmd
 	grpcAddr string
 	httpAddr string
-	logs     *lockedBuffer
+	logs     *proctest.Buffer
 	exited   chan error
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startProc starts ratelimitd with args (plus loopback addresses on free
@@ -113,6 +98,7 @@ func startProc(t *testing.T, args ...string) *proc {
 
 // launchingProc is a ratelimitd process started but maybe not serving yet.
 type launchingProc struct {
+	name  string // what the process is called in failures
 	p     *proc
 	ready chan [2]string // its addresses, once it serves
 	// prepared is closed once a Redis backend's first preparation ended
@@ -124,8 +110,19 @@ type launchingProc struct {
 func launchProc(t *testing.T, args ...string) launchingProc {
 	t.Helper()
 	args = append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, args...)
-	cmd := exec.Command(binary(t), args...)
-	cmd.Env = []string{} // nothing from the test's environment
+	withRedis := slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--redis-") && !strings.Contains(a, "timeout") })
+	return spawn(t, "ratelimitd", binary(t), nil, withRedis, args...)
+}
+
+// spawn starts the program at path (called name in failures) with exactly
+// env (nothing from the test's environment) and args, copies its stderr
+// into p.logs and watches the JSON log lines for "ratelimitd started" and,
+// with watchPrepared, for the end of the backend's first preparation. The
+// process is killed when the test ends.
+func spawn(t *testing.T, name, path string, env []string, watchPrepared bool, args ...string) launchingProc {
+	t.Helper()
+	cmd := exec.Command(path, args...)
+	cmd.Env = append([]string{}, env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -133,10 +130,10 @@ func launchProc(t *testing.T, args ...string) launchingProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, logs: &lockedBuffer{}, exited: make(chan error, 1)}
+	p := &proc{cmd: cmd, logs: &proctest.Buffer{}, exited: make(chan error, 1)}
 	ready := make(chan [2]string, 1)
 	var prepared chan struct{}
-	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--redis-") && !strings.Contains(a, "timeout") }) {
+	if watchPrepared {
 		prepared = make(chan struct{})
 	}
 	var prepareOnce sync.Once
@@ -167,7 +164,7 @@ func launchProc(t *testing.T, args ...string) launchingProc {
 		cmd.Process.Kill()
 		<-p.exited
 	})
-	return launchingProc{p: p, ready: ready, prepared: prepared}
+	return launchingProc{name: name, p: p, ready: ready, prepared: prepared}
 }
 
 // await waits until the process serves and, with a Redis backend, until its
@@ -183,15 +180,15 @@ func (l launchingProc) await(t *testing.T) *proc {
 			select {
 			case <-l.prepared:
 			case <-time.After(20 * time.Second):
-				t.Fatalf("ratelimitd did not prepare its backend in 20s\n%s", p.logs)
+				t.Fatalf("%s did not prepare its backend in 20s\n%s", l.name, p.logs)
 			}
 		}
 		return p
 	case err := <-p.exited:
 		p.exited <- err
-		t.Fatalf("ratelimitd exited before serving: %v\n%s", err, p.logs)
+		t.Fatalf("%s exited before serving: %v\n%s", l.name, err, p.logs)
 	case <-time.After(20 * time.Second):
-		t.Fatalf("ratelimitd did not start in 20s\n%s", p.logs)
+		t.Fatalf("%s did not start in 20s\n%s", l.name, p.logs)
 	}
 	return nil
 }
@@ -525,7 +522,7 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no",
 		"--user", "default", "off", "--user", "limiter", "on", ">s3cret", "~*", "+@all",
 		"--save", "", "--appendonly", "no", "--dir", dir)
-	var redisLog lockedBuffer
+	var redisLog proctest.Buffer
 	redis.Stdout, redis.Stderr = &redisLog, &redisLog
 	if err := redis.Start(); err != nil {
 		t.Fatal(err)
@@ -703,7 +700,7 @@ descriptors:
 	if want := "OK OVER_LIMIT OVER_LIMIT"; strings.Join(got, " ") != want {
 		t.Fatalf("3 calls on one token: %v, want %s", got, want)
 	}
-	code, body := httpGet(t, "http://"+p.httpAddr+"/metrics")
+	code, body := servertest.Get(t, "http://"+p.httpAddr+"/metrics")
 	for _, want := range []string{
 		"ratelimitd_redis_takes_total 2",
 		// The start-up probe (scripts loaded before it), then the two Takes.
@@ -734,7 +731,7 @@ func TestHeapFloorReachesTheRuntime(t *testing.T) {
 		{"0", 100, 100},
 	} {
 		p := startProc(t, "--config", dir, "--gc-heap-floor-mib", tt.floor)
-		code, body := httpGet(t, "http://"+p.httpAddr+"/metrics")
+		code, body := servertest.Get(t, "http://"+p.httpAddr+"/metrics")
 		var got float64
 		for line := range strings.Lines(body) {
 			if v, ok := strings.CutPrefix(line, "go_gc_gogc_percent "); ok {

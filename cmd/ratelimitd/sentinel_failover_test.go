@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // sentinelFailoverConfig is meshConfig's bucket (100/s, burst 20: the
@@ -339,7 +340,7 @@ func fallbackCounts(t *testing.T, procs []*proc) []map[string]float64 {
 	var counts []map[string]float64
 	for _, p := range procs {
 		m := map[string]float64{}
-		_, body := httpGet(t, "http://"+p.httpAddr+"/metrics")
+		_, body := servertest.Get(t, "http://"+p.httpAddr+"/metrics")
 		for line := range strings.Lines(body) {
 			labels, ok := strings.CutPrefix(strings.TrimSpace(line), name)
 			if i := strings.LastIndexByte(labels, ' '); ok && i >= 0 {

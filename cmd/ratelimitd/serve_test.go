@@ -22,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // holdConfig has one token every 3 s with a burst of one, and lets a call
@@ -123,7 +124,7 @@ func TestShutdownDoesNotWaitForHealthWatches(t *testing.T) {
 // flight are still being answered.
 func TestReadyzFailsDuringShutdown(t *testing.T) {
 	grpcAddr, httpAddr, cancel, waitErr := startRunWith(t, map[string]string{"agents.yaml": holdConfig}, "--shutdown-timeout", "1m")
-	if code, body := httpGet(t, "http://"+httpAddr+"/readyz"); code != http.StatusOK {
+	if code, body := servertest.Get(t, "http://"+httpAddr+"/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz before shutdown = %d %q, want 200", code, body)
 	}
 	held := holdCall(t, dial(t, grpcAddr))
@@ -132,7 +133,7 @@ func TestReadyzFailsDuringShutdown(t *testing.T) {
 	var body string
 	for {
 		// The HTTP port serves until the held call is answered.
-		code, body = httpGet(t, "http://"+httpAddr+"/readyz")
+		code, body = servertest.Get(t, "http://"+httpAddr+"/readyz")
 		if code == http.StatusServiceUnavailable && strings.Contains(body, "shutting down") {
 			break
 		}
@@ -286,7 +287,7 @@ func TestHealthStaysDownOnReadOnlyRedis(t *testing.T) {
 		if err != nil {
 			t.Fatalf("health check: %v", err)
 		}
-		code, _ := httpGet(t, "http://"+p.httpAddr+"/readyz")
+		code, _ := servertest.Get(t, "http://"+p.httpAddr+"/readyz")
 		return h.GetStatus() == healthpb.HealthCheckResponse_SERVING, code == http.StatusOK
 	}
 	rls := rlsv3.NewRateLimitServiceClient(conn)
@@ -346,7 +347,7 @@ func TestHealthComesBackWithoutCalls(t *testing.T) {
 		if err != nil {
 			t.Fatalf("health check: %v", err)
 		}
-		code, _ := httpGet(t, "http://"+p.httpAddr+"/readyz")
+		code, _ := servertest.Get(t, "http://"+p.httpAddr+"/readyz")
 		return h.GetStatus(), code
 	}
 	rls := rlsv3.NewRateLimitServiceClient(conn)
