@@ -20,7 +20,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -32,6 +31,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/image"
+	"github.com/ratelimitd/ratelimitd/internal/proctest"
 )
 
 // rootfs is one run's unpacked image.
@@ -167,7 +167,7 @@ func runImage(t *testing.T, r imageRun) {
 			Credential: &syscall.Credential{Uid: image.UID, Gid: image.GID},
 		}
 	}
-	logs := &lockedBuffer{}
+	logs := &proctest.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", l.path, err)
@@ -246,7 +246,7 @@ func runImage(t *testing.T, r imageRun) {
 
 // awaitServing polls gRPC health (the empty service: the whole server)
 // until SERVING, for at most 20 s, failing at once if the process exits.
-func awaitServing(t *testing.T, conn *grpc.ClientConn, exited chan error, logs *lockedBuffer) {
+func awaitServing(t *testing.T, conn *grpc.ClientConn, exited chan error, logs *proctest.Buffer) {
 	t.Helper()
 	health := healthpb.NewHealthClient(conn)
 	deadline := time.Now().Add(20 * time.Second)
@@ -313,21 +313,4 @@ func snapshot(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return b.String()
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
