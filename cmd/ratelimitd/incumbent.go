@@ -125,11 +125,7 @@ func (e *incumbentEnv) mapListeners(s *incumbentSettings) []error {
 			e.set("grpc-client-ca", s.grpcClientCA, "GRPC_CLIENT_TLS_CACERT")
 		}
 	} else {
-		for _, name := range []string{"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT"} {
-			if s.set[name] {
-				s.unhonoured = append(s.unhonoured, name+": not used without GRPC_SERVER_USE_TLS=true (as in envoyproxy/ratelimit): gRPC is served in plaintext")
-			}
-		}
+		s.notUsedWithout("GRPC_SERVER_USE_TLS=true", ": gRPC is served in plaintext", "GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT")
 	}
 	// logrus's levels: slog has no trace, fatal or panic.
 	switch lvl := strings.ToLower(s.logLevel); lvl {
@@ -157,13 +153,21 @@ func (e *incumbentEnv) mapListeners(s *incumbentSettings) []error {
 		e.set("metrics-path", s.promPath, "PROMETHEUS_PATH")
 		e.set("incumbent-metrics", "true", "USE_PROMETHEUS")
 	} else {
-		for _, name := range []string{"PROMETHEUS_ADDR", "PROMETHEUS_PATH"} {
-			if s.set[name] {
-				s.unhonoured = append(s.unhonoured, name+": not used without USE_PROMETHEUS=true (as in envoyproxy/ratelimit); ratelimitd's own metrics are at /metrics on HOST:PORT")
-			}
-		}
+		s.notUsedWithout("USE_PROMETHEUS=true", "; ratelimitd's own metrics are at /metrics on HOST:PORT", "PROMETHEUS_ADDR", "PROMETHEUS_PATH")
 	}
 	return errs
+}
+
+// notUsedWithout records, for each of names the environment sets, that it
+// is not honoured without the switch on ("USE_PROMETHEUS=true"), as in
+// envoyproxy/ratelimit; rest (": gRPC is served in plaintext", or empty)
+// ends the note.
+func (s *incumbentSettings) notUsedWithout(on, rest string, names ...string) {
+	for _, name := range names {
+		if s.set[name] {
+			s.unhonoured = append(s.unhonoured, name+": not used without "+on+" (as in envoyproxy/ratelimit)"+rest)
+		}
+	}
 }
 
 // mapConfigSource maps CONFIG_TYPE: the file directory of the RUNTIME_*
@@ -267,11 +271,7 @@ func (e *incumbentEnv) mapXDS(s *incumbentSettings) []error {
 			}
 		}
 	} else {
-		for _, name := range []string{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN"} {
-			if s.set[name] {
-				s.unhonoured = append(s.unhonoured, name+": not used without CONFIG_GRPC_XDS_SERVER_USE_TLS=true (as in envoyproxy/ratelimit): the xDS server is dialled in plaintext")
-			}
-		}
+		s.notUsedWithout("CONFIG_GRPC_XDS_SERVER_USE_TLS=true", ": the xDS server is dialled in plaintext", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN")
 	}
 	if s.forceStart {
 		e.set("start-without-config", "true", "FORCE_START_WITHOUT_INITIAL_CONFIG")
@@ -377,11 +377,7 @@ func (e *incumbentEnv) mapBackend(s *incumbentSettings) []error {
 			}
 		}
 	} else {
-		for _, name := range []string{"REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT"} {
-			if s.set[name] {
-				s.unhonoured = append(s.unhonoured, name+": not used without REDIS_TLS=true (as in envoyproxy/ratelimit)")
-			}
-		}
+		s.notUsedWithout("REDIS_TLS=true", "", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT")
 	}
 	if s.set["REDIS_POOL_SIZE"] {
 		e.set("redis-pool-size", strconv.FormatInt(s.redisPool, 10), "REDIS_POOL_SIZE")
@@ -472,11 +468,7 @@ const (
 func (e *incumbentEnv) mapTracing(s *incumbentSettings) []error {
 	if !s.tracingEnabled {
 		e.tracing = tracing.Config{SampleRatio: 1} // off, as tracing.ConfigFromEnv's
-		for _, name := range []string{"TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID", "TRACING_EXPORTER_PROTOCOL", "TRACING_SAMPLING_RATE", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
-			if s.set[name] {
-				s.unhonoured = append(s.unhonoured, name+": not used without TRACING_ENABLED=true (as in envoyproxy/ratelimit)")
-			}
-		}
+		s.notUsedWithout("TRACING_ENABLED=true", "", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID", "TRACING_EXPORTER_PROTOCOL", "TRACING_SAMPLING_RATE", "OTEL_EXPORTER_OTLP_ENDPOINT")
 		return nil
 	}
 	var errs []error
