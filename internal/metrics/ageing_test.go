@@ -142,14 +142,7 @@ func TestDetailedValuesRedacted(t *testing.T) {
 // TestIncumbentValuesRedacted: envoyproxy/ratelimit's stat keys of a
 // detailed_metric rule carry the redacted value too.
 func TestIncumbentValuesRedacted(t *testing.T) {
-	m, err := metrics.New(metrics.Options{IncumbentNames: true, Redact: redact.Hash})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := newServerWithoutConfig(t, m)
-	set := mustParse(t, incumbentKeysConfig)
-	m.ConfigLoaded(set)
-	srv.SetConfig(set)
+	m, srv := incumbentKeysServer(t, metrics.Options{IncumbentNames: true, Redact: redact.Hash})
 	if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"ip", "user-1"})); err != nil {
 		t.Fatal(err)
 	}

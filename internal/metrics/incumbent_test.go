@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/server"
 )
 
 // incumbentKeysConfig has rules whose incumbent stat keys need each rule
@@ -34,10 +35,11 @@ descriptors:
   - {key: tier, value: "pro*", value_to_metric: true, rate_limit: {unit: hour, requests_per_unit: 100}}
 `
 
-// TestIncumbentStatKeys: each rule's series has the labels the incumbent's
-// mapper gives its stat key.
-func TestIncumbentStatKeys(t *testing.T) {
-	m, err := metrics.New(metrics.Options{IncumbentNames: true, MaxValuesPerRule: 2})
+// incumbentKeysServer returns metrics of opts and a server observed by
+// them, both with incumbentKeysConfig loaded.
+func incumbentKeysServer(t *testing.T, opts metrics.Options) (*metrics.Metrics, *server.Server) {
+	t.Helper()
+	m, err := metrics.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +47,13 @@ func TestIncumbentStatKeys(t *testing.T) {
 	set := mustParse(t, incumbentKeysConfig)
 	m.ConfigLoaded(set)
 	srv.SetConfig(set)
+	return m, srv
+}
+
+// TestIncumbentStatKeys: each rule's series has the labels the incumbent's
+// mapper gives its stat key.
+func TestIncumbentStatKeys(t *testing.T) {
+	m, srv := incumbentKeysServer(t, metrics.Options{IncumbentNames: true, MaxValuesPerRule: 2})
 	tests := []struct {
 		req    *rlsv3.RateLimitRequest
 		labels map[string]string
