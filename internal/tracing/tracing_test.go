@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/ratelimitd/ratelimitd/config"
@@ -84,6 +85,16 @@ func TestSetupWithEndpointDoesNotDial(t *testing.T) {
 // call's span has ended (a span ends after its answer is sent).
 func serveTraced(t *testing.T, tp *sdktrace.TracerProvider) (rlsv3.RateLimitServiceClient, func()) {
 	t.Helper()
+	s := serveModelLimit(t, tracing.ServerOptions(tp))
+	t.Cleanup(s.GracefulStop)
+	return s.Client(), s.GracefulStop
+}
+
+// serveModelLimit serves ratelimitd's handler, with the gRPC server
+// options opts, on a loopback port with one rule in domain api: model, 1
+// a minute, on the memory store.
+func serveModelLimit(t *testing.T, opts []grpc.ServerOption) *servertest.Server {
+	t.Helper()
 	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(`
 domain: api
 descriptors:
@@ -98,9 +109,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	srv.SetConfig(set)
-	s := servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: tracing.ServerOptions(tp)})
-	t.Cleanup(s.GracefulStop)
-	return s.Client(), s.GracefulStop
+	return servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: opts})
 }
 
 func TestSpanHasDomainAndCode(t *testing.T) {
@@ -209,16 +218,7 @@ func TestHTTPExporterPostsToTheCollector(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte("domain: api\ndescriptors: [{key: model, rate_limit: {unit: minute, requests_per_unit: 1}}]\n")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.SetConfig(set)
-	s := servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: opts})
+	s := serveModelLimit(t, opts)
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "x"}}}}}
 	if _, err := s.Client().ShouldRateLimit(context.Background(), req); err != nil {
