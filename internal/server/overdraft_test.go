@@ -42,16 +42,7 @@ descriptors:
 			t.Run(name, func(t *testing.T) {
 				clock := clocktest.New()
 				opts := server.Options{Now: clock.Now, Overdraft: server.Overdraft{On: on}}
-				if backend == "redis" {
-					store, err := redisstore.New(redistest.Start(t).Client(), redisstore.Options{Clock: redisstore.CallerClock, Prefix: "t:"})
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { store.Close() })
-					opts.Store = store
-				} else {
-					opts.Store = limiter.NewMemoryStore(limiter.MemoryOptions{})
-				}
+				opts.Store = overdraftStore(t, backend)
 				c, _ := startServer(t, opts, server.MustParse(t, file))
 				check := func() *rlsv3.RateLimitResponse {
 					return call(t, c, request("ai", withHits(desc("model", "m"), 0)))
@@ -115,16 +106,7 @@ descriptors:
 			t.Run(backend+"/"+tt.counting.String(), func(t *testing.T) {
 				rec := &recorder{summary: outcomes}
 				opts := server.Options{Now: clocktest.New().Now, Overdraft: server.Overdraft{On: true, Counting: tt.counting}, Observer: rec}
-				if backend == "redis" {
-					store, err := redisstore.New(redistest.Start(t).Client(), redisstore.Options{Clock: redisstore.CallerClock, Prefix: "t:"})
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { store.Close() })
-					opts.Store = store
-				} else {
-					opts.Store = limiter.NewMemoryStore(limiter.MemoryOptions{})
-				}
+				opts.Store = overdraftStore(t, backend)
 				c, _ := startServer(t, opts, server.MustParse(t, file))
 				both := func() *rlsv3.RateLimitResponse {
 					return call(t, c, request("ai", desc("user", "u"), desc("global", "g")))
@@ -186,4 +168,19 @@ descriptors:
 			}
 		})
 	}
+}
+
+// overdraftStore is a new store of backend ("memory", or "redis": a Redis
+// of the test's own, with the caller's clock).
+func overdraftStore(t *testing.T, backend string) limiter.Store {
+	t.Helper()
+	if backend != "redis" {
+		return limiter.NewMemoryStore(limiter.MemoryOptions{})
+	}
+	store, err := redisstore.New(redistest.Start(t).Client(), redisstore.Options{Clock: redisstore.CallerClock, Prefix: "t:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	return store
 }
