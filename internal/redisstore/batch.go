@@ -81,6 +81,12 @@ type batcher struct {
 	// its round trip returns (so a batch still collecting latecomers
 	// counts), and each call sent directly (see claimIdle).
 	inflight atomic.Int32
+	// queued counts the calls submitted and not yet counted in flight by a
+	// sender: those waiting for room, those in calls, and each one a
+	// sender has just received, until it has counted itself in inflight.
+	// claimIdle reads it, not len(calls), which a sender empties a moment
+	// before it counts itself.
+	queued atomic.Int32
 	// directWhenIdle lets a call that finds nothing in flight be sent from
 	// its caller's goroutine (the client honours deadlines).
 	directWhenIdle bool
@@ -132,6 +138,7 @@ func (b *batcher) close() {
 	for {
 		select {
 		case c := <-b.calls:
+			b.queued.Add(-1)
 			b.fail(c, errClosed)
 		default:
 			return
@@ -142,10 +149,11 @@ func (b *batcher) close() {
 // claimIdle reports whether no round trip is in flight, no batch is
 // forming and no call is queued, and if so counts the caller's own call as
 // in flight (the caller sends it directly, then calls inflight.Add(-1)).
-// A sender counts itself in flight as soon as it holds a call, so a call
-// never goes around a batch that is collecting latecomers.
+// A sender counts itself in flight before it stops counting the call it
+// received as queued, so a call never goes around a batch that is
+// collecting latecomers.
 func (b *batcher) claimIdle() bool {
-	return b.directWhenIdle && len(b.calls) == 0 && b.inflight.CompareAndSwap(0, 1)
+	return b.directWhenIdle && b.queued.Load() == 0 && b.inflight.CompareAndSwap(0, 1)
 }
 
 // closedOr is the error a call sent directly fails with before it is
@@ -172,11 +180,14 @@ func (b *batcher) submit(ctx context.Context, sc scriptCall) *call {
 	case <-b.stop:
 		b.fail(c, errClosed)
 	default:
+		b.queued.Add(1)
 		select {
 		case b.calls <- c:
 		case <-ctx.Done():
+			b.queued.Add(-1)
 			b.fail(c, c.deadlineError(ctx.Err(), time.Now()))
 		case <-b.stop:
+			b.queued.Add(-1)
 			b.fail(c, errClosed)
 		}
 	}
@@ -254,6 +265,7 @@ func (b *batcher) send() {
 		select {
 		case c := <-b.calls:
 			b.inflight.Add(1)
+			b.queued.Add(-1)
 			batch = append(make([]*call, 0, b.max), c)
 		case <-b.stop:
 			return
@@ -287,6 +299,7 @@ func (b *batcher) drain(batch []*call) []*call {
 	for len(batch) < b.max {
 		select {
 		case c := <-b.calls:
+			b.queued.Add(-1)
 			batch = append(batch, c)
 		default:
 			return batch
@@ -304,6 +317,7 @@ func (b *batcher) collect(batch []*call, timer *time.Timer) (_ []*call, stopped 
 	for len(batch) < b.max {
 		select {
 		case c := <-b.calls:
+			b.queued.Add(-1)
 			batch = append(batch, c)
 		case <-timer.C:
 			return batch, false

@@ -12,11 +12,12 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
-// TestNoDirectCallAroundAFormingBatch: a call sent directly is held by a
-// paused server; a second call queues behind it, and its sender waits for
-// latecomers. Once the direct call is answered, a third call must queue
-// for a sender rather than go around the forming batch directly (which
-// would leave the batch waiting its whole BatchWait for nobody).
+// TestNoDirectCallAroundAFormingBatch: a call sent directly is held (a
+// client hook stops it before it is written); a second call queues behind
+// it, and its sender waits for latecomers. Once the direct call is
+// answered, a third call must queue for a sender rather than go around the
+// forming batch directly (which would leave the batch waiting its whole
+// BatchWait for nobody).
 func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
@@ -26,6 +27,8 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	gate := &holdKey{key: s.Key("direct"), release: make(chan struct{})}
+	c.AddHook(gate)
 	ctx := context.Background()
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
@@ -42,19 +45,16 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 	}
 	start := s.Stats()
 
-	admin := srv.Client()
-	if err := admin.Do(ctx, "CLIENT", "PAUSE", "2000", "WRITE").Err(); err != nil {
-		t.Fatal(err)
-	}
 	direct := takeAsync("direct")
 	waitFor(t, "the first call to be sent directly", func() bool { return s.Stats().Direct == start.Direct+1 })
 	// Submitted by hand, so that the test knows when it is queued.
 	reqs := []limiter.Request{{Key: "queued", Limit: l, Hits: 1}}
 	queued := s.batch.submit(ctx, scriptCall{script: s.take, keys: []string{s.Key("queued")}, args: s.takeArgs(t0, reqs), merge: true})
-	waitFor(t, "a sender to take the queued call", func() bool { return len(s.batch.calls) == 0 })
-	if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
-		t.Fatal(err)
+	waitFor(t, "a sender to take the queued call", func() bool { return s.batch.queued.Load() == 0 })
+	if n := s.batch.inflight.Load(); n != 2 {
+		t.Fatalf("with the direct call held and a batch forming, %d round trips counted in flight, want 2", n)
 	}
+	close(gate.release)
 	if err := <-direct; err != nil {
 		t.Fatalf("direct call: %v", err)
 	}
@@ -71,6 +71,31 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 		t.Errorf("a direct call, then two while a batch formed: %d sent directly, want only the first",
 			st.Direct-start.Direct)
 	}
+}
+
+// holdKey is a client hook that holds each single command naming key
+// (not pipelines) until release is closed.
+type holdKey struct {
+	key     string
+	release chan struct{}
+}
+
+func (h *holdKey) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for _, a := range cmd.Args() {
+			if a == h.key {
+				<-h.release
+				break
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *holdKey) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // waitFor polls cond until it holds, failing the test after 5s.
