@@ -124,6 +124,11 @@ func TestStartProcsLeavesAnOperatorsGOMAXPROCS(t *testing.T) {
 // TestStartProcsStop runs a real ProcsTuner in this (idle) process: it goes to one P,
 // and Stop gives the default back.
 func TestStartProcsStop(t *testing.T) {
+	// The default Stop gives back, which differs from the current value
+	// under go test -cpu.
+	prev := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	runtime.SetDefaultGOMAXPROCS()
 	def := runtime.GOMAXPROCS(0)
 	if def < 2 || os.Getenv("GOMAXPROCS") != "" {
 		t.Skip("needs a default of two Ps or more")
