@@ -257,7 +257,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 		o = s.breaker.failed(probe, err)
 	}
 	if ctx.Err() != nil {
-		return nil, fmt.Errorf("%w before the backend answered: %w", ctx.Err(), err)
+		return nil, fmt.Errorf("the caller gave up: %w", err)
 	}
 	return s.fallback(ctx, now, reqs, o, cause)
 }
@@ -279,28 +279,16 @@ func (s *Store) Observe(err error) {
 	}
 }
 
-// budget returns the context a backend call runs under: ctx's values,
-// ending a margin before ctx's deadline (a twentieth of the time left, at
-// most 5ms), or DefaultDeadline from now if it has none. A ctx already
-// done is returned as it is.
-//
-// ctx's cancellation before its deadline (a caller that went away) does
-// not end the backend call, which still ends within its budget: to pass
-// it on, every call would register with the caller's context and
-// unregister after, about 5% of the server's CPU under load (the grpc
-// context of each call is new, so each registration allocates). Take and
-// the others check ctx after the call and treat a caller that went away as
-// gone.
+// budget returns the context a backend call runs under: ctx, ending a
+// margin before its deadline (a twentieth of the time left, at most 5ms),
+// or DefaultDeadline from now if it has none.
 func (s *Store) budget(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Err() != nil {
-		return ctx, func() {}
-	}
 	dl, ok := ctx.Deadline()
 	if !ok {
-		return context.WithTimeout(context.WithoutCancel(ctx), s.opts.DefaultDeadline)
+		return context.WithTimeout(ctx, s.opts.DefaultDeadline)
 	}
 	left := time.Until(dl)
-	return context.WithDeadline(context.WithoutCancel(ctx), dl.Add(-min(maxMargin, max(left, 0)/marginDivisor)))
+	return context.WithDeadline(ctx, dl.Add(-min(maxMargin, max(left, 0)/marginDivisor)))
 }
 
 // judge returns err, a backend call's, wrapped in limiter.ErrOverloaded if

@@ -436,9 +436,7 @@ func TestCallerDeadline(t *testing.T) {
 		wantCounted bool
 	}{
 		{"cancelled", "hung", 0, context.Canceled, 0, false},
-		// A cancellation does not end the backend call (see budget): it goes
-		// on within its budget, and a backend hung all along is counted.
-		{"cancelled after 5ms", "hung", -5 * time.Millisecond, context.Canceled, 0, true},
+		{"cancelled after 5ms, under Timeout", "hung", -5 * time.Millisecond, context.Canceled, 0, false},
 		{"cancelled after 15ms (Envoy's timeout resets the stream)", "hung", -15 * time.Millisecond, context.Canceled, 0, true},
 		{"deadline passed already", "hung", -time.Nanosecond, context.DeadlineExceeded, 0, false},
 		{"5ms left, under Timeout", "hung", 5 * time.Millisecond, nil, limiter.FallbackOverloaded, false},

@@ -146,7 +146,7 @@ func (l *Leases) call(ctx context.Context, f func(context.Context) error) (outag
 		o = s.breaker.failed(probe, err)
 	}
 	if ctx.Err() != nil {
-		return o, limiter.FallbackNone, fmt.Errorf("%w before the backend answered: %w", ctx.Err(), err)
+		return o, limiter.FallbackNone, fmt.Errorf("the caller gave up: %w", err)
 	}
 	s.noteFallback(cause)
 	return o, cause, nil

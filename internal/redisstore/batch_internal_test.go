@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +30,7 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	gate := &holdKey{key: s.Key("direct"), release: make(chan struct{})}
 	c.AddHook(gate)
+	t.Cleanup(gate.open) // a failing test must not leave the call held
 	ctx := context.Background()
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
@@ -54,7 +56,7 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 	if n := s.batch.inflight.Load(); n != 2 {
 		t.Fatalf("with the direct call held and a batch forming, %d round trips counted in flight, want 2", n)
 	}
-	close(gate.release)
+	gate.open()
 	if err := <-direct; err != nil {
 		t.Fatalf("direct call: %v", err)
 	}
@@ -74,11 +76,14 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 }
 
 // holdKey is a client hook that holds each single command naming key
-// (not pipelines) until release is closed.
+// (not pipelines) until open is called or the command's context ends.
 type holdKey struct {
-	key     string
-	release chan struct{}
+	key      string
+	release  chan struct{}
+	openOnce sync.Once
 }
+
+func (h *holdKey) open() { h.openOnce.Do(func() { close(h.release) }) }
 
 func (h *holdKey) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -86,7 +91,11 @@ func (h *holdKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		for _, a := range cmd.Args() {
 			if a == h.key {
-				<-h.release
+				select {
+				case <-h.release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 				break
 			}
 		}

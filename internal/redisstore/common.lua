@@ -51,7 +51,7 @@ local function parse(key, v)
   if not a then
     return nil, 'ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac'
   end
-  return a + 0, b + 0 -- digits only: coercion, cheaper than tonumber
+  return a + 0, b + 0 -- digits (and a sign): coercion, cheaper than tonumber
 end
 
 local server_clock = ARGV[1] == ''

@@ -97,6 +97,41 @@ func TestAQueuedCallIsStillDecidedByRedis(t *testing.T) {
 	}
 }
 
+// TestACancelledCallerIsNotCharged: a caller with a long deadline that
+// cancels (a client gone) while its Take waits in the batch queue gets the
+// cancellation back at once, and its bucket is not charged: the call is
+// dropped before it is sent. (A budget context that did not pass the
+// caller's cancellation on once sent such a call and charged it.)
+func TestACancelledCallerIsNotCharged(t *testing.T) {
+	srv := redistest.Start(t)
+	s := queueingStore(t, srv, 30*time.Millisecond, nil)
+	fs, err := failover.New(s, failover.Options{Mode: failover.Error, Timeout: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	time.AfterFunc(5*time.Millisecond, cancel)
+	start := time.Now()
+	d, err := fs.Take(ctx, start, []limiter.Request{{Key: "gone", Limit: l, Hits: 1}})
+	took := time.Since(start)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Take cancelled after 5ms = %+v, %v; want an error wrapping context.Canceled", d, err)
+	}
+	if took >= 30*time.Millisecond {
+		t.Errorf("Take cancelled after 5ms returned after %v, want before its batch went out (30ms)", took)
+	}
+	time.Sleep(40 * time.Millisecond) // the batch the call was queued in has gone out
+	got, err := s.Take(context.Background(), time.Now(), []limiter.Request{{Key: "gone", Limit: l, Hits: 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Remaining != l.Burst {
+		t.Errorf("after a cancelled Take, %d of %d tokens remain, want all: nothing charged", got[0].Remaining, l.Burst)
+	}
+}
+
 // TestAbandonedTakesAreGivenBack: callers give up (30 ms deadlines) on
 // coalesced Takes while Redis is paused for 150 ms. Those already sent
 // (the two senders' batches) Redis runs after the callers left; it admits
