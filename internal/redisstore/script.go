@@ -113,8 +113,8 @@ type takeResult struct {
 // server without slots).
 func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
 	c := scriptCall{script: s.take, keys: keys, args: s.takeArgs(now, reqs), merge: s.group == nil, take: reqs, now: now}
-	if len(reqs) == 1 {
-		c.alone = s.takeOne
+	if len(reqs) == 1 && !reqs[0].Charge() {
+		c.alone = s.takeOne // take_one.lua has no charges
 	}
 	cmd := s.script(ctx, c)
 	return decodeTakeCmd(cmd, reqs, extras)

@@ -162,7 +162,7 @@ type Store struct {
 	clock    Clock
 	group    func(keys []string) [][]int // nil: one script call for all keys
 	take     *redis.Script
-	takeOne  *redis.Script // take.lua for a call of one request sent alone
+	takeOne  *redis.Script // take.lua for a call of one request, not a charge, sent alone
 	giveBack *redis.Script
 	refund   *redis.Script
 	batch    *batcher // nil: not coalescing
@@ -260,7 +260,7 @@ func New(c Client, opts Options) (*Store, error) {
 		prefix:   opts.Prefix,
 		clock:    opts.Clock,
 		take:     redis.NewScript(commonSource + stepSource + takeSource),
-		takeOne:  redis.NewScript(commonSource + stepSource + takeOneSource),
+		takeOne:  redis.NewScript(takeOneSource),
 		giveBack: redis.NewScript(commonSource + giveBackSource),
 		refund:   redis.NewScript(commonSource + refundSource),
 	}
