@@ -110,7 +110,8 @@ end
 
 -- take_single is take (below) for a Take of one request, the common case,
 -- without take's per-key tables: the request's spec is p. (take_one.lua is
--- the same for a call that carries nothing else.)
+-- the same, written out flat, for a call that carries nothing else and is
+-- not a charge.)
 local function take_single(key, p, now)
   local us, fr = load(key)
   if not us then
