@@ -387,6 +387,147 @@ func TestKeyOfAnotherTypeIsFull(t *testing.T) {
 	}
 }
 
+// TestLoneTakeFailsOnAReadError: take_one.lua reads the bucket with
+// redis.pcall('GET'), so that a key of another type (WRONGTYPE) reads as a
+// full bucket as take.lua's MGET has it; any other error reading it (here a
+// user that may not run GET) fails the Take and leaves the bucket as it
+// is, rather than reading an empty bucket as full.
+func TestLoneTakeFailsOnAReadError(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	if err := srv.Client().Do(ctx, "ACL", "SETUSER", "noget", "on", ">secret", "~*", "+@all", "-get").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "noget", Password: "secret"})
+	t.Cleanup(func() { c.Close() })
+	s := newStore(t, c, redisstore.CallerClock)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+	empty := "1900000000000000:0" // a TAT in 2030: an empty bucket at t0
+	if err := srv.Client().Set(ctx, s.Key("b"), empty, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Take(ctx, t0, []limiter.Request{{Key: "b", Limit: l, Hits: 1}})
+	if !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "can't run this command") {
+		t.Errorf("Take with GET forbidden = %v, want ErrUnavailable naming the refused command", err)
+	}
+	if v := srv.Client().Get(ctx, s.Key("b")).Val(); v != empty {
+		t.Errorf("bucket = %q after the failed Take, want %q", v, empty)
+	}
+}
+
+// TestDocumentedACLSuffices: a user with exactly the ACL rules
+// docs/redis.md gives can do everything a Store asks of Redis: load the
+// scripts, probe, take (alone and merged, on the server's clock), charge,
+// refund, hold and release leases, and subscribe to the pools' channel.
+func TestDocumentedACLSuffices(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	p := prefix(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "ratelimitd", Password: "secret"})
+	t.Cleanup(func() { c.Close() })
+	s, err := redisstore.New(c, redisstore.Options{Prefix: p, Clock: redisstore.ServerClock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	// PSUBSCRIBE's pattern must be one of the user's channel patterns, as
+	// written: the pools' pattern itself.
+	rules := []any{"ACL", "SETUSER", "ratelimitd", "on", ">secret",
+		"+@read", "+@write", "+@scripting", "+@pubsub", "+time", "+ping", "~" + p + "*", "&" + s.LeaseChannelPattern()}
+	if err := srv.Client().Do(ctx, rules...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l := limiter.Limit{Count: 10, Period: time.Second, Burst: 10}
+	debt := limiter.Limit{Count: 10, Period: time.Second, Burst: 10, MaxDebt: 5}
+	steps := []struct {
+		name string
+		do   func() error
+	}{
+		{"Prepare", func() error { return s.Prepare(ctx) }},
+		{"Probe", func() error { return s.Probe(ctx) }},
+		{"a lone Take", func() error {
+			_, err := s.Take(ctx, time.Time{}, []limiter.Request{{Key: "a", Limit: l, Hits: 1}})
+			return err
+		}},
+		{"a Take of two buckets", func() error {
+			_, err := s.Take(ctx, time.Time{}, []limiter.Request{{Key: "a", Limit: l, Hits: 1}, {Key: "b", Limit: l, Hits: 1}})
+			return err
+		}},
+		{"a charge", func() error {
+			_, err := s.Take(ctx, time.Time{}, []limiter.Request{{Key: "c", Limit: debt, Hits: 3}})
+			return err
+		}},
+		{"a refund", func() error {
+			return s.Refund(ctx, time.Time{}, []limiter.Request{{Key: "a", Limit: l, Hits: 1}})
+		}},
+		{"a lease", func() error {
+			pl := limiter.PoolLimit{MaxInFlight: 2, Lease: time.Second}
+			if _, err := s.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: "pool", ID: "x", Limit: pl, MaxWait: time.Second}); err != nil {
+				return err
+			}
+			if _, err := s.InFlight(ctx, time.Time{}, "pool"); err != nil {
+				return err
+			}
+			_, err := s.Release(ctx, time.Time{}, "pool", "x")
+			return err
+		}},
+		{"PSUBSCRIBE to the pools", func() error {
+			ps := c.PSubscribe(ctx, s.LeaseChannelPattern())
+			defer ps.Close()
+			_, err := ps.Receive(ctx)
+			return err
+		}},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Errorf("%s as the documented ACL user: %v", st.name, err)
+		}
+	}
+}
+
+// TestServerClockExpiryIsCeilOfTAT: on the server's clock a written bucket
+// expires (PXAT) exactly when it is full again, its TAT rounded up to the
+// microsecond and then to the millisecond, through take_one.lua and
+// through take.lua's path for one request; with whole and fractional TATs
+// and a reservation.
+func TestServerClockExpiryIsCeilOfTAT(t *testing.T) {
+	c := standalone(t).Client()
+	ctx := context.Background()
+	for _, script := range []string{"take_one.lua", "take.lua"} {
+		s := newStore(t, c, redisstore.ServerClock)
+		if script == "take.lua" {
+			redisstore.OnlyTakeLua(s)
+		}
+		for _, r := range []limiter.Request{
+			{Key: "third", Limit: limiter.Limit{Count: 3, Period: time.Second, Burst: 3}, Hits: 1},
+			{Key: "whole", Limit: limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}, Hits: 1},
+			{Key: "odd", Limit: limiter.Limit{Count: 7, Period: 1001 * time.Microsecond, Burst: 3000}, Hits: 5},
+			{Key: "wait", Limit: limiter.Limit{Count: 3, Period: time.Second, Burst: 1}, Hits: 1, MaxWait: time.Hour},
+		} {
+			for i := range 3 { // the later Takes find the bucket not full
+				if _, err := s.Take(ctx, time.Time{}, []limiter.Request{r}); err != nil {
+					t.Fatal(err)
+				}
+				st, ok := getState(t, c, s.Key(r.Key))
+				if !ok {
+					t.Fatalf("%s, %s, take %d: no key", script, r.Key, i)
+				}
+				at, err := c.PExpireTime(ctx, s.Key(r.Key)).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				us := st.TAT
+				if st.Frac > 0 {
+					us++
+				}
+				if want := (us + 999) / 1000; at.Milliseconds() != want {
+					t.Errorf("%s, %s, take %d: state %+v expires at %d ms, want %d", script, r.Key, i, st, at.Milliseconds(), want)
+				}
+			}
+		}
+	}
+}
+
 // TestProbe: Probe passes on a Redis that can decide, standalone or
 // cluster, without counting a Take, and fails where a PING passes but no
 // Take could be decided: a read-only replica (what a failed-over master
