@@ -1,7 +1,6 @@
--- ratelimitd: what every script of this package starts with (store.go
--- prepends it): exact integer helpers that mirror limiter/bucket.go, and
--- the clock. ARGV[1] is now in Unix microseconds, or "" to read the
--- server's TIME (then server_clock is true).
+-- ratelimitd: what every script of this package but take_one.lua has
+-- after clock.lua (store.go prepends both): exact integer helpers that
+-- mirror limiter/bucket.go, and the writes of a bucket's state.
 
 -- floor(a/b) and a mod b for integers, exact: the division in doubles is
 -- only an estimate, corrected by one step.
@@ -52,20 +51,6 @@ local function parse(key, v)
     return nil, 'ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac'
   end
   return a + 0, b + 0 -- digits (and a sign): coercion, cheaper than tonumber
-end
-
-local server_clock = ARGV[1] == ''
-local now
-if server_clock then
-  -- Redis < 5 replicates scripts verbatim unless told otherwise, and a
-  -- verbatim script may not write after TIME; Redis ≥ 7 ignores this.
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
 end
 
 -- put writes the state (us, fr) of a bucket that is not full at now to

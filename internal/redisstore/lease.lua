@@ -21,7 +21,7 @@
 -- lease; held is the number held after the call; until next expiry is, for
 -- a denied acquire and a read, the time until the earliest held lease
 -- expires (0 when none). A release that frees a lease while the mark is
--- present publishes held on ARGV[7]. (common.lua, prepended, reads the
+-- present publishes held on ARGV[7]. (clock.lua, prepended, reads the
 -- clock.)
 
 local pool, mark = KEYS[1], KEYS[2]

@@ -13,8 +13,8 @@
 --           its tokens take to arrive: limiter.Limit.Span of its hits, at
 --           most burst + max debt (the Go side computes it).
 --
--- Returns the number of buckets written or deleted. (common.lua, prepended,
--- has the helpers and reads the clock.)
+-- Returns the number of buckets written or deleted. (clock.lua and
+-- common.lua, prepended, read the clock and have the helpers.)
 
 local changed = 0
 for i, key in ipairs(KEYS) do

@@ -77,7 +77,7 @@ const (
 var kinds = [...]byte{'t', 'T', 'k', 'K', 'x', 'X', 'c', 'C', 'd', 'D'}
 
 // nowArg is the time argument every script reads first (ARGV[1], see
-// common.lua): now in Unix microseconds with CallerClock, else "" (the
+// clock.lua): now in Unix microseconds with CallerClock, else "" (the
 // script reads the server's TIME).
 func (s *Store) nowArg(now time.Time) any {
 	if s.clock == CallerClock {

@@ -1,10 +1,10 @@
 -- ratelimitd: the admission arithmetic of take.lua (store.go puts it
--- after common.lua and before take.lua): limiter.Decide (limiter/bucket.go)
--- for one request, on a spec parsed from take.lua's arguments (its header
--- gives their layout and the bounds that keep every number an exact
--- integer in a double). take_one.lua has its own copy of the paths for a
--- take, a check and hits above burst, written out flat: a change here is
--- made there too.
+-- after clock.lua and common.lua, before take.lua): limiter.Decide
+-- (limiter/bucket.go) for one request, on a spec parsed from take.lua's
+-- arguments (its header gives their layout and the bounds that keep every
+-- number an exact integer in a double). take_one.lua has its own copy of
+-- the paths for a take, a check and hits above burst, written out flat: a
+-- change here is made there too.
 
 -- t + u, both with fractions of count.
 local function add(tus, tfr, uus, ufr, count)

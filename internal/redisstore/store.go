@@ -49,6 +49,8 @@ import (
 )
 
 var (
+	//go:embed clock.lua
+	clockSource string
 	//go:embed common.lua
 	commonSource string
 	//go:embed step.lua
@@ -259,10 +261,10 @@ func New(c Client, opts Options) (*Store, error) {
 		client:   c,
 		prefix:   opts.Prefix,
 		clock:    opts.Clock,
-		take:     redis.NewScript(commonSource + stepSource + takeSource),
-		takeOne:  redis.NewScript(takeOneSource),
-		giveBack: redis.NewScript(commonSource + giveBackSource),
-		refund:   redis.NewScript(commonSource + refundSource),
+		take:     redis.NewScript(clockSource + commonSource + stepSource + takeSource),
+		takeOne:  redis.NewScript(clockSource + takeOneSource),
+		giveBack: redis.NewScript(clockSource + commonSource + giveBackSource),
+		refund:   redis.NewScript(clockSource + commonSource + refundSource),
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix

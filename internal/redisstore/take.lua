@@ -17,9 +17,9 @@
 -- is split into several calls); each is still decided alone, on the state
 -- the Takes before it left.
 -- Go side: internal/redisstore/store.go (takeArgs, takeSpec, decodeTakeCmd)
--- and batch.go (merging). It starts with common.lua (store.go prepends it):
--- divmod, less, sub, ceil_us, full, parse, put, store, and now, read from
--- ARGV[1] or the server's TIME.
+-- and batch.go (merging). It starts with clock.lua and common.lua (store.go
+-- prepends them): now, read from ARGV[1] or the server's TIME, and divmod,
+-- less, sub, ceil_us, full, parse, put, store.
 --
 -- Lua numbers are doubles: every value below stays an integer under 2^53
 -- for a valid limiter.Limit and Request (limiter.MaxTokens, MaxFill), and so
@@ -34,7 +34,7 @@
 --           repeat.
 -- ARGV      per Take, starting at ARGV[1]:
 --   a       now in Unix microseconds, or "" for the server's TIME (every
---           Take of a call uses the same clock; common.lua reads ARGV[1]).
+--           Take of a call uses the same clock; clock.lua reads ARGV[1]).
 --   a+1     n, the number of its requests (its next n KEYS).
 --   a+1+i   request i's spec, "kind:count:h µs:h frac:f µs:f frac:floor
 --           µs:floor frac", one argument (identical specs, as of requests
@@ -202,7 +202,7 @@ local function take(k, a, n, now)
   return out
 end
 
--- The Takes, one after the other. common.lua set now from ARGV[1]: the
+-- The Takes, one after the other. clock.lua set now from ARGV[1]: the
 -- server's TIME, read once for the call, or the first Take's own now.
 local replies = {}
 local k, a = 0, 1

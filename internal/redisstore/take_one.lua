@@ -14,10 +14,11 @@
 -- the Take}}, or {an error reply} for a malformed spec or a bucket that
 -- holds something other than "TAT:Frac".
 --
--- It stands alone, without common.lua and step.lua: it is their
--- arithmetic for these kinds written out in one flat chunk, because a
--- script's local functions and tables are made anew on every call, which
--- cost a lone call about a sixth of its time in Redis. Each step names what it mirrors there;
+-- It starts with clock.lua (server_clock, now) and nothing else: not
+-- common.lua and step.lua, whose arithmetic for these kinds it writes out
+-- in one flat chunk, because a script's local functions and tables are
+-- made anew on every call, which cost a lone call about a sixth of its
+-- time in Redis. Each step names what it mirrors there;
 -- TestMatchesDecideAll* hold both scripts to limiter.DecideAll.
 
 local key, spec = KEYS[1], ARGV[3]
@@ -31,19 +32,6 @@ end
 count, hus, hfr, fus, ffr, maxwait = count + 0, hus + 0, hfr + 0, fus + 0, ffr + 0, maxwait + 0
 local shadow = kind == 'T' or kind == 'K' or kind == 'X'
 kind = string.lower(kind)
-
--- the clock, as common.lua reads it
-local server_clock = ARGV[1] == ''
-local now
-if server_clock then
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = ARGV[1] + 0
-end
 
 -- the stored state (parse): a missing key, or one of another type (GET
 -- answers WRONGTYPE, which pcall returns as a table), is a full bucket, as
