@@ -14,8 +14,8 @@ import (
 // envoyproxy/ratelimit's test/config (testdata/incumbent/testconfig, same
 // meaning, our own text) the way its config_test.go does, and checks that
 // we accept what it accepts and refuse what it refuses, naming the same
-// problem. Where we differ, differs says why (the README's compatibility
-// table repeats it).
+// problem. Where we differ, differs says why (the compatibility table in
+// docs/replacing-envoyproxy-ratelimit.md repeats it).
 func TestIncumbentFixtures(t *testing.T) {
 	const dir = "testdata/incumbent/testconfig/"
 	tests := []struct {
