@@ -136,6 +136,11 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 	const (
 		maxRetries    = -1 // none: go-redis's -1 (0 means its default, 3)
 		dialerRetries = 1
+		// RESP2: nothing here uses what RESP3 adds (push notifications,
+		// client-side caching, maps and doubles), and on RESP3 go-redis
+		// checks for pending push notifications before every reply it
+		// reads, about 1.5% of the server's CPU under load.
+		protocol = 2
 	)
 
 	// What Sentinel and Cluster clients share.
@@ -149,6 +154,7 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 			WriteTimeout:          write,
 			PoolTimeout:           pool,
 			ContextTimeoutEnabled: true,
+			Protocol:              protocol,
 			MaxRetries:            maxRetries,
 			DialerRetries:         dialerRetries,
 			TLSConfig:             opts.TLSConfig,
@@ -186,6 +192,7 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 		o.WriteTimeout = pick(opts.WriteTimeout, o.WriteTimeout, write)
 		o.PoolTimeout = pick(opts.PoolTimeout, o.PoolTimeout, pool)
 		o.ContextTimeoutEnabled = true
+		o.Protocol = protocol
 		o.MaxRetries = maxRetries
 		o.DialerRetries = dialerRetries
 		return redis.NewClient(o), nil
