@@ -24,6 +24,15 @@ const (
 	DefaultBatchWait = 200 * time.Microsecond
 )
 
+// busyBatch is the size of batch from which the batcher takes the load as
+// busy: several calls keep arriving within one round trip. After a batch
+// of busyBatch calls or more, a call that finds Redis idle waits up to
+// wait for others instead of going alone, so that under load each round
+// trip carries many calls (a round trip of one call costs Redis and this
+// process about half what one of ten costs). After a smaller one, it goes
+// at once, so a lone or light caller never waits.
+const busyBatch = 4
+
 // senders is how many batches may be in flight at once. Redis runs one
 // command at a time, so more buys little; two let a batch form and go out
 // while the previous one is answered.
@@ -66,10 +75,11 @@ const (
 // a batch into take.lua calls of the pipeline (see envelopes). Calls queue
 // in one channel; senders goroutines each take what is queued as a batch
 // and send it. A call that arrives while no round trip is in flight and no
-// batch is forming is sent at once, alone if it is alone; calls that
-// arrive while one is in flight wait up to wait (or until max) and go out
-// together in the next; while every sender is busy, they queue, and the
-// next free sender takes up to max of them.
+// batch is forming is sent at once, alone if it is alone, unless the last
+// batch was busy (busyBatch calls or more): then it waits up to wait for
+// others. Calls that arrive while a round trip is in flight wait up to
+// wait (or until max) and go out together in the next; while every sender
+// is busy, they queue, and the next free sender takes up to max of them.
 type batcher struct {
 	client pipeliner
 	max    int
@@ -87,6 +97,9 @@ type batcher struct {
 	// claimIdle reads it, not len(calls), which a sender empties a moment
 	// before it counts itself.
 	queued atomic.Int32
+	// lastBatch is how many calls the batch a sender sent last carried
+	// (see busyBatch); calls sent directly do not count.
+	lastBatch atomic.Int32
 	// directWhenIdle lets a call that finds nothing in flight be sent from
 	// its caller's goroutine (the client honours deadlines).
 	directWhenIdle bool
@@ -147,13 +160,20 @@ func (b *batcher) close() {
 }
 
 // claimIdle reports whether no round trip is in flight, no batch is
-// forming and no call is queued, and if so counts the caller's own call as
+// forming, no call is queued and the last batch was not busy (see
+// busyBatch), and if so counts the caller's own call as
 // in flight (the caller sends it directly, then calls inflight.Add(-1)).
 // A sender counts itself in flight before it stops counting the call it
 // received as queued, so a call never goes around a batch that is
 // collecting latecomers.
 func (b *batcher) claimIdle() bool {
-	return b.directWhenIdle && b.queued.Load() == 0 && b.inflight.CompareAndSwap(0, 1)
+	return b.directWhenIdle && !b.busy() && b.queued.Load() == 0 && b.inflight.CompareAndSwap(0, 1)
+}
+
+// busy reports whether the last batch sent carried busyBatch calls or more
+// (never when batches collect no latecomers: wait ≤ 0).
+func (b *batcher) busy() bool {
+	return b.wait > 0 && b.lastBatch.Load() >= busyBatch
 }
 
 // closedOr is the error a call sent directly fails with before it is
@@ -253,10 +273,10 @@ func errCmd(ctx context.Context, err error) *redis.Cmd {
 
 // send forms batches from the queued calls and sends them, one pipeline
 // each; senders of them run at once. A batch is what is queued when a
-// sender comes for it, plus, while another round trip is in flight, what
-// arrives within wait, up to max. The sender counts in inflight from its
-// batch's first call until its round trip returns, just before the calls
-// get their answers.
+// sender comes for it, plus, while another round trip is in flight or
+// after a busy batch, what arrives within wait, up to max. The sender
+// counts in inflight from its batch's first call until its round trip
+// returns, just before the calls get their answers.
 func (b *batcher) send() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -271,10 +291,10 @@ func (b *batcher) send() {
 			return
 		}
 		batch = b.drain(batch)
-		// With another round trip in flight, latecomers are likely: wait a
-		// little for them. With none, go at once (a lone caller never
-		// waits).
-		if len(batch) < b.max && b.wait > 0 && b.inflight.Load() > 1 {
+		// With another round trip in flight, or after a busy batch,
+		// latecomers are likely: wait a little for them. Otherwise go at
+		// once (a lone caller never waits).
+		if len(batch) < b.max && b.wait > 0 && (b.inflight.Load() > 1 || b.busy()) {
 			var stopped bool
 			batch, stopped = b.collect(batch, timer)
 			if stopped {
@@ -285,6 +305,7 @@ func (b *batcher) send() {
 				return
 			}
 		}
+		b.lastBatch.Store(int32(len(batch)))
 		sent := b.roundTrip(batch)
 		// Out of flight before answering: a caller may send its next call
 		// as soon as it has its answer, and must not find this round trip

@@ -75,6 +75,61 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 	}
 }
 
+// TestABusyBatchMakesTheNextLoneCallWait: once the last batch sent has
+// carried busyBatch calls, a call that finds Redis idle is not sent
+// directly and alone: it waits BatchWait for company. The batch it then goes in carries one call, so the call
+// after it goes directly again, at once.
+func TestABusyBatchMakesTheNextLoneCallWait(t *testing.T) {
+	const wait = 100 * time.Millisecond
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, Options{Clock: CallerClock, Prefix: "busy:", BatchWait: wait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
+	take := func(key string) error {
+		_, err := s.Take(ctx, t0, []limiter.Request{{Key: key, Limit: l, Hits: 1}})
+		return err
+	}
+	if err := take("warm"); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	if s.batch.busy() {
+		t.Fatal("busy before any batch")
+	}
+
+	s.batch.lastBatch.Store(busyBatch) // as after a batch of busyBatch calls
+	before := s.Stats().Direct
+	begin := time.Now()
+	if err := take("lone"); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(begin); d < wait {
+		t.Errorf("a lone call after a busy batch was answered in %v, want it to wait BatchWait (%v) for company", d, wait)
+	}
+	if got := s.Stats().Direct - before; got != 0 {
+		t.Errorf("a lone call after a busy batch went directly (%d), want it queued", got)
+	}
+	if s.batch.busy() {
+		t.Fatalf("after a batch of one call: still busy (last batch %d)", s.batch.lastBatch.Load())
+	}
+	begin = time.Now()
+	if err := take("next"); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(begin); d >= wait {
+		t.Errorf("a lone call after a batch of one took %v, want it sent at once", d)
+	}
+	if got := s.Stats().Direct - before; got != 1 {
+		t.Errorf("a lone call after a batch of one: %d sent directly, want 1", got)
+	}
+}
+
 // holdKey is a client hook that holds each single command naming key
 // (not pipelines) until open is called or the command's context ends.
 type holdKey struct {

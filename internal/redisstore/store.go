@@ -127,11 +127,15 @@ type Options struct {
 	// goroutine hand-off; up to three round trips may then be in flight
 	// (that call and two batches). Other clients hand each call to a
 	// sending goroutine and back. A lone caller never waits for a batch
-	// either way.
+	// either way. Under load, once a round trip has carried four calls or
+	// more, a call that finds nothing in flight waits up to BatchWait for
+	// others instead, so that round trips stay full while calls keep
+	// coming; the first batch of fewer calls ends that.
 	BatchMax int
 	// BatchWait bounds how long a batch collects calls while another round
-	// trip is in flight. Default DefaultBatchWait, 200µs; negative means
-	// not at all (a batch goes as soon as a sender is free).
+	// trip is in flight, or, under load, after a round trip of four calls
+	// or more (see BatchMax). Default DefaultBatchWait, 200µs; negative
+	// means not at all (a batch goes as soon as a sender is free).
 	BatchWait time.Duration
 
 	// QueueWait, when set, observes in seconds how long each coalesced
