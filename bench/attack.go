@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -290,9 +291,15 @@ type attackPair struct {
 	Baseline string  `json:"baseline_case"`
 	Target   string  `json:"target"`
 	BasePerS float64 `json:"baseline_decisions_per_sec"`
-	// AttackedPerS is the legitimate decisions a second under attack;
-	// Ratio is it over BasePerS (0 without a baseline).
+	// AttackedPerS is the legitimate decisions a second under attack (the
+	// median round's, as BasePerS is). RoundRatios are each round's
+	// attacked throughput over its baseline's in the same round, and Ratio
+	// their median: the two runs of a round run one after the other, so a
+	// machine that speeds up or slows down between rounds moves both. A
+	// result without them (one not measured by the matrix) has Ratio
+	// AttackedPerS ÷ BasePerS. Ratio is 0 without a baseline.
 	AttackedPerS float64     `json:"attacked_decisions_per_sec"`
+	RoundRatios  []float64   `json:"round_ratios,omitempty"`
 	Ratio        float64     `json:"ratio"`
 	MinRatio     float64     `json:"min_ratio"`
 	LegitErrors  int64       `json:"legitimate_errors"`
@@ -311,11 +318,15 @@ func attackPairs(rs []Result) []attackPair {
 			continue
 		}
 		p := attackPair{Case: r.Case, Baseline: r.Baseline, Target: r.Target, AttackedPerS: r.DecisionsPerSec,
-			MinRatio: r.AttackMinRatio, LegitErrors: r.ErrorsTotal, Attackers: *r.Attack}
+			RoundRatios: r.RoundRatios, MinRatio: r.AttackMinRatio, LegitErrors: r.ErrorsTotal, Attackers: *r.Attack}
 		for _, b := range rs {
 			if b.Case == r.Baseline && b.Target == r.Target && b.Attack == nil {
 				p.BasePerS = b.DecisionsPerSec
-				if b.DecisionsPerSec > 0 {
+				switch {
+				case b.DecisionsPerSec == 0:
+				case len(r.RoundRatios) > 0:
+					p.Ratio = medianOf(r.RoundRatios)
+				default:
 					p.Ratio = r.DecisionsPerSec / b.DecisionsPerSec
 				}
 				break
@@ -325,6 +336,13 @@ func attackPairs(rs []Result) []attackPair {
 		pairs = append(pairs, p)
 	}
 	return pairs
+}
+
+// medianOf is the median of v (the upper one of an even count, as median
+// picks its round).
+func medianOf(v []float64) float64 {
+	v = slices.Sorted(slices.Values(v))
+	return v[len(v)/2]
 }
 
 // attackShortfalls names each pair whose ratio fell short (or that had no
@@ -352,8 +370,17 @@ func (p attackPair) String() string {
 		verdict = "TOO LOW"
 	}
 	a := p.Attackers
-	s := fmt.Sprintf("%s against %s: legitimate %.0f decisions/s under attack ÷ %.0f baseline = %s (want ≥ %.2f): %s; %d legitimate error(s); attackers: %d × %s values, %d calls (%.1f/s of %g/s), %d decided, %s error(s)",
-		p.Case, p.Target, p.AttackedPerS, p.BasePerS, ratioDown(p.Ratio), p.MinRatio, verdict, p.LegitErrors,
+	ratio := fmt.Sprintf("legitimate %.0f decisions/s under attack ÷ %.0f baseline = %s", p.AttackedPerS, p.BasePerS, ratioDown(p.Ratio))
+	if len(p.RoundRatios) > 0 {
+		rounds := make([]string, len(p.RoundRatios))
+		for i, r := range p.RoundRatios {
+			rounds[i] = ratioDown(r)
+		}
+		ratio = fmt.Sprintf("legitimate %.0f decisions/s under attack, %.0f baseline (median rounds); under attack ÷ baseline round by round %s, median %s",
+			p.AttackedPerS, p.BasePerS, strings.Join(rounds, ", "), ratioDown(p.Ratio))
+	}
+	s := fmt.Sprintf("%s against %s: %s (want ≥ %.2f): %s; %d legitimate error(s); attackers: %d × %s values, %d calls (%.1f/s of %g/s), %d decided, %s error(s)",
+		p.Case, p.Target, ratio, p.MinRatio, verdict, p.LegitErrors,
 		a.Clients, byteSize(a.ValueBytes), a.Calls, a.CallsPerSec, a.TargetRate, a.Decided,
 		errorsCell(Result{Errors: a.Errors, ErrorsTotal: a.Errors, ErrorKind: a.ErrorKind}))
 	if a.Skipped > 0 {

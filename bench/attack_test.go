@@ -262,11 +262,37 @@ func TestAttackCells(t *testing.T) {
 
 func TestAttackFlagsRefused(t *testing.T) {
 	_, err := parseMatrixFlags([]string{"--attack-clients", "0", "--attack-rate", "0", "--attack-value-bytes", "600000",
-		"--attack-min-ratio", "1.5", "--attack-concurrency", "0"}, new(bytes.Buffer))
-	for _, w := range []string{"--attack-clients 0", "--attack-rate 0", "--attack-value-bytes 600000", "--attack-min-ratio 1.5", "--attack-concurrency 0"} {
+		"--attack-min-ratio", "1.5", "--attack-concurrency", "0", "--attack-rounds", "0"}, new(bytes.Buffer))
+	for _, w := range []string{"--attack-clients 0", "--attack-rate 0", "--attack-value-bytes 600000", "--attack-min-ratio 1.5", "--attack-concurrency 0", "--attack-rounds 0"} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("parseMatrixFlags = %v, want it to name %q", err, w)
 		}
+	}
+}
+
+// TestGroupRounds: a group with an attack cell runs --attack-rounds rounds
+// when that is more than --rounds; any other group, --rounds.
+func TestGroupRounds(t *testing.T) {
+	plain := []cell{{name: "mixed c=64"}}
+	attacked := []cell{{name: "attack-baseline c=64"}, {name: "attack c=64 4×48/s", attack: &attackOptions{}, interleave: true}}
+	for _, tt := range []struct {
+		rounds, attackRounds int
+		group                []cell
+		want                 int
+	}{
+		{3, 5, plain, 3},
+		{3, 5, attacked, 5},
+		{7, 5, attacked, 7},
+		{1, 1, attacked, 1},
+	} {
+		o := matrixOptions{rounds: tt.rounds, attackRounds: tt.attackRounds}
+		if got := o.groupRounds(tt.group); got != tt.want {
+			t.Errorf("--rounds %d --attack-rounds %d, group %s: %d rounds, want %d", tt.rounds, tt.attackRounds, tt.group[len(tt.group)-1].name, got, tt.want)
+		}
+	}
+	o, err := parseMatrixFlags(nil, new(bytes.Buffer))
+	if err != nil || o.attackRounds != 5 {
+		t.Errorf("default --attack-rounds = %d (%v), want 5", o.attackRounds, err)
 	}
 }
 
@@ -291,6 +317,14 @@ func TestAttackPairs(t *testing.T) {
 		{Case: hit, Target: "redis", Strict: true, DecisionsPerSec: 399, Attack: atk(0), Baseline: base, AttackMinRatio: 0.8,
 			Errors: 2, ErrorsTotal: 2, FirstError: "Unavailable: backend unavailable"},
 		{Case: hit, Target: "elsewhere", Strict: true, DecisionsPerSec: 100, Attack: atk(0), Baseline: base, AttackMinRatio: 0.8},
+		// Measured by the matrix: the rounds' own ratios decide, not the
+		// medians' (0.75 here).
+		{Case: base, Target: "paired", Strict: true, DecisionsPerSec: 1000},
+		{Case: hit, Target: "paired", Strict: true, DecisionsPerSec: 750, Attack: atk(0), Baseline: base, AttackMinRatio: 0.8,
+			RoundRatios: []float64{0.95, 0.78, 0.9}},
+		{Case: base, Target: "paired-low", Strict: true, DecisionsPerSec: 1000},
+		{Case: hit, Target: "paired-low", Strict: true, DecisionsPerSec: 900, Attack: atk(0), Baseline: base, AttackMinRatio: 0.8,
+			RoundRatios: []float64{0.79, 0.95, 0.7}},
 	}
 	pairs := attackPairs(rs)
 	type got struct {
@@ -298,7 +332,8 @@ func TestAttackPairs(t *testing.T) {
 		base, ratio float64
 		pass        bool
 	}
-	want := []got{{"memory", 1000, 0.8, true}, {"redis", 500, 0.798, false}, {"elsewhere", 0, 0, false}}
+	want := []got{{"memory", 1000, 0.8, true}, {"redis", 500, 0.798, false}, {"elsewhere", 0, 0, false},
+		{"paired", 1000, 0.9, true}, {"paired-low", 1000, 0.79, false}}
 	if len(pairs) != len(want) {
 		t.Fatalf("attackPairs = %d pairs, want %d", len(pairs), len(want))
 	}
@@ -312,6 +347,7 @@ func TestAttackPairs(t *testing.T) {
 	wantShort := []string{
 		"attack c=64 4×48/s against redis: legitimate throughput 0.79 of the baseline's (want at least 0.80)",
 		"attack c=64 4×48/s against elsewhere: no baseline throughput (attack-baseline c=64) to compare with",
+		"attack c=64 4×48/s against paired-low: legitimate throughput 0.79 of the baseline's (want at least 0.80)",
 	}
 	if strings.Join(s.AttackShortfalls, "\n") != strings.Join(wantShort, "\n") {
 		t.Errorf("shortfalls = %q, want %q", s.AttackShortfalls, wantShort)
@@ -324,6 +360,7 @@ func TestAttackPairs(t *testing.T) {
 	for _, line := range []string{
 		"attack c=64 4×48/s against memory: legitimate 800 decisions/s under attack ÷ 1000 baseline = 0.80 (want ≥ 0.80): ok; 0 legitimate error(s); attackers: 4 × 60 KiB values, 770 calls (191.5/s of 192/s), 765 decided, 5 (DeadlineExceeded:5) error(s), first DeadlineExceeded: context deadline exceeded",
 		"attack c=64 4×48/s against redis: legitimate 399 decisions/s under attack ÷ 500 baseline = 0.79 (want ≥ 0.80): TOO LOW; 2 legitimate error(s); attackers: 4 × 60 KiB values, 770 calls (191.5/s of 192/s), 770 decided, 0 error(s)",
+		"attack c=64 4×48/s against paired: legitimate 750 decisions/s under attack, 1000 baseline (median rounds); under attack ÷ baseline round by round 0.95, 0.78, 0.90, median 0.90 (want ≥ 0.80): ok; 0 legitimate error(s); attackers: 4 × 60 KiB values, 770 calls (191.5/s of 192/s), 770 decided, 0 error(s)",
 		"attack cells below their minimum: " + strings.Join(wantShort, "; "),
 	} {
 		if !strings.Contains(b.String(), line+"\n") {

@@ -229,7 +229,11 @@ type Result struct {
 	Attack         *AttackUsage `json:"attack,omitempty"`
 	Baseline       string       `json:"baseline_case,omitempty"`
 	AttackMinRatio float64      `json:"attack_min_ratio,omitempty"`
-	Redis          *RedisUsage  `json:"redis,omitempty"`
+	// RoundRatios, in an attack cell, are each round's throughput over its
+	// baseline's in the same round, in round order (the two run one after
+	// the other in every round): the attack pair's ratio is their median.
+	RoundRatios []float64   `json:"round_ratios,omitempty"`
+	Redis       *RedisUsage `json:"redis,omitempty"`
 	// Floor ratios, set when a floor was measured in the same run.
 	ThroughputVsFloor float64 `json:"throughput_vs_floor,omitempty"`
 	P50VsFloor        float64 `json:"p50_vs_floor,omitempty"`

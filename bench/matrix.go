@@ -31,6 +31,7 @@ type matrixOptions struct {
 	shortTimeout time.Duration
 	shortConcs   []int
 	rounds       int
+	attackRounds int    // of the attack cells, if more than rounds
 	ratelimitd   string // prebuilt binary; empty builds one
 	goTool       string
 	redisServer  string
@@ -188,8 +189,10 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 	lat := make([]int64, o.load.maxRequests) // one buffer, reused by every run
 	rep := report{Settings: settingsOf(o.load, o.rounds)}
 	total := 0
-	for _, c := range cells {
-		total += len(c.targets) * o.rounds
+	for _, group := range cellGroups(cells) {
+		for _, c := range group {
+			total += len(c.targets) * o.groupRounds(group)
+		}
 	}
 	run := 0
 	// Each group of cells (a cell and those after it marked interleave)
@@ -200,7 +203,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 		for i, c := range group {
 			byCell[i] = make([][]Result, len(c.targets))
 		}
-		for r := range o.rounds {
+		for r := range o.groupRounds(group) {
 			for _, i := range roundOrder(len(group), r) {
 				c := group[i]
 				// Rotate the order each round so no target always goes first.
@@ -225,20 +228,36 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 				}
 			}
 		}
-		for i, c := range group {
-			var floor Result
-			for j, rs := range byCell[i] {
-				m := median(rs)
-				if targets[c.targets[j]].name == "floor" {
-					floor = m
-				} else {
-					m.withRatios(floor)
-				}
-				rep.Results = append(rep.Results, m)
-			}
-		}
+		rep.Results = append(rep.Results, groupResults(group, byCell, targets)...)
 	}
 	return o.finish(rep, stdout, stderr)
+}
+
+// groupResults sums up a group of cells measured round by round: byCell[i][j]
+// are cell i's runs against its target j, in round order. Each is its
+// median run, with its ratios to the floor's (when the cell has the floor)
+// and, in a cell with a baseline in the group, its round ratios to it.
+func groupResults(group []cell, byCell [][][]Result, targets []target) []Result {
+	var out []Result
+	for i, c := range group {
+		var floor Result
+		base := slices.IndexFunc(group, func(b cell) bool { return c.baseline != "" && b.name == c.baseline })
+		for j, rs := range byCell[i] {
+			m := median(rs)
+			if base >= 0 {
+				if k := slices.Index(group[base].targets, c.targets[j]); k >= 0 {
+					m.RoundRatios = roundRatios(rs, byCell[base][k])
+				}
+			}
+			if targets[c.targets[j]].name == "floor" {
+				floor = m
+			} else {
+				m.withRatios(floor)
+			}
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // finish summarizes rep's results and prints the report (a table, or JSON
@@ -501,6 +520,28 @@ func median(rs []Result) Result {
 		}
 	}
 	return m
+}
+
+// groupRounds is how many rounds group runs: --rounds, or, for a group
+// with an attack cell, --attack-rounds if that is more (its pass or fail
+// is a median of per-round ratios, each as noisy as a round).
+func (o matrixOptions) groupRounds(group []cell) int {
+	if slices.ContainsFunc(group, func(c cell) bool { return c.attack != nil }) {
+		return max(o.rounds, o.attackRounds)
+	}
+	return o.rounds
+}
+
+// roundRatios are, round by round, the throughput of runs over that of
+// base's run in the same round (0 where base decided nothing).
+func roundRatios(runs, base []Result) []float64 {
+	out := make([]float64, min(len(runs), len(base)))
+	for r := range out {
+		if b := base[r].DecisionsPerSec; b > 0 {
+			out[r] = runs[r].DecisionsPerSec / b
+		}
+	}
+	return out
 }
 
 // withRatios sets r's ratios to floor's figures.

@@ -164,6 +164,43 @@ func TestMedianKeepsEveryRoundsErrors(t *testing.T) {
 	}
 }
 
+// TestGroupResults: a group's cells come out as their median runs; the
+// cells with the floor get ratios to it, and an attacked cell the ratios of
+// each round's run to its baseline's in that round, which can tell another
+// story than the medians do (here the baseline's median round is a fast
+// one: 1000 ÷ 1200 = 0.83, while round by round it is 0.90, 0.95, 0.67).
+func TestGroupResults(t *testing.T) {
+	targets := []target{{name: "floor"}, {name: "memory"}}
+	mixed := cell{name: "mixed c=64", targets: []int{0, 1}}
+	base := cell{name: "attack-baseline c=64", targets: []int{1}}
+	hit := cell{name: "attack c=64 4×48/s", targets: []int{1}, baseline: base.name, interleave: true}
+	// runs are c's rounds against its target t, as runMatrix records them.
+	runs := func(c cell, t string, v ...float64) []Result {
+		rs := make([]Result, len(v))
+		for i, x := range v {
+			rs[i] = Result{Case: c.name, Target: t, DecisionsPerSec: x, Baseline: c.baseline}
+			if c.baseline != "" {
+				rs[i].Attack = &AttackUsage{}
+			}
+		}
+		return rs
+	}
+	got := groupResults([]cell{mixed}, [][][]Result{{runs(mixed, "floor", 100, 110, 90), runs(mixed, "memory", 80, 99, 60)}}, targets)
+	if len(got) != 2 || got[0].DecisionsPerSec != 100 || got[0].ThroughputVsFloor != 0 ||
+		got[1].DecisionsPerSec != 80 || got[1].ThroughputVsFloor != 0.8 || got[1].RoundRatios != nil {
+		t.Errorf("mixed cell = %+v, want the floor's median 100 and memory's 80, 0.8 × the floor, no round ratios", got)
+	}
+	got = groupResults([]cell{base, hit}, [][][]Result{{runs(base, "memory", 1200, 900, 1500)}, {runs(hit, "memory", 1080, 855, 1000)}}, targets)
+	want := []float64{0.9, 0.95, 1000.0 / 1500}
+	if len(got) != 2 || got[0].DecisionsPerSec != 1200 || got[0].RoundRatios != nil ||
+		got[1].DecisionsPerSec != 1000 || !slices.Equal(got[1].RoundRatios, want) {
+		t.Fatalf("attack group = %+v, want the baseline's median 1200, then the attacked median 1000 with round ratios %v", got, want)
+	}
+	if p := attackPairs(got); len(p) != 1 || p[0].Ratio != 0.9 {
+		t.Errorf("attack pair = %+v, want the median round ratio 0.9", p)
+	}
+}
+
 // TestFinish: the run prints its report whatever happened, then fails
 // (exit status 1, naming the cells on its last line) if a strict cell had
 // an error, unless --allow-errors; errors in short-deadline cells never
