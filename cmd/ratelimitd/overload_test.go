@@ -196,7 +196,8 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := writeConfig(t, map[string]string{"mesh.yaml": wideConfig})
 	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "deny",
-		"--redis-batch-wait", batchWait.String(), "--backend-timeout", timeout.String(), "--redis-read-timeout", readTimeout.String())
+		"--redis-batch-wait", batchWait.String(), "--redis-batch-max", "128", // more than the callers: no batch fills before its wait
+		"--backend-timeout", timeout.String(), "--redis-read-timeout", readTimeout.String())
 	rule := []string{"domain", "mesh", "rule", "wide"}
 
 	// Queueing.

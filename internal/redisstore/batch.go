@@ -30,7 +30,9 @@ const (
 // wait for others instead of going alone, so that under load each round
 // trip carries many calls (a round trip of one call costs Redis and this
 // process about half what one of ten costs). After a smaller one, it goes
-// at once, so a lone or light caller never waits.
+// at once: a lone or light caller waits at most once, for the first call
+// after a busy spell (a call whose deadline is shorter than wait may then
+// fail unsent).
 const busyBatch = 4
 
 // senders is how many batches may be in flight at once. Redis runs one
@@ -105,7 +107,12 @@ type batcher struct {
 	directWhenIdle bool
 	stop           chan struct{}
 	stopOnce       sync.Once
-	wg             sync.WaitGroup
+	// forming is held by the sender whose batch is forming, from before
+	// it takes the batch's first call until the batch is complete: one
+	// batch forms at a time, and takes every latecomer, rather than two
+	// senders each taking every other one.
+	forming sync.Mutex
+	wg      sync.WaitGroup
 
 	stats *counters
 	// late, when set, is run on a goroutine of its own with each call that
@@ -272,7 +279,8 @@ func errCmd(ctx context.Context, err error) *redis.Cmd {
 }
 
 // send forms batches from the queued calls and sends them, one pipeline
-// each; senders of them run at once. A batch is what is queued when a
+// each; the senders' round trips run at once, but one batch forms at a
+// time (see forming). A batch is what is queued when a
 // sender comes for it, plus, while another round trip is in flight or
 // after a busy batch, what arrives within wait, up to max. The sender
 // counts in inflight from its batch's first call until its round trip
@@ -282,12 +290,14 @@ func (b *batcher) send() {
 	timer.Stop()
 	for {
 		var batch []*call
+		b.forming.Lock()
 		select {
 		case c := <-b.calls:
 			b.inflight.Add(1)
 			b.queued.Add(-1)
 			batch = append(make([]*call, 0, b.max), c)
 		case <-b.stop:
+			b.forming.Unlock()
 			return
 		}
 		batch = b.drain(batch)
@@ -298,6 +308,7 @@ func (b *batcher) send() {
 			var stopped bool
 			batch, stopped = b.collect(batch, timer)
 			if stopped {
+				b.forming.Unlock()
 				b.inflight.Add(-1)
 				for _, c := range batch {
 					b.fail(c, errClosed)
@@ -305,6 +316,7 @@ func (b *batcher) send() {
 				return
 			}
 		}
+		b.forming.Unlock()
 		b.lastBatch.Store(int32(len(batch)))
 		sent := b.roundTrip(batch)
 		// Out of flight before answering: a caller may send its next call

@@ -130,7 +130,8 @@ type Options struct {
 	// either way. Under load, once a round trip has carried four calls or
 	// more, a call that finds nothing in flight waits up to BatchWait for
 	// others instead, so that round trips stay full while calls keep
-	// coming; the first batch of fewer calls ends that.
+	// coming; the first batch of fewer calls ends that (so the first call
+	// after a busy spell waits once).
 	BatchMax int
 	// BatchWait bounds how long a batch collects calls while another round
 	// trip is in flight, or, under load, after a round trip of four calls
