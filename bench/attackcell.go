@@ -18,10 +18,10 @@ func addAttackFlags(fs *flag.FlagSet, o *matrixOptions) {
 }
 
 // defaultAttackRounds is --attack-rounds: on the 2-CPU machine the bench
-// was built on, one round's ratio of an attack pair moves by about 0.1
-// either way between rounds of unchanged code (0.82 to 1.21 in three runs
-// of three rounds), so a median of three can fall below 0.80 with a true
-// ratio near 0.90; a median of five seldom does.
+// was built on, one round's ratio of an attack pair moves by 0.1 to 0.3
+// between rounds of unchanged code (0.82 to 1.21 in three runs of three
+// rounds), so a median of three can fall below 0.80 with a true ratio
+// near 0.90; a median of five does so less often.
 const defaultAttackRounds = 5
 
 // maxAttackValueBytes bounds --attack-value-bytes: under ratelimitd's

@@ -82,7 +82,7 @@ func TestParseURLHidesThePassword(t *testing.T) {
 }
 
 func TestDialDefaults(t *testing.T) {
-	c, err := redisstore.Dial(redisstore.ClientOptions{URL: "rediss://u:p@localhost:6380/3?read_timeout=2s", TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13}})
+	c, err := redisstore.Dial(redisstore.ClientOptions{URL: "rediss://u:p@localhost:6380/3?read_timeout=2s&protocol=3", TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +93,8 @@ func TestDialDefaults(t *testing.T) {
 		t.Errorf("timeouts dial %v read %v write %v pool %v, want the defaults but read 2s from the URL",
 			o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout)
 	}
-	if o.Username != "u" || o.Password != "p" || o.DB != 3 || !o.ContextTimeoutEnabled {
-		t.Errorf("options %+v: want user u, password p, DB 3, context timeouts", o)
+	if o.Username != "u" || o.Password != "p" || o.DB != 3 || !o.ContextTimeoutEnabled || o.Protocol != 2 {
+		t.Errorf("options %+v: want user u, password p, DB 3, context timeouts, RESP2 whatever the URL says", o)
 	}
 	if o.TLSConfig == nil || o.TLSConfig.MinVersion != tls.VersionTLS13 || o.TLSConfig.ServerName != "localhost" {
 		t.Errorf("TLSConfig = %+v, want the given one with ServerName localhost", o.TLSConfig)
@@ -123,6 +123,9 @@ func TestDialSentinel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	if p := c.(*redis.Client).Options().Protocol; p != 2 {
+		t.Errorf("Sentinel client protocol = %d, want RESP2", p)
+	}
 	takeOnce(t, c)
 }
 
@@ -134,6 +137,9 @@ func TestDialCluster(t *testing.T) {
 	defer c.Close()
 	if _, ok := c.(*redis.ClusterClient); !ok {
 		t.Fatalf("Dial(ClusterAddrs) = %T, want *redis.ClusterClient", c)
+	}
+	if p := c.(*redis.ClusterClient).Options().Protocol; p != 2 {
+		t.Errorf("cluster client protocol = %d, want RESP2", p)
 	}
 	takeOnce(t, c)
 }
