@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -336,13 +335,6 @@ func attackPairs(rs []Result) []attackPair {
 		pairs = append(pairs, p)
 	}
 	return pairs
-}
-
-// medianOf is the median of v (the upper one of an even count, as median
-// picks its round).
-func medianOf(v []float64) float64 {
-	v = slices.Sorted(slices.Values(v))
-	return v[len(v)/2]
 }
 
 // attackShortfalls names each pair whose ratio fell short (or that had no

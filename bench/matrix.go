@@ -188,6 +188,9 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 
 	lat := make([]int64, o.load.maxRequests) // one buffer, reused by every run
 	rep := report{Settings: settingsOf(o.load, o.rounds)}
+	if slices.ContainsFunc(cells, func(c cell) bool { return c.attack != nil }) && o.attackRounds > o.rounds {
+		rep.Settings.AttackRounds = o.attackRounds
+	}
 	total := 0
 	for _, group := range cellGroups(cells) {
 		for _, c := range group {
@@ -494,8 +497,7 @@ func median(rs []Result) Result {
 		for i, r := range rs {
 			v[i] = f(r)
 		}
-		slices.Sort(v)
-		return v[len(v)/2]
+		return medianOf(v)
 	}
 	sorted := slices.Clone(rs)
 	slices.SortFunc(sorted, func(a, b Result) int {
@@ -520,6 +522,13 @@ func median(rs []Result) Result {
 		}
 	}
 	return m
+}
+
+// medianOf is the median of v (the upper one of an even count, as median
+// picks its round). It sorts a copy.
+func medianOf(v []float64) float64 {
+	v = slices.Sorted(slices.Values(v))
+	return v[len(v)/2]
 }
 
 // groupRounds is how many rounds group runs: --rounds, or, for a group

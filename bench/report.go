@@ -110,9 +110,12 @@ func failedCells(rs []Result) []string {
 
 // settings record how the results were measured.
 type settings struct {
-	DurationSec    float64 `json:"duration_sec"`
-	WarmupSec      float64 `json:"warmup_sec"`
-	Rounds         int     `json:"rounds"`
+	DurationSec float64 `json:"duration_sec"`
+	WarmupSec   float64 `json:"warmup_sec"`
+	Rounds      int     `json:"rounds"`
+	// AttackRounds is how many rounds the attack cells ran, when more
+	// than Rounds (see matrixOptions.groupRounds).
+	AttackRounds   int     `json:"attack_rounds,omitempty"`
 	Conns          int     `json:"grpc_connections"`
 	Keyspace       int     `json:"keyspace"`
 	OverLimitShare float64 `json:"over_limit_share"`
@@ -151,8 +154,12 @@ const tableErrorLen = 100
 // message (last, unaligned).
 func writeTable(w io.Writer, rep report) error {
 	s := rep.Settings
-	fmt.Fprintf(w, "%gs per cell after %gs warm-up, median of %d round(s); %d gRPC connection(s); keyspace %d, Zipf s=%g, %.0f%% aimed over limit; client deadline %v a call unless the case names one; %d CPUs, %s\n",
-		s.DurationSec, s.WarmupSec, s.Rounds, s.Conns, s.Keyspace, s.ZipfS, 100*s.OverLimitShare,
+	rounds := fmt.Sprintf("%d round(s)", s.Rounds)
+	if s.AttackRounds > s.Rounds {
+		rounds += fmt.Sprintf(" (attack cells: %d)", s.AttackRounds)
+	}
+	fmt.Fprintf(w, "%gs per cell after %gs warm-up, median of %s; %d gRPC connection(s); keyspace %d, Zipf s=%g, %.0f%% aimed over limit; client deadline %v a call unless the case names one; %d CPUs, %s\n",
+		s.DurationSec, s.WarmupSec, rounds, s.Conns, s.Keyspace, s.ZipfS, 100*s.OverLimitShare,
 		time.Duration(s.TimeoutSec*float64(time.Second)).Round(time.Microsecond), s.CPUs, s.GoVersion)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "case\ttarget\tdecisions/s\t×floor\tp50\t×floor\tp99\t×floor\tp99.9\tOK\tOVER_LIMIT\terrors\tdecided\tscripts/dec\tredis cmds/dec\tround trips/dec\tredis CPU µs/dec\t  first error")

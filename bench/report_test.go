@@ -128,3 +128,24 @@ func TestTruncate(t *testing.T) {
 		}
 	}
 }
+
+// TestHeaderNamesAttackRounds: when the attack cells ran more rounds than
+// the others, the table's first line says so.
+func TestHeaderNamesAttackRounds(t *testing.T) {
+	for _, tt := range []struct {
+		attackRounds int
+		want         string
+	}{
+		{0, "median of 3 round(s); "},
+		{5, "median of 3 round(s) (attack cells: 5); "},
+	} {
+		var b bytes.Buffer
+		rep := report{Settings: settings{DurationSec: 5, WarmupSec: 1, Rounds: 3, AttackRounds: tt.attackRounds, Conns: 1}}
+		if err := writeTable(&b, rep); err != nil {
+			t.Fatal(err)
+		}
+		if first, _, _ := strings.Cut(b.String(), "\n"); !strings.Contains(first, tt.want) {
+			t.Errorf("attack rounds %d: header %q, want it to contain %q", tt.attackRounds, first, tt.want)
+		}
+	}
+}
