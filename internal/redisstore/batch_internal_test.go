@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -127,6 +129,66 @@ func TestABusyBatchMakesTheNextLoneCallWait(t *testing.T) {
 	}
 	if got := s.Stats().Direct - before; got != 1 {
 		t.Errorf("a lone call after a batch of one: %d sent directly, want 1", got)
+	}
+}
+
+// TestOneBatchFormsAtATime: with a direct call held in flight, calls
+// submitted one after another while a batch collects latecomers all go in
+// that one batch; the second sender, free meanwhile, takes none of them
+// into a batch of its own.
+func TestOneBatchFormsAtATime(t *testing.T) {
+	const n = 6
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	// BatchMax n: the batch goes as soon as it holds all n; split in two,
+	// neither half would fill before its 10 s wait.
+	s, err := New(c, Options{Clock: CallerClock, Prefix: "forming-one:", BatchMax: n, BatchWait: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	var mu sync.Mutex
+	var sizes []int
+	s.batch.observe = func(batch []*call, _ int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		sizes = append(sizes, len(batch))
+	}
+	gate := &holdKey{key: s.Key("direct"), release: make(chan struct{})}
+	c.AddHook(gate)
+	t.Cleanup(gate.open)
+	ctx := context.Background()
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
+	direct := make(chan error, 1)
+	go func() {
+		_, err := s.Take(ctx, t0, []limiter.Request{{Key: "direct", Limit: l, Hits: 1}})
+		direct <- err
+	}()
+	waitFor(t, "the held call to be sent directly", func() bool { return s.Stats().Direct == 1 })
+	var queued []*call
+	for i := range n {
+		key := "queued" + strconv.Itoa(i)
+		reqs := []limiter.Request{{Key: key, Limit: l, Hits: 1}}
+		queued = append(queued, s.batch.submit(ctx, scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(t0, reqs), merge: true}))
+		// Each one taken before the next is sent: a free second sender
+		// would be first in line for it.
+		waitFor(t, "a sender to take the queued call", func() bool { return s.batch.queued.Load() == 0 })
+	}
+	for i, q := range queued {
+		if err := s.batch.await(ctx, q).Err(); err != nil {
+			t.Fatalf("queued call %d: %v", i, err)
+		}
+	}
+	gate.open()
+	if err := <-direct; err != nil {
+		t.Fatalf("held call: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(sizes, []int{n}) {
+		t.Errorf("%d calls queued while a batch formed went out in batches of %v, want one of %d", n, sizes, n)
 	}
 }
 
