@@ -432,11 +432,27 @@ func startSentinelGroup(t testing.TB, masterName string) (*SentinelGroup, error)
 		}
 	}
 	for _, s := range g.Sentinels {
+		if err := noTilt(ctx, s.Addr); err != nil {
+			return nil, err
+		}
 		if err := g.waitSentinelReady(ctx, s.Addr); err != nil {
 			return nil, err
 		}
 	}
 	return g, nil
+}
+
+// noTilt keeps the sentinel at addr out of TILT mode: a sentinel whose
+// timer ran more than 2 s late (a loaded test machine stalls processes
+// that long) stops acting for 30 s, longer than a test waits for a
+// failover. SENTINEL DEBUG (Redis 7) raises the trigger to a minute.
+func noTilt(ctx context.Context, addr string) error {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	if err := c.Do(ctx, "SENTINEL", "DEBUG", "tilt-trigger", "60000").Err(); err != nil {
+		return fmt.Errorf("redistest: sentinel %s: SENTINEL DEBUG tilt-trigger: %w", addr, err)
+	}
+	return nil
 }
 
 // waitReplicaInSync waits until the replica reports its link to the master
