@@ -77,7 +77,7 @@ func TestParseServeFlagsDefaults(t *testing.T) {
 	}{
 		{"retry-after", c.RetryAfter, server.RetryAfterSend},
 		{"ratelimit-headers", c.RateLimitHeaders, server.RateLimitHeadersOff},
-		{"dynamic-metadata", c.DynamicMetadata, server.DynamicMetadataAll},
+		{"dynamic-metadata", c.DynamicMetadata, server.DynamicMetadataNotable},
 		{"log-format", c.logFormat, "text"},
 		{"on-backend-failure", c.Failure.Mode, failover.Error},
 		{"failure-grace", c.Failure.Grace, time.Duration(0)},

@@ -45,10 +45,11 @@ func TestConfigReachesTheAnswers(t *testing.T) {
 		wantRetry    bool // Retry-After on the denial
 		wantXHeaders bool // X-RateLimit-* on the denial
 	}{
-		{"defaults", daemon.Config{}, true, true, false},
+		{"defaults", daemon.Config{}, false, true, false},
+		{"dynamic metadata on every answer", daemon.Config{DynamicMetadata: server.DynamicMetadataAll}, true, true, false},
 		{"no dynamic metadata", daemon.Config{DynamicMetadata: server.DynamicMetadataOff}, false, true, false},
-		{"Retry-After left to Envoy", daemon.Config{RetryAfter: server.RetryAfterOmit}, true, false, false},
-		{"draft-03 headers", daemon.Config{RateLimitHeaders: server.RateLimitHeadersDraft03}, true, true, true},
+		{"Retry-After left to Envoy", daemon.Config{RetryAfter: server.RetryAfterOmit}, false, false, false},
+		{"draft-03 headers", daemon.Config{RateLimitHeaders: server.RateLimitHeadersDraft03}, false, true, true},
 	}
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},

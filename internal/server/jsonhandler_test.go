@@ -20,7 +20,7 @@ import (
 // and tokens spent as a gRPC call spends them.
 func TestJSONHandler(t *testing.T) {
 	clk := clocktest.New()
-	c, srv := startServer(t, server.Options{Now: clk.Now}, server.MustParse(t, testConfig))
+	c, srv := startServer(t, server.Options{Now: clk.Now, DynamicMetadata: server.DynamicMetadataAll}, server.MustParse(t, testConfig))
 	hs := httptest.NewServer(srv.JSONHandler(512))
 	t.Cleanup(hs.Close)
 	post := func(body string) (int, string, string) {

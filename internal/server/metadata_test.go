@@ -31,8 +31,8 @@ func TestDynamicMetadataModes(t *testing.T) {
 		want [][]string // the metadata keys of each answer, sorted; nil for none
 	}{
 		{"all", server.DynamicMetadataAll, [][]string{matched, matched, shadowDenied, matched, matched, deniedBy}},
-		{"default is all", 0, [][]string{matched, matched, shadowDenied, matched, matched, deniedBy}},
 		{"notable", server.DynamicMetadataNotable, [][]string{nil, nil, shadowDenied, nil, nil, deniedBy}},
+		{"default is notable", 0, [][]string{nil, nil, shadowDenied, nil, nil, deniedBy}},
 		{"off", server.DynamicMetadataOff, [][]string{nil, nil, nil, nil, nil, nil}},
 	}
 	for _, tt := range tests {

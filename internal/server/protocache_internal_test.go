@@ -36,7 +36,7 @@ descriptors:
 		{"a rule matches", &ratelimitv3.RateLimitDescriptor_Entry{Key: "model", Value: "m"}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv, err := New(Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{})})
+			srv, err := New(Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), DynamicMetadata: DynamicMetadataAll})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -268,7 +268,7 @@ func TestDescriptorMetadata(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := clocktest.New()
-			c, _ := startServer(t, server.Options{Now: clk.Now, DescriptorMetadata: tt.mode}, set)
+			c, _ := startServer(t, server.Options{Now: clk.Now, DescriptorMetadata: tt.mode, DynamicMetadata: server.DynamicMetadataAll}, set)
 			for i, s := range tt.steps {
 				resp := call(t, c, s.req)
 				if got, want := withoutOurs(resp), mustStruct(t, s.want); !proto.Equal(got, want) {

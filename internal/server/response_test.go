@@ -41,7 +41,7 @@ func TestDynamicMetadataOnTheWire(t *testing.T) {
 			if err != nil {
 				t.Fatalf("structpb.NewStruct(%v): %v", tt.want, err)
 			}
-			srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{})})
+			srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), DynamicMetadata: server.DynamicMetadataAll})
 			if err != nil {
 				t.Fatalf("server.New: %v", err)
 			}

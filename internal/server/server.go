@@ -161,7 +161,7 @@ type Options struct {
 	RetryAfter RetryAfter
 	// RateLimitHeaders defaults to RateLimitHeadersOff.
 	RateLimitHeaders RateLimitHeaders
-	// DynamicMetadata defaults to DynamicMetadataAll.
+	// DynamicMetadata defaults to DynamicMetadataNotable.
 	DynamicMetadata DynamicMetadata
 	// Observer, when set, learns the outcome of every call.
 	Observer Observer
@@ -300,7 +300,7 @@ func New(opts Options) (*Server, error) {
 		s.answer.headers = RateLimitHeadersOff
 	}
 	if s.answer.metadata == 0 {
-		s.answer.metadata = DynamicMetadataAll
+		s.answer.metadata = DynamicMetadataNotable
 	}
 	if s.answer.metadata < DynamicMetadataAll || s.answer.metadata > DynamicMetadataOff {
 		return nil, fmt.Errorf("server: invalid DynamicMetadata %d", s.answer.metadata)
