@@ -90,7 +90,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long to drain in-flight calls on SIGTERM")
 	retryAfter := fs.String("retry-after", "send", "Retry-After on OVER_LIMIT answers: send, or omit (for Envoys with enable_retry_after_header)")
 	rlHeaders := fs.String("ratelimit-headers", "off", "rate-limit headers computed by the service: off (leave them to Envoy), draft03 (X-RateLimit-*) or ietf (RateLimit-Policy and RateLimit, draft-ietf-httpapi-ratelimit-headers-11)")
-	metadata := fs.String("dynamic-metadata", "notable", "which answers name their rules in dynamic_metadata (for access logs): all, notable (denials, shadow denials, above burst, waits, full queues) or off")
+	metadata := fs.String("dynamic-metadata", "notable", "which answers name their rules in dynamic_metadata (for access logs): all, notable (denials, shadow denials, above burst, waits, full queues, quota-mode rules over their limit) or off")
 	fs.IntVar(&c.Limits.MaxDescriptors, "max-descriptors", defLimits.MaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&c.Limits.MaxEntries, "max-entries", defLimits.MaxEntries, "most entries in one descriptor")
 	fs.IntVar(&c.Limits.MaxKeyBytes, "max-key-bytes", defLimits.MaxKeyBytes, "longest descriptor entry key")

@@ -445,7 +445,7 @@ func (e *incumbentEnv) mapAnswers(s *incumbentSettings) []error {
 	// envoyproxy/ratelimit sends dynamic metadata only when asked: its
 	// keys (domain, descriptors, hitsAddend, the passed descriptors'
 	// metadata), beside which ratelimitd puts its own (ratelimitd.*,
-	// docs/observing.md); unasked, neither.
+	// docs/how-it-decides.md#dynamic-metadata); unasked, neither.
 	if s.dynamicMetadata {
 		e.set("descriptor-metadata", "incumbent", "RESPONSE_DYNAMIC_METADATA")
 		e.set("dynamic-metadata", "all", "RESPONSE_DYNAMIC_METADATA")

@@ -41,15 +41,15 @@ func TestConfigReachesTheAnswers(t *testing.T) {
 	tests := []struct {
 		name         string
 		cfg          daemon.Config
-		wantMetadata bool
-		wantRetry    bool // Retry-After on the denial
-		wantXHeaders bool // X-RateLimit-* on the denial
+		wantMetadata [2]bool // dynamic_metadata on the admission, on the denial
+		wantRetry    bool    // Retry-After on the denial
+		wantXHeaders bool    // X-RateLimit-* on the denial
 	}{
-		{"defaults", daemon.Config{}, false, true, false},
-		{"dynamic metadata on every answer", daemon.Config{DynamicMetadata: server.DynamicMetadataAll}, true, true, false},
-		{"no dynamic metadata", daemon.Config{DynamicMetadata: server.DynamicMetadataOff}, false, true, false},
-		{"Retry-After left to Envoy", daemon.Config{RetryAfter: server.RetryAfterOmit}, false, false, false},
-		{"draft-03 headers", daemon.Config{RateLimitHeaders: server.RateLimitHeadersDraft03}, false, true, true},
+		{"defaults", daemon.Config{}, [2]bool{false, true}, true, false},
+		{"dynamic metadata on every answer", daemon.Config{DynamicMetadata: server.DynamicMetadataAll}, [2]bool{true, true}, true, false},
+		{"no dynamic metadata", daemon.Config{DynamicMetadata: server.DynamicMetadataOff}, [2]bool{false, false}, true, false},
+		{"Retry-After left to Envoy", daemon.Config{RetryAfter: server.RetryAfterOmit}, [2]bool{false, true}, false, false},
+		{"draft-03 headers", daemon.Config{RateLimitHeaders: server.RateLimitHeadersDraft03}, [2]bool{false, true}, true, true},
 	}
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
@@ -64,12 +64,15 @@ func TestConfigReachesTheAnswers(t *testing.T) {
 			if err != nil || first.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 				t.Fatalf("first call = %v, %v; want OK", first.GetOverallCode(), err)
 			}
-			if got := first.GetDynamicMetadata() != nil; got != tt.wantMetadata {
-				t.Errorf("dynamic_metadata present %v, want %v", got, tt.wantMetadata)
+			if got := first.GetDynamicMetadata() != nil; got != tt.wantMetadata[0] {
+				t.Errorf("admission: dynamic_metadata present %v, want %v", got, tt.wantMetadata[0])
 			}
 			second, err := rls.ShouldRateLimit(ctx, req)
 			if err != nil || second.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
 				t.Fatalf("second call = %v, %v; want OVER_LIMIT", second.GetOverallCode(), err)
+			}
+			if got := second.GetDynamicMetadata() != nil; got != tt.wantMetadata[1] {
+				t.Errorf("denial: dynamic_metadata present %v, want %v", got, tt.wantMetadata[1])
 			}
 			headers := map[string]bool{}
 			for _, h := range second.GetResponseHeadersToAdd() {

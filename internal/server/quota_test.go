@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -281,6 +282,48 @@ func TestDescriptorMetadata(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDescriptorMetadataByDefault: in the default dynamic-metadata mode
+// (notable) a plain admission still carries the passed descriptors'
+// metadata, without the ratelimitd.* keys, and an admission in which a
+// quota-mode rule is over its limit names it.
+func TestDescriptorMetadataByDefault(t *testing.T) {
+	set := server.MustParse(t, quotaConfig)
+	steps := []struct {
+		req  *rlsv3.RateLimitRequest
+		want map[string]any // the descriptors' metadata
+		ours []string       // the ratelimitd.* keys, sorted
+	}{
+		{request("ai", desc("q1", "x"), desc("q2", "x")),
+			map[string]any{"metadata": map[string]any{"route": map[string]any{"backend": "a", "zone": "west"}, "extra": 1.0}}, nil},
+		{request("ai", withHits(desc("q1", "x"), 1)), map[string]any{"metadata": map[string]any{"route": map[string]any{"backend": "a"}}}, nil},
+		// q1 is over now, in an admitted answer.
+		{request("ai", desc("q1", "x"), desc("q2", "x"), desc("n", "x")),
+			map[string]any{"metadata": map[string]any{"route": map[string]any{"backend": "b", "zone": "west"}, "extra": 1.0, "normal": true}},
+			[]string{"ratelimitd.matched", "ratelimitd.quota_over"}},
+	}
+	clk := clocktest.New()
+	c, _ := startServer(t, server.Options{Now: clk.Now}, set)
+	for i, s := range steps {
+		resp := call(t, c, s.req)
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("step %d: %v, want OK", i, resp.GetOverallCode())
+		}
+		if got, want := withoutOurs(resp), mustStruct(t, s.want); !proto.Equal(got, want) {
+			t.Errorf("step %d: descriptors' metadata %v, want %v", i, got, want)
+		}
+		var ours []string
+		for k := range resp.GetDynamicMetadata().GetFields() {
+			if strings.HasPrefix(k, "ratelimitd.") {
+				ours = append(ours, k)
+			}
+		}
+		slices.Sort(ours)
+		if !slices.Equal(ours, s.ours) {
+			t.Errorf("step %d: ratelimitd keys %v, want %v", i, ours, s.ours)
+		}
 	}
 }
 

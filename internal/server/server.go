@@ -63,11 +63,14 @@ type DynamicMetadata int
 const (
 	// DynamicMetadataAll puts it on every answer in which a rule matched:
 	// the rules that matched, and those that denied, would have denied
-	// (shadow), were asked for more than their burst, waited or shed.
+	// (shadow), were asked for more than their burst, waited or shed, and
+	// quota-mode rules over their limit in an admitted answer.
 	DynamicMetadataAll DynamicMetadata = iota + 1
 	// DynamicMetadataNotable puts it only on answers where more happened
 	// than a plain admission: a denial, a shadow denial, a request above
-	// the burst, a wait or a full queue.
+	// the burst, a wait, a full queue or a quota-mode rule over its limit.
+	// It is the default: Envoy decodes the metadata of every answer that
+	// carries it.
 	DynamicMetadataNotable
 	// DynamicMetadataOff never sends it.
 	DynamicMetadataOff
