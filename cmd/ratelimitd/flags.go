@@ -89,7 +89,8 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long to drain in-flight calls on SIGTERM")
 	retryAfter := fs.String("retry-after", "send", "Retry-After on OVER_LIMIT answers: send, or omit (for Envoys with enable_retry_after_header)")
-	rlHeaders := fs.String("ratelimit-headers", "off", "rate-limit headers computed by the service: off (leave them to Envoy), draft03 (X-RateLimit-*) or ietf (RateLimit-Policy and RateLimit, draft-ietf-httpapi-ratelimit-headers-11)")
+	rlHeaders := fs.String("ratelimit-headers", "off", "rate-limit headers computed by the service: off (leave them to Envoy), draft03 (X-RateLimit-*), ietf (RateLimit-Policy and RateLimit, draft-ietf-httpapi-ratelimit-headers-11) or incumbent (envoyproxy/ratelimit's RateLimit-Limit, -Remaining and -Reset)")
+	headerNames := fs.String("ratelimit-header-names", "", "with --ratelimit-headers incumbent, the names of its three headers: limit,remaining,reset (default RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset)")
 	metadata := fs.String("dynamic-metadata", "notable", "which answers name their rules in dynamic_metadata (for access logs): all, notable (denials, shadow denials, above burst, waits, full queues, quota-mode rules over their limit) or off")
 	fs.IntVar(&c.Limits.MaxDescriptors, "max-descriptors", defLimits.MaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&c.Limits.MaxEntries, "max-entries", defLimits.MaxEntries, "most entries in one descriptor")
@@ -206,9 +207,27 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return c, usageError{err}
 	}
 	if c.RateLimitHeaders, err = choose("ratelimit-headers", *rlHeaders,
-		[]string{"off", "draft03", "ietf"},
-		[]server.RateLimitHeaders{server.RateLimitHeadersOff, server.RateLimitHeadersDraft03, server.RateLimitHeadersIETF}); err != nil {
+		[]string{"off", "draft03", "ietf", "incumbent"},
+		[]server.RateLimitHeaders{server.RateLimitHeadersOff, server.RateLimitHeadersDraft03, server.RateLimitHeadersIETF, server.RateLimitHeadersIncumbent}); err != nil {
 		return c, usageError{err}
+	}
+	if spelt, ok := given["ratelimit-header-names"]; ok {
+		switch {
+		case c.RateLimitHeaders == server.RateLimitHeadersIncumbent:
+			names := strings.Split(*headerNames, ",")
+			if len(names) != 3 {
+				return c, usageError{fmt.Errorf("%s %q: want three names, limit,remaining,reset", spelt, *headerNames)}
+			}
+			c.RateLimitHeaderNames = server.HeaderNames{Limit: strings.TrimSpace(names[0]), Remaining: strings.TrimSpace(names[1]), Reset: strings.TrimSpace(names[2])}
+			if err := c.RateLimitHeaderNames.Validate(); err != nil {
+				return c, usageError{fmt.Errorf("%s: %w", spelt, err)}
+			}
+		case strings.HasPrefix(spelt, "LIMIT_"):
+			// The incumbent's names, while the operator chose another
+			// mode over its LIMIT_RESPONSE_HEADERS_ENABLED: not read.
+		default:
+			return c, usageError{fmt.Errorf("%s: only with %s incumbent", spelt, flagSpelling(given, "ratelimit-headers"))}
+		}
 	}
 	if c.DynamicMetadata, err = choose("dynamic-metadata", *metadata,
 		[]string{"all", "notable", "off"},

@@ -28,6 +28,7 @@ func TestParseServeFlagsChoices(t *testing.T) {
 		{"ratelimit-headers", "off", func(c serveConfig) any { return c.RateLimitHeaders }, server.RateLimitHeadersOff},
 		{"ratelimit-headers", "draft03", func(c serveConfig) any { return c.RateLimitHeaders }, server.RateLimitHeadersDraft03},
 		{"ratelimit-headers", "ietf", func(c serveConfig) any { return c.RateLimitHeaders }, server.RateLimitHeadersIETF},
+		{"ratelimit-headers", "incumbent", func(c serveConfig) any { return c.RateLimitHeaders }, server.RateLimitHeadersIncumbent},
 		{"dynamic-metadata", "all", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataAll},
 		{"dynamic-metadata", "notable", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataNotable},
 		{"dynamic-metadata", "off", func(c serveConfig) any { return c.DynamicMetadata }, server.DynamicMetadataOff},
@@ -132,7 +133,11 @@ func TestParseServeFlagsRejects(t *testing.T) {
 		want string
 	}{
 		{"retry-after", []string{"--retry-after", "later"}, `--retry-after "later": want send or omit`},
-		{"ratelimit-headers", []string{"--ratelimit-headers", "draft04"}, `--ratelimit-headers "draft04": want off, draft03 or ietf`},
+		{"ratelimit-headers", []string{"--ratelimit-headers", "draft04"}, `--ratelimit-headers "draft04": want off, draft03, ietf or incumbent`},
+		{"header names without incumbent", []string{"--ratelimit-header-names", "a,b,c"}, "--ratelimit-header-names: only with --ratelimit-headers incumbent"},
+		{"two header names", []string{"--ratelimit-headers", "incumbent", "--ratelimit-header-names", "a,b"}, `--ratelimit-header-names "a,b": want three names, limit,remaining,reset`},
+		{"a header name with a space", []string{"--ratelimit-headers", "incumbent", "--ratelimit-header-names", "a,b c,d"}, `--ratelimit-header-names: the remaining header's name "b c" is not an HTTP header name`},
+		{"an empty header name", []string{"--ratelimit-headers", "incumbent", "--ratelimit-header-names", "a,b,"}, `--ratelimit-header-names: the reset header's name "" is not an HTTP header name`},
 		{"dynamic-metadata", []string{"--dynamic-metadata", "some"}, `--dynamic-metadata "some": want all, notable or off`},
 		{"quota-mode", []string{"--quota-mode", "some"}, `--quota-mode "some": want per-rule or all`},
 		{"descriptor-metadata", []string{"--descriptor-metadata", "all"}, `--descriptor-metadata "all": want passed, incumbent or off`},

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
@@ -438,9 +440,16 @@ func (e *incumbentEnv) mapAnswers(s *incumbentSettings) []error {
 	if s.stopIncrement {
 		e.set("default-overdraft-counting", "where-denied", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
 	}
+	// The incumbent's three headers, named as it names them; without
+	// LIMIT_RESPONSE_HEADERS_ENABLED it reads no name either.
 	if s.limitHeaders {
-		e.set("ratelimit-headers", "draft03", "LIMIT_RESPONSE_HEADERS_ENABLED")
-		s.unhonoured = append(s.unhonoured, "LIMIT_RESPONSE_HEADERS_ENABLED=true: the headers are sent as X-RateLimit-Limit, -Remaining and -Reset (draft 03), not RateLimit-*")
+		for i, name := range []string{"LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER"} {
+			if !httpguts.ValidHeaderFieldName(s.limitHeaderNames[i]) {
+				errs = append(errs, fmt.Errorf("%s=%q: not an HTTP header name", name, s.limitHeaderNames[i]))
+			}
+		}
+		e.set("ratelimit-headers", "incumbent", "LIMIT_RESPONSE_HEADERS_ENABLED")
+		e.set("ratelimit-header-names", strings.Join(s.limitHeaderNames[:], ","), "LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER")
 	}
 	// envoyproxy/ratelimit sends dynamic metadata only when asked: its
 	// keys (domain, descriptors, hitsAddend, the passed descriptors'

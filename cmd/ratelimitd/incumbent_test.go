@@ -157,11 +157,17 @@ func TestIncumbentVariables(t *testing.T) {
 			server.Overdraft{On: true, Bursts: 1, Counting: limiter.CountAlways}},
 		{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", baseEnv, "true", read, field(func(c serveConfig) any { return c.Overdraft }),
 			server.Overdraft{On: true, Bursts: 1, Counting: limiter.CountWhereDenied}},
-		{"LIMIT_RESPONSE_HEADERS_ENABLED", baseEnv, "true", read, field(func(c serveConfig) any { return c.RateLimitHeaders }), server.RateLimitHeadersDraft03},
-		{"LIMIT_RESPONSE_HEADERS_ENABLED", baseEnv, "true", warned, nil, nil}, // the names differ
-		{"LIMIT_LIMIT_HEADER", baseEnv, "X-Limit", warned, nil, nil},
-		{"LIMIT_REMAINING_HEADER", baseEnv, "X-Remaining", warned, nil, nil},
-		{"LIMIT_RESET_HEADER", baseEnv, "X-Reset", warned, nil, nil},
+		{"LIMIT_RESPONSE_HEADERS_ENABLED", baseEnv, "true", read, field(func(c serveConfig) any { return c.RateLimitHeaders }), server.RateLimitHeadersIncumbent},
+		{"LIMIT_RESPONSE_HEADERS_ENABLED", baseEnv, "true", read, field(func(c serveConfig) any { return c.RateLimitHeaderNames }), server.DefaultRateLimitHeaderNames()},
+		{"LIMIT_RESPONSE_HEADERS_ENABLED", baseEnv, "false", read, field(func(c serveConfig) any { return c.RateLimitHeaders }), server.RateLimitHeadersOff},
+		{"LIMIT_LIMIT_HEADER", withEnv(baseEnv, "LIMIT_RESPONSE_HEADERS_ENABLED", "true"), "X-Limit", read, field(func(c serveConfig) any { return c.RateLimitHeaderNames }),
+			server.HeaderNames{Limit: "X-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}},
+		{"LIMIT_REMAINING_HEADER", withEnv(baseEnv, "LIMIT_RESPONSE_HEADERS_ENABLED", "true"), "X-Remaining", read, field(func(c serveConfig) any { return c.RateLimitHeaderNames }),
+			server.HeaderNames{Limit: "RateLimit-Limit", Remaining: "X-Remaining", Reset: "RateLimit-Reset"}},
+		{"LIMIT_RESET_HEADER", withEnv(baseEnv, "LIMIT_RESPONSE_HEADERS_ENABLED", "true"), "X-Reset", read, field(func(c serveConfig) any { return c.RateLimitHeaderNames }),
+			server.HeaderNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "X-Reset"}},
+		{"LIMIT_RESET_HEADER", withEnv(baseEnv, "LIMIT_RESPONSE_HEADERS_ENABLED", "true"), "X Reset", refusal, nil, nil},
+		{"LIMIT_LIMIT_HEADER", baseEnv, "X-Limit", read, field(func(c serveConfig) any { return c.RateLimitHeaders }), server.RateLimitHeadersOff}, // not read without LIMIT_RESPONSE_HEADERS_ENABLED, as by the incumbent
 		{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", baseEnv, "true", warned, nil, nil},
 		{"REDIS_SOCKET_TYPE", withEnv(baseEnv, "REDIS_URL", "redis:6379"), "tcp", read, field(func(c serveConfig) any { return c.Redis.URL }), "redis://redis:6379"},
 		{"REDIS_SOCKET_TYPE", baseEnv, "udp", refusal, nil, nil},
@@ -315,5 +321,61 @@ func TestReplacingDocListsEveryVariable(t *testing.T) {
 	}
 	for name := range rows {
 		t.Errorf("%s: a row in the doc's table, but not a setting ratelimitd reads", name)
+	}
+}
+
+// TestRateLimitHeaderNames: how --ratelimit-header-names is read, from the
+// command line, ratelimitd's environment and the incumbent's, and that a
+// mode chosen on the command line wins over the incumbent's
+// LIMIT_RESPONSE_HEADERS_ENABLED, names and all.
+func TestRateLimitHeaderNames(t *testing.T) {
+	custom := server.HeaderNames{Limit: "A-Limit", Remaining: "A-Remaining", Reset: "A-Reset"}
+	incumbentOn := withEnv(baseEnv, "LIMIT_RESPONSE_HEADERS_ENABLED", "true", "LIMIT_LIMIT_HEADER", "A-Limit",
+		"LIMIT_REMAINING_HEADER", "A-Remaining", "LIMIT_RESET_HEADER", "A-Reset")
+	tests := []struct {
+		name      string
+		parse     func() (serveConfig, error)
+		wantMode  server.RateLimitHeaders
+		wantNames server.HeaderNames
+		wantErr   string
+	}{
+		{"the command line, spaces after commas", func() (serveConfig, error) {
+			return parseServeFlags([]string{"--config", "x", "--ratelimit-headers", "incumbent", "--ratelimit-header-names", "A-Limit, A-Remaining, A-Reset"}, noEnv, io.Discard)
+		}, server.RateLimitHeadersIncumbent, custom, ""},
+		{"ratelimitd's environment", func() (serveConfig, error) {
+			env := map[string]string{"RATELIMITD_RATELIMIT_HEADERS": "incumbent", "RATELIMITD_RATELIMIT_HEADER_NAMES": "A-Limit,A-Remaining,A-Reset"}
+			return parseServeFlags([]string{"--config", "x"}, func(k string) string { return env[k] }, io.Discard)
+		}, server.RateLimitHeadersIncumbent, custom, ""},
+		{"ratelimitd's environment, another mode", func() (serveConfig, error) {
+			env := map[string]string{"RATELIMITD_RATELIMIT_HEADER_NAMES": "A-Limit,A-Remaining,A-Reset"}
+			return parseServeFlags([]string{"--config", "x", "--ratelimit-headers", "ietf"}, func(k string) string { return env[k] }, io.Discard)
+		}, 0, server.HeaderNames{}, "RATELIMITD_RATELIMIT_HEADER_NAMES: only with --ratelimit-headers incumbent"},
+		{"the incumbent's environment", func() (serveConfig, error) { return incumbentParse(incumbentOn) },
+			server.RateLimitHeadersIncumbent, custom, ""},
+		{"the incumbent's environment, another mode on the command line", func() (serveConfig, error) {
+			return incumbentParse(incumbentOn, "--ratelimit-headers", "draft03")
+		}, server.RateLimitHeadersDraft03, server.HeaderNames{}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := tt.parse()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.RateLimitHeaders != tt.wantMode || c.RateLimitHeaderNames != tt.wantNames {
+				t.Errorf("mode %v names %+v, want %v %+v", c.RateLimitHeaders, c.RateLimitHeaderNames, tt.wantMode, tt.wantNames)
+			}
+			for _, u := range c.unhonoured {
+				if strings.HasPrefix(u, "LIMIT_") {
+					t.Errorf("warned of %q: the incumbent's header settings are honoured", u)
+				}
+			}
+		})
 	}
 }

@@ -42,6 +42,7 @@ type incumbentSettings struct {
 	cacheKeyPrefix       string
 	stopIncrement        bool
 	limitHeaders         bool
+	limitHeaderNames     [3]string // LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER
 	shadowMode           bool
 	quotaMode            bool
 	dynamicMetadata      bool
@@ -173,10 +174,9 @@ func sameValue(v string, ok []string) bool {
 }
 
 const (
-	noStatsd     = "ratelimitd sends no statsd; its metrics are Prometheus's, at /metrics (and at PROMETHEUS_ADDR with USE_PROMETHEUS=true)"
-	noMemcache   = "ratelimitd has no memcache backend (BACKEND_TYPE=memcache is refused)"
-	noPerSecond  = "ratelimitd keeps per-second limits in the one Redis of REDIS_URL"
-	fixedHeaders = "ratelimitd's header names are fixed: X-RateLimit-Limit, -Remaining and -Reset (draft 03)"
+	noStatsd    = "ratelimitd sends no statsd; its metrics are Prometheus's, at /metrics (and at PROMETHEUS_ADDR with USE_PROMETHEUS=true)"
+	noMemcache  = "ratelimitd has no memcache backend (BACKEND_TYPE=memcache is refused)"
+	noPerSecond = "ratelimitd keeps per-second limits in the one Redis of REDIS_URL"
 )
 
 // incumbentVars are all the settings of envoyproxy/ratelimit's
@@ -243,9 +243,9 @@ var incumbentVars = []incumbentVar{
 	{"BACKEND_TYPE", "redis", str(func(s *incumbentSettings) *string { return &s.backendType })},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", boolean(func(s *incumbentSettings) *bool { return &s.stopIncrement })},
 	{"LIMIT_RESPONSE_HEADERS_ENABLED", "false", boolean(func(s *incumbentSettings) *bool { return &s.limitHeaders })},
-	{"LIMIT_LIMIT_HEADER", "RateLimit-Limit", unhonoured(fixedHeaders)},
-	{"LIMIT_REMAINING_HEADER", "RateLimit-Remaining", unhonoured(fixedHeaders)},
-	{"LIMIT_RESET_HEADER", "RateLimit-Reset", unhonoured(fixedHeaders)},
+	{"LIMIT_LIMIT_HEADER", "RateLimit-Limit", str(func(s *incumbentSettings) *string { return &s.limitHeaderNames[0] })},
+	{"LIMIT_REMAINING_HEADER", "RateLimit-Remaining", str(func(s *incumbentSettings) *string { return &s.limitHeaderNames[1] })},
+	{"LIMIT_RESET_HEADER", "RateLimit-Reset", str(func(s *incumbentSettings) *string { return &s.limitHeaderNames[2] })},
 	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "false", unhonoured("ratelimitd's readiness has its own rule (docs/running.md): ready once a config is loaded, or at once with FORCE_START_WITHOUT_INITIAL_CONFIG")},
 	{"REDIS_SOCKET_TYPE", "unix", str(func(s *incumbentSettings) *string { return &s.redisSocket })},
 	{"REDIS_TYPE", "SINGLE", str(func(s *incumbentSettings) *string { return &s.redisType })},

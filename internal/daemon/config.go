@@ -102,10 +102,11 @@ type Config struct {
 
 	// RetryAfter, RateLimitHeaders, DynamicMetadata and Limits shape the
 	// answers (see server.Options; zero means its default).
-	RetryAfter       server.RetryAfter
-	RateLimitHeaders server.RateLimitHeaders
-	DynamicMetadata  server.DynamicMetadata
-	Limits           server.RequestLimits
+	RetryAfter           server.RetryAfter
+	RateLimitHeaders     server.RateLimitHeaders
+	RateLimitHeaderNames server.HeaderNames
+	DynamicMetadata      server.DynamicMetadata
+	Limits               server.RequestLimits
 	// MaxWait caps every limit's max_wait; default DefaultMaxWait.
 	MaxWait time.Duration
 	// Overdraft records every charge even when it overdraws, for limits

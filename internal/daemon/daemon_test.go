@@ -44,12 +44,15 @@ func TestConfigReachesTheAnswers(t *testing.T) {
 		wantMetadata [2]bool // dynamic_metadata on the admission, on the denial
 		wantRetry    bool    // Retry-After on the denial
 		wantXHeaders bool    // X-RateLimit-* on the denial
+		wantLimit    string  // with incumbent headers, the limit header's name on the denial
 	}{
-		{"defaults", daemon.Config{}, [2]bool{false, true}, true, false},
-		{"dynamic metadata on every answer", daemon.Config{DynamicMetadata: server.DynamicMetadataAll}, [2]bool{true, true}, true, false},
-		{"no dynamic metadata", daemon.Config{DynamicMetadata: server.DynamicMetadataOff}, [2]bool{false, false}, true, false},
-		{"Retry-After left to Envoy", daemon.Config{RetryAfter: server.RetryAfterOmit}, [2]bool{false, true}, false, false},
-		{"draft-03 headers", daemon.Config{RateLimitHeaders: server.RateLimitHeadersDraft03}, [2]bool{false, true}, true, true},
+		{"defaults", daemon.Config{}, [2]bool{false, true}, true, false, ""},
+		{"dynamic metadata on every answer", daemon.Config{DynamicMetadata: server.DynamicMetadataAll}, [2]bool{true, true}, true, false, ""},
+		{"no dynamic metadata", daemon.Config{DynamicMetadata: server.DynamicMetadataOff}, [2]bool{false, false}, true, false, ""},
+		{"Retry-After left to Envoy", daemon.Config{RetryAfter: server.RetryAfterOmit}, [2]bool{false, true}, false, false, ""},
+		{"draft-03 headers", daemon.Config{RateLimitHeaders: server.RateLimitHeadersDraft03}, [2]bool{false, true}, true, true, ""},
+		{"the incumbent's headers, renamed", daemon.Config{RateLimitHeaders: server.RateLimitHeadersIncumbent,
+			RateLimitHeaderNames: server.HeaderNames{Limit: "A-Limit", Remaining: "A-Remaining", Reset: "A-Reset"}}, [2]bool{false, true}, true, false, "A-Limit"},
 	}
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
@@ -80,6 +83,9 @@ func TestConfigReachesTheAnswers(t *testing.T) {
 			}
 			if headers["Retry-After"] != tt.wantRetry || headers["X-Ratelimit-Limit"] != tt.wantXHeaders {
 				t.Errorf("denial's headers %v: want Retry-After %v, X-RateLimit-Limit %v", headers, tt.wantRetry, tt.wantXHeaders)
+			}
+			if tt.wantLimit != "" && (!headers[tt.wantLimit] || headers["Ratelimit-Limit"]) {
+				t.Errorf("denial's headers %v: want %s, not RateLimit-Limit", headers, tt.wantLimit)
 			}
 		})
 	}

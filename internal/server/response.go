@@ -18,10 +18,11 @@ import (
 
 // answerOptions are the Options that shape an answer.
 type answerOptions struct {
-	retryAfter RetryAfter
-	headers    RateLimitHeaders
-	metadata   DynamicMetadata
-	descMeta   DescriptorMetadata
+	retryAfter  RetryAfter
+	headers     RateLimitHeaders
+	headerNames HeaderNames // of RateLimitHeadersIncumbent
+	metadata    DynamicMetadata
+	descMeta    DescriptorMetadata
 }
 
 // responseUnits maps config's units to Envoy's.
@@ -201,9 +202,10 @@ func setStatuses(resp *rlsv3.RateLimitResponse, p plan, decisions []limiter.Deci
 
 // responseHeaders are the headers an answer with these statuses adds:
 // Retry-After (and Cache-Control: no-store) when it denies and
-// opts.retryAfter says so, and the draft-03 X-RateLimit-* headers of the
-// status that denied with the longest wait, else of the enforced one with
-// the least remaining, when opts.headers says so. Nil when none.
+// opts.retryAfter says so, and the draft-03 X-RateLimit-* headers (or the
+// incumbent's three) of the status that denied with the longest wait, else
+// of the enforced one with the least remaining, when opts.headers says so.
+// Nil when none.
 func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sum summary, opts answerOptions) []*corev3.HeaderValue {
 	var headers []*corev3.HeaderValue
 	over := sum.denied > 0 // the answer is OVER_LIMIT
@@ -212,13 +214,30 @@ func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, sum s
 			&corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(max(1, ceilSeconds(sum.retry)), 10)},
 			noStore)
 	}
-	if pick := sum.least; opts.headers == RateLimitHeadersDraft03 && pick >= 0 {
+	if pick := sum.least; pick >= 0 && (opts.headers == RateLimitHeadersDraft03 || opts.headers == RateLimitHeadersIncumbent) {
 		if over {
 			pick = sum.denier
 		}
-		headers = append(headers, rateLimitHeaders(statuses[pick])...)
+		if opts.headers == RateLimitHeadersIncumbent {
+			headers = append(headers, incumbentHeaders(statuses[pick], opts.headerNames)...)
+		} else {
+			headers = append(headers, rateLimitHeaders(statuses[pick])...)
+		}
 	}
 	return headers
+}
+
+// incumbentHeaders are envoyproxy/ratelimit's three headers for one status,
+// named by names: the limit's count, the remaining, and the seconds until
+// reset. (The incumbent's reset is the end of the unit's fixed window; a
+// token bucket has none, and the seconds until it is full again are the
+// status's duration_until_reset.)
+func incumbentHeaders(st *rlsv3.RateLimitResponse_DescriptorStatus, names HeaderNames) []*corev3.HeaderValue {
+	return []*corev3.HeaderValue{
+		{Key: names.Limit, Value: strconv.FormatUint(uint64(st.GetCurrentLimit().GetRequestsPerUnit()), 10)},
+		{Key: names.Remaining, Value: strconv.FormatUint(uint64(st.LimitRemaining), 10)},
+		{Key: names.Reset, Value: strconv.FormatInt(st.DurationUntilReset.GetSeconds(), 10)},
+	}
 }
 
 // setMetadata sets the dynamic metadata of resp, an answer to p with its

@@ -196,7 +196,7 @@ func TestResponseHeaders(t *testing.T) {
 	admitted := summary{matched: 3, denier: -1, least: 0}
 	denied := summary{matched: 3, denied: 1, denier: 1, least: 0, retry: 8100 * time.Millisecond}
 	send, omit := RetryAfterSend, RetryAfterOmit
-	draft, off := RateLimitHeadersDraft03, RateLimitHeadersOff
+	draft, off, inc := RateLimitHeadersDraft03, RateLimitHeadersOff, RateLimitHeadersIncumbent
 	h := func(kv ...string) []*corev3.HeaderValue {
 		var out []*corev3.HeaderValue
 		for i := 0; i < len(kv); i += 2 {
@@ -225,10 +225,16 @@ func TestResponseHeaders(t *testing.T) {
 			h("retry-after", "9", "cache-control", "no-store",
 				"x-ratelimit-limit", `2, 2;w=1;name="rps"`, "x-ratelimit-remaining", "0", "x-ratelimit-reset", "9")},
 		{"nothing enforced (shadow, unlimited): no draft-03 headers", summary{matched: 1, denier: -1, least: -1}, send, draft, nil},
+		{"incumbent, admitted: the least remaining", admitted, send, inc,
+			h("RateLimit-Limit", "10", "RateLimit-Remaining", "3", "RateLimit-Reset", "20")},
+		{"incumbent, denied: Retry-After and the denial's", denied, send, inc,
+			h("retry-after", "9", "cache-control", "no-store",
+				"RateLimit-Limit", "2", "RateLimit-Remaining", "0", "RateLimit-Reset", "9")},
+		{"incumbent, nothing enforced: none", summary{matched: 1, denier: -1, least: -1}, omit, inc, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := responseHeaders(statuses, tt.sum, answerOptions{retryAfter: tt.retryAfter, headers: tt.headers})
+			got := responseHeaders(statuses, tt.sum, answerOptions{retryAfter: tt.retryAfter, headers: tt.headers, headerNames: DefaultRateLimitHeaderNames()})
 			if !slices.EqualFunc(got, tt.want, func(a, b *corev3.HeaderValue) bool { return proto.Equal(a, b) }) {
 				t.Errorf("responseHeaders = %v, want %v", got, tt.want)
 			}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http/httpguts"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -35,8 +36,8 @@ const (
 	RetryAfterOmit
 )
 
-// RateLimitHeaders says whether the service adds X-RateLimit-* headers
-// itself. The zero value is invalid.
+// RateLimitHeaders says which rate-limit headers the service adds itself,
+// if any. The zero value is invalid.
 type RateLimitHeaders int
 
 const (
@@ -52,7 +53,36 @@ const (
 	// (draft-ietf-httpapi-ratelimit-headers-11) of the same limit as
 	// draft 03 picks, rate or concurrency alike (see ietf.go).
 	RateLimitHeadersIETF
+	// RateLimitHeadersIncumbent adds the three headers envoyproxy/ratelimit
+	// adds with LIMIT_RESPONSE_HEADERS_ENABLED, named by
+	// Options.RateLimitHeaderNames (RateLimit-Limit, -Remaining and -Reset
+	// by default): the limit's count, its remaining and the seconds until
+	// its reset (the status's duration_until_reset), of the same limit as
+	// draft 03 picks.
+	RateLimitHeadersIncumbent
 )
+
+// DefaultRateLimitHeaderNames are the names RateLimitHeadersIncumbent
+// gives its headers by default: envoyproxy/ratelimit's defaults.
+func DefaultRateLimitHeaderNames() HeaderNames {
+	return HeaderNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}
+}
+
+// HeaderNames name the headers of RateLimitHeadersIncumbent: each a valid
+// HTTP header field name.
+type HeaderNames struct {
+	Limit, Remaining, Reset string
+}
+
+// Validate reports the first name that is not an HTTP header field name.
+func (n HeaderNames) Validate() error {
+	for _, h := range []struct{ field, name string }{{"limit", n.Limit}, {"remaining", n.Remaining}, {"reset", n.Reset}} {
+		if !httpguts.ValidHeaderFieldName(h.name) {
+			return fmt.Errorf("the %s header's name %q is not an HTTP header name", h.field, h.name)
+		}
+	}
+	return nil
+}
 
 // DynamicMetadata says which answers carry dynamic_metadata naming the
 // rules involved (for Envoy's access logs). Envoy turns it into request
@@ -164,6 +194,10 @@ type Options struct {
 	RetryAfter RetryAfter
 	// RateLimitHeaders defaults to RateLimitHeadersOff.
 	RateLimitHeaders RateLimitHeaders
+	// RateLimitHeaderNames name RateLimitHeadersIncumbent's headers; an
+	// empty field takes its name in DefaultRateLimitHeaderNames. Other
+	// modes ignore it.
+	RateLimitHeaderNames HeaderNames
 	// DynamicMetadata defaults to DynamicMetadataNotable.
 	DynamicMetadata DynamicMetadata
 	// Observer, when set, learns the outcome of every call.
@@ -248,7 +282,7 @@ func New(opts Options) (*Server, error) {
 		now:      opts.Now,
 		log:      opts.Logger,
 		limits:   opts.Limits.withDefaults(),
-		answer:   answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders, metadata: opts.DynamicMetadata, descMeta: opts.DescriptorMetadata},
+		answer:   answerOptions{retryAfter: opts.RetryAfter, headers: opts.RateLimitHeaders, headerNames: opts.RateLimitHeaderNames, metadata: opts.DynamicMetadata, descMeta: opts.DescriptorMetadata},
 		observer: opts.Observer,
 		maxWait:  opts.MaxWait,
 		shadow:   opts.ShadowMode,
@@ -311,8 +345,15 @@ func New(opts Options) (*Server, error) {
 	if s.answer.retryAfter != RetryAfterSend && s.answer.retryAfter != RetryAfterOmit {
 		return nil, fmt.Errorf("server: invalid RetryAfter %d", s.answer.retryAfter)
 	}
-	if s.answer.headers != RateLimitHeadersOff && s.answer.headers != RateLimitHeadersDraft03 && s.answer.headers != RateLimitHeadersIETF {
+	if s.answer.headers < RateLimitHeadersOff || s.answer.headers > RateLimitHeadersIncumbent {
 		return nil, fmt.Errorf("server: invalid RateLimitHeaders %d", s.answer.headers)
+	}
+	if s.answer.headers == RateLimitHeadersIncumbent {
+		n, def := &s.answer.headerNames, DefaultRateLimitHeaderNames()
+		n.Limit, n.Remaining, n.Reset = cmp.Or(n.Limit, def.Limit), cmp.Or(n.Remaining, def.Remaining), cmp.Or(n.Reset, def.Reset)
+		if err := n.Validate(); err != nil {
+			return nil, fmt.Errorf("server: RateLimitHeaderNames: %w", err)
+		}
 	}
 	return s, nil
 }

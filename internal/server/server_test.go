@@ -372,6 +372,54 @@ func TestRateLimitHeadersIgnoreShadowRules(t *testing.T) {
 	}
 }
 
+// TestIncumbentRateLimitHeaders: --ratelimit-headers incumbent sends
+// envoyproxy/ratelimit's three headers under the names given, on
+// admissions and denials, and New refuses a name that is no header name.
+func TestIncumbentRateLimitHeaders(t *testing.T) {
+	names := server.HeaderNames{Limit: "A-Ratelimit-Limit", Remaining: "A-Ratelimit-Remaining", Reset: "A-Ratelimit-Reset"}
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, RateLimitHeaders: server.RateLimitHeadersIncumbent, RateLimitHeaderNames: names},
+		server.MustParse(t, testConfig))
+	req := request("api", desc("model", "llama"), desc("client", "cid")) // per-client: 2 a minute
+	steps := []struct {
+		code                    rlsv3.RateLimitResponse_Code
+		limit, remaining, reset string
+	}{
+		{ok, "2", "1", "30"},
+		{ok, "2", "0", "60"},
+		{over, "2", "0", "30"},
+	}
+	for i, s := range steps {
+		resp := call(t, c, req)
+		if resp.GetOverallCode() != s.code {
+			t.Fatalf("call %d: %v, want %v", i+1, resp.GetOverallCode(), s.code)
+		}
+		for k, v := range map[string]string{names.Limit: s.limit, names.Remaining: s.remaining, names.Reset: s.reset, "RateLimit-Limit": ""} {
+			if got := header(resp, k); got != v {
+				t.Errorf("call %d: %s = %q, want %q", i+1, k, got, v)
+			}
+		}
+	}
+	_, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), RateLimitHeaders: server.RateLimitHeadersIncumbent,
+		RateLimitHeaderNames: server.HeaderNames{Limit: "a", Remaining: "b:c", Reset: "d"}})
+	if err == nil || !strings.Contains(err.Error(), `"b:c" is not an HTTP header name`) {
+		t.Errorf("New with the header name %q: %v, want an error naming it", "b:c", err)
+	}
+	// Other modes do not read the names.
+	if _, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), RateLimitHeaders: server.RateLimitHeadersDraft03,
+		RateLimitHeaderNames: server.HeaderNames{Remaining: "b:c"}}); err != nil {
+		t.Errorf("New with draft 03 and a bad incumbent header name: %v, want no error", err)
+	}
+	// An empty name is the default's.
+	c2, _ := startServer(t, server.Options{Now: clocktest.New().Now, RateLimitHeaders: server.RateLimitHeadersIncumbent,
+		RateLimitHeaderNames: server.HeaderNames{Remaining: "A-Remaining"}}, server.MustParse(t, testConfig))
+	resp := call(t, c2, req)
+	for k, v := range map[string]string{"RateLimit-Limit": "2", "A-Remaining": "1", "RateLimit-Reset": "30"} {
+		if got := header(resp, k); got != v {
+			t.Errorf("names {Remaining: A-Remaining}: %s = %q, want %q", k, got, v)
+		}
+	}
+}
+
 func TestRateLimitHeadersNameTheDenyingLimit(t *testing.T) {
 	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, RateLimitHeaders: server.RateLimitHeadersDraft03, RetryAfter: server.RetryAfterOmit},
 		server.MustParse(t, testConfig))
