@@ -90,7 +90,8 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "how long to drain in-flight calls on SIGTERM")
 	retryAfter := fs.String("retry-after", "send", "Retry-After on OVER_LIMIT answers: send, or omit (for Envoys with enable_retry_after_header)")
 	rlHeaders := fs.String("ratelimit-headers", "off", "rate-limit headers computed by the service: off (leave them to Envoy), draft03 (X-RateLimit-*), ietf (RateLimit-Policy and RateLimit, draft-ietf-httpapi-ratelimit-headers-11) or incumbent (envoyproxy/ratelimit's RateLimit-Limit, -Remaining and -Reset)")
-	headerNames := fs.String("ratelimit-header-names", "", "with --ratelimit-headers incumbent, the names of its three headers: limit,remaining,reset (default RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset)")
+	defNames := server.DefaultRateLimitHeaderNames()
+	headerNames := fs.String("ratelimit-header-names", "", fmt.Sprintf("with --ratelimit-headers incumbent, the names of its three headers: limit,remaining,reset (default %s,%s,%s)", defNames.Limit, defNames.Remaining, defNames.Reset))
 	metadata := fs.String("dynamic-metadata", "notable", "which answers name their rules in dynamic_metadata (for access logs): all, notable (denials, shadow denials, above burst, waits, full queues, quota-mode rules over their limit) or off")
 	fs.IntVar(&c.Limits.MaxDescriptors, "max-descriptors", defLimits.MaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&c.Limits.MaxEntries, "max-entries", defLimits.MaxEntries, "most entries in one descriptor")
@@ -222,7 +223,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 			if err := c.RateLimitHeaderNames.Validate(); err != nil {
 				return c, usageError{fmt.Errorf("%s: %w", spelt, err)}
 			}
-		case strings.HasPrefix(spelt, "LIMIT_"):
+		case spelt == inc.spelt["ratelimit-header-names"]:
 			// The incumbent's names, while the operator chose another
 			// mode over its LIMIT_RESPONSE_HEADERS_ENABLED: not read.
 		default:
