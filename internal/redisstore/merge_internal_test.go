@@ -173,6 +173,39 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 	if st := s.Stats(); st != (Stats{Calls: 4, Scripts: 1, RoundTrips: 1}) {
 		t.Errorf("Stats = %+v, want 4 calls as 1 script in 1 round trip", st)
 	}
+	// Two Takes changed the bucket; the call stored it once, in the state
+	// the last one left (3 tokens taken: full 3h after t0), expiring then.
+	if n := commandCalls(t, c, "set"); n != 1 {
+		t.Errorf("SET ran %d times for one bucket two Takes of one call changed, want 1", n)
+	}
+	if v, err := c.Get(ctx, s.Key("r")).Result(); err != nil || v != fmt.Sprintf("%d:0", t0.Add(3*time.Hour).UnixMicro()) {
+		t.Errorf("bucket holds %q, %v; want the state the last Take left", v, err)
+	}
+	if ttl := c.PTTL(ctx, s.Key("r")).Val(); ttl < 3*time.Hour-time.Minute || ttl > 3*time.Hour {
+		t.Errorf("bucket expires in %v, want 3h: when it is full again", ttl)
+	}
+}
+
+// commandCalls is how many times c's server ran command (lower case) since
+// it started or its stats were reset: INFO commandstats.
+func commandCalls(t *testing.T, c *redis.Client, command string) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+command+":calls=")
+		if !ok {
+			continue
+		}
+		var n int
+		if _, err := fmt.Sscanf(rest, "%d", &n); err != nil {
+			t.Fatalf("INFO commandstats %q: %v", line, err)
+		}
+		return n
+	}
+	return 0
 }
 
 // TestTakeOfManyBuckets: a call reads its buckets in chunks (Lua's unpack

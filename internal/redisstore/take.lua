@@ -92,9 +92,22 @@ for first = 1, #KEYS, 1000 do -- unpack's results must fit Lua's C stack
   end
 end
 
--- The stored state of key: us, frac; a missing key is a full bucket
--- (State{}). Anything else than "TAT:Frac" returns nil and a message.
+-- The states the Takes of this call left: key → {us, frac, now of the
+-- Take that wrote it last}, and the keys in the order first written. Each
+-- is written to Redis once, after the last Take (see the end): the script
+-- runs atomically, so no one sees the states in between, and a bucket that
+-- several Takes of the call share (a limit every request names, such as
+-- one per model) costs one SET, not one a Take.
+local written, order = {}, {}
+
+-- The state of key as the Takes so far left it: us, frac; a missing key is
+-- a full bucket (State{}). A stored value other than "TAT:Frac" returns nil
+-- and a message.
 local function load(key)
+  local w = written[key]
+  if w then
+    return w[1], w[2]
+  end
   local v = values[key]
   if not v then
     return 0, 0
@@ -102,10 +115,16 @@ local function load(key)
   return parse(key, v)
 end
 
--- write stores state (us, fr) in key (see put), where the Takes after this
--- one read it.
+-- write records state (us, fr), decided at now, for key: the Takes after
+-- this one read it, and the end of the script stores it (see put).
 local function write(key, us, fr, now)
-  values[key] = put(key, us, fr, now)
+  local w = written[key]
+  if w then
+    w[1], w[2], w[3] = us, fr, now
+  else
+    written[key] = {us, fr, now}
+    order[#order + 1] = key
+  end
 end
 
 -- take_single is take (below) for a Take of one request, the common case,
@@ -214,5 +233,13 @@ while a <= #ARGV do
   end
   replies[#replies + 1] = take(k, a, n, tnow)
   k, a = k + n, a + 2 + n
+end
+-- Each bucket a Take changed, stored once, in its last state; with a
+-- caller's clock the key expires counting from the now of the Take that
+-- left that state, as if it had been written then.
+for i = 1, #order do
+  local key = order[i]
+  local w = written[key]
+  put(key, w[1], w[2], w[3])
 end
 return replies
