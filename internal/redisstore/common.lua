@@ -54,10 +54,11 @@ local function parse(key, v)
 end
 
 -- put writes the state (us, fr) of a bucket that is not full at now to
--- key, expiring when the bucket is full again. With the server's clock the
--- key expires when that clock (the one TIME read) passes the TAT: the key
--- vanishing means exactly "full". With a caller's clock it expires after
--- the time until full, counted from now.
+-- key, expiring when the bucket is full again, and returns the value
+-- written. With the server's clock the key expires when that clock (the
+-- one TIME read) passes the TAT: the key vanishing means exactly "full".
+-- With a caller's clock it expires after the time until full, counted
+-- from the write.
 local function put(key, us, fr, now)
   local v = string.format('%d:%d', us, fr) -- Lua 5.1: as a C long
   if server_clock then
@@ -65,6 +66,7 @@ local function put(key, us, fr, now)
   else
     redis.call('SET', key, v, 'PX', (divmod(ceil_us(us, fr) - now + 999, 1000)))
   end
+  return v
 end
 
 -- store writes the state (us, fr) of a bucket to key (see put), or deletes

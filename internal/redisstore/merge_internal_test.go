@@ -173,16 +173,64 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 	if st := s.Stats(); st != (Stats{Calls: 4, Scripts: 1, RoundTrips: 1}) {
 		t.Errorf("Stats = %+v, want 4 calls as 1 script in 1 round trip", st)
 	}
-	// Two Takes changed the bucket; the call stored it once, in the state
-	// the last one left (3 tokens taken: full 3h after t0), expiring then.
-	if n := commandCalls(t, c, "set"); n != 1 {
-		t.Errorf("SET ran %d times for one bucket two Takes of one call changed, want 1", n)
-	}
+	// The bucket holds the state the last Take left (3 tokens taken: full
+	// 3h after t0), and expires then.
 	if v, err := c.Get(ctx, s.Key("r")).Result(); err != nil || v != fmt.Sprintf("%d:0", t0.Add(3*time.Hour).UnixMicro()) {
 		t.Errorf("bucket holds %q, %v; want the state the last Take left", v, err)
 	}
 	if ttl := c.PTTL(ctx, s.Key("r")).Val(); ttl < 3*time.Hour-time.Minute || ttl > 3*time.Hour {
 		t.Errorf("bucket expires in %v, want 3h: when it is full again", ttl)
+	}
+}
+
+// TestASharedBucketIsWrittenTwiceACall sends one batch by hand: six Takes
+// merged into one take.lua call, each on its own bucket and on one bucket
+// they all share (a limit every request names). Each Take decides on what
+// the ones before it left, and the shared bucket is written twice (at its
+// first change and after the last Take), not six times, ending in the
+// state the last Take left.
+func TestASharedBucketIsWrittenTwiceACall(t *testing.T) {
+	s, c := newCallerClockStore(t, "shared:")
+	ctx := context.Background()
+	if err := s.take.Load(ctx, c).Err(); err != nil { // no NOSCRIPT retry
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	shared := limiter.Limit{Count: 10, Period: time.Second, Burst: 10}
+	own := limiter.Limit{Count: 1, Period: time.Second, Burst: 5}
+	const takes = 6
+	var calls []*call
+	var reqsOf [][]limiter.Request
+	for i := range takes {
+		reqs := []limiter.Request{
+			{Key: fmt.Sprintf("own%d", i), Limit: own, Hits: 1},
+			{Key: "model", Limit: shared, Hits: 1},
+		}
+		calls = append(calls, &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
+			script: s.take, keys: []string{s.Key(reqs[0].Key), s.Key(reqs[1].Key)}, args: s.takeArgs(t0, reqs), merge: true,
+		}})
+		reqsOf = append(reqsOf, reqs)
+	}
+	s.batch.exec(calls)
+	for i, call := range calls {
+		<-call.done
+		res, err := decodeTakeCmd(call.cmd, reqsOf[i], false)
+		if err != nil {
+			t.Fatalf("Take %d: %v", i+1, err)
+		}
+		// The shared bucket has 10 tokens; Take i leaves 9-i.
+		if want := (limiter.Decision{Allowed: true, Remaining: int64(takes - 1 - i + 4), ResetAfter: time.Duration(i+1) * 100 * time.Millisecond}); !res.allowed || res.decisions[1] != want {
+			t.Errorf("Take %d's shared bucket = %+v (allowed %v), want %+v", i+1, res.decisions[1], res.allowed, want)
+		}
+	}
+	if n := commandCalls(t, c, "set"); n != takes+2 {
+		t.Errorf("SET ran %d times for %d own buckets and one shared bucket, want %d", n, takes, takes+2)
+	}
+	if v, err := c.Get(ctx, s.Key("model")).Result(); err != nil || v != fmt.Sprintf("%d:0", t0.Add(takes*100*time.Millisecond).UnixMicro()) {
+		t.Errorf("shared bucket holds %q, %v; want the state the last Take left", v, err)
+	}
+	if ttl := c.PTTL(ctx, s.Key("model")).Val(); ttl <= 0 {
+		t.Errorf("shared bucket's TTL = %v, want it to expire", ttl)
 	}
 }
 

@@ -83,28 +83,34 @@ end
 -- Every bucket of the call, read at once: key → its value, or false when
 -- missing. The Takes update it as they write, so that each sees the state
 -- the ones before it left.
-local values = {}
+-- shared says a key repeats (MGET answers false, not nil, for a missing
+-- key).
+local values, shared = {}, false
 for first = 1, #KEYS, 1000 do -- unpack's results must fit Lua's C stack
   local last = math.min(first + 999, #KEYS)
   local got = redis.call('MGET', unpack(KEYS, first, last))
   for i = first, last do
-    values[KEYS[i]] = got[i - first + 1]
+    local key = KEYS[i]
+    if values[key] ~= nil then
+      shared = true
+    end
+    values[key] = got[i - first + 1]
   end
 end
 
--- The states the Takes of this call left: key → {us, frac, now of the
--- Take that wrote it last}, and the keys in the order first written. Each
--- is written to Redis once, after the last Take (see the end): the script
--- runs atomically, so no one sees the states in between, and a bucket that
--- several Takes of the call share (a limit every request names, such as
--- one per model) costs one SET, not one a Take.
-local written, order = {}, {}
+-- Each bucket's first write in this call is stored at once. When buckets
+-- repeat (a limit every request names, such as one per model), the later
+-- writes are kept in later: key → {us, frac, now of the Take that wrote it
+-- last}, listed in order, and each such bucket is stored once more, after
+-- the last Take (see the end), in its last state, rather than once a Take.
+-- The script runs atomically, so no one sees the states in between.
+local later, order = {}, {}
 
 -- The state of key as the Takes so far left it: us, frac; a missing key is
 -- a full bucket (State{}). A stored value other than "TAT:Frac" returns nil
 -- and a message.
 local function load(key)
-  local w = written[key]
+  local w = later[key]
   if w then
     return w[1], w[2]
   end
@@ -115,15 +121,23 @@ local function load(key)
   return parse(key, v)
 end
 
--- write records state (us, fr), decided at now, for key: the Takes after
--- this one read it, and the end of the script stores it (see put).
+-- write records state (us, fr), decided at now, for key, where the Takes
+-- after this one read it (see later).
 local function write(key, us, fr, now)
-  local w = written[key]
-  if w then
-    w[1], w[2], w[3] = us, fr, now
-  else
-    written[key] = {us, fr, now}
-    order[#order + 1] = key
+  values[key] = put(key, us, fr, now)
+end
+if shared then
+  write = function(key, us, fr, now)
+    local w = later[key]
+    if w then
+      w[1], w[2], w[3] = us, fr, now
+    elseif w == false then -- written once already
+      later[key] = {us, fr, now}
+      order[#order + 1] = key
+    else
+      later[key] = false
+      values[key] = put(key, us, fr, now)
+    end
   end
 end
 
@@ -234,12 +248,12 @@ while a <= #ARGV do
   replies[#replies + 1] = take(k, a, n, tnow)
   k, a = k + n, a + 2 + n
 end
--- Each bucket a Take changed, stored once, in its last state; with a
+-- Each bucket more than one Take changed, stored in its last state; with a
 -- caller's clock the key expires counting from the now of the Take that
 -- left that state, as if it had been written then.
 for i = 1, #order do
   local key = order[i]
-  local w = written[key]
+  local w = later[key]
   put(key, w[1], w[2], w[3])
 end
 return replies
