@@ -270,6 +270,18 @@ type Store interface {
 	Take(ctx context.Context, now time.Time, reqs []Request) ([]Decision, error)
 }
 
+// DeadlineTaker is a Store that can be told, beside ctx, when to give up:
+// TakeBy(ctx, by, now, reqs) is Take(ctx', now, reqs) where ctx' is ctx
+// ending at by (context.WithDeadline), without making ctx': no timer and no
+// registration with ctx for every call. At by, a call still waiting for
+// its backend returns a *DeadlineError wrapping context.DeadlineExceeded,
+// as Take does when its context's deadline passes. A zero by is no bound
+// beyond ctx. Implementations must be safe for concurrent use.
+type DeadlineTaker interface {
+	Store
+	TakeBy(ctx context.Context, by, now time.Time, reqs []Request) ([]Decision, error)
+}
+
 // Refunder is a Store that can give tokens back.
 //
 // Refund gives back the Hits of each request (a reservation whose caller

@@ -223,10 +223,13 @@ func (c *Cache) Len() int {
 // buckets its Takes spend from. store must be the shared store itself,
 // whose every answer is the bucket's: not a layer that answers from
 // elsewhere when the store fails (failover's deny or local modes), or the
-// cache would take those answers for the bucket's.
+// cache would take those answers for the bucket's. The Store returned is a
+// limiter.DeadlineTaker, whose TakeBy uses store's when store has one.
 func (c *Cache) Learn(store limiter.Store) limiter.Store {
 	return learner{c: c, store: store}
 }
+
+var _ limiter.DeadlineTaker = learner{}
 
 // Front returns a limiter.Store that denies from the cache the requests it
 // can, and passes the others to next. next is typically the failure
@@ -248,8 +251,14 @@ type learner struct {
 
 // Take implements limiter.Store.
 func (l learner) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	return l.TakeBy(ctx, time.Time{}, now, reqs)
+}
+
+// TakeBy implements limiter.DeadlineTaker: through the store's TakeBy when
+// it has one, else through Take under ctx ending at by.
+func (l learner) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	if len(reqs) != 1 || !cacheable(reqs[0]) {
-		d, err := l.store.Take(ctx, now, reqs)
+		d, err := l.take(ctx, by, now, reqs)
 		if err == nil {
 			l.c.forgetSpent(reqs, d)
 		}
@@ -258,11 +267,23 @@ func (l learner) Take(ctx context.Context, now time.Time, reqs []limiter.Request
 	sh, ep := l.c.ref(reqs[0].Key)
 	epoch := ep.Load()
 	sent := l.c.since()
-	d, err := l.store.Take(ctx, now, reqs)
+	d, err := l.take(ctx, by, now, reqs)
 	if err == nil && len(d) == 1 {
 		l.c.learn(sh, ep, reqs[0], d[0], sent, epoch)
 	}
 	return d, err
+}
+
+func (l learner) take(ctx context.Context, by, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	if by.IsZero() {
+		return l.store.Take(ctx, now, reqs)
+	}
+	if dt, ok := l.store.(limiter.DeadlineTaker); ok {
+		return dt.TakeBy(ctx, by, now, reqs)
+	}
+	ctx, cancel := context.WithDeadline(ctx, by)
+	defer cancel()
+	return l.store.Take(ctx, now, reqs)
 }
 
 // Refund implements limiter.Refunder: it passes the refund to the store,

@@ -237,9 +237,7 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 	if !ok {
 		return s.fallback(ctx, now, reqs, o, limiter.FallbackBreakerOpen)
 	}
-	callCtx, cancel := s.budget(ctx)
-	d, err := s.backend.Take(callCtx, now, reqs)
-	cancel()
+	d, err := s.takeBudgeted(ctx, now, reqs)
 	if err == nil {
 		s.succeeded(probe, true)
 		return d, nil
@@ -283,12 +281,30 @@ func (s *Store) Observe(err error) {
 // margin before its deadline (a twentieth of the time left, at most 5ms),
 // or DefaultDeadline from now if it has none.
 func (s *Store) budget(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(ctx, s.budgetEnd(ctx))
+}
+
+// budgetEnd is when the budget of a backend call under ctx ends (see
+// budget).
+func (s *Store) budgetEnd(ctx context.Context) time.Time {
 	dl, ok := ctx.Deadline()
 	if !ok {
-		return context.WithTimeout(ctx, s.opts.DefaultDeadline)
+		return time.Now().Add(s.opts.DefaultDeadline)
 	}
-	left := time.Until(dl)
-	return context.WithDeadline(ctx, dl.Add(-min(maxMargin, max(left, 0)/marginDivisor)))
+	return dl.Add(-min(maxMargin, max(time.Until(dl), 0)/marginDivisor))
+}
+
+// takeBudgeted asks the backend for reqs within the call's budget (see
+// budget): through TakeBy when the backend is a limiter.DeadlineTaker,
+// which bounds the call without a context of its own, else under a
+// context that ends then.
+func (s *Store) takeBudgeted(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	if dt, ok := s.backend.(limiter.DeadlineTaker); ok {
+		return dt.TakeBy(ctx, s.budgetEnd(ctx), now, reqs)
+	}
+	callCtx, cancel := s.budget(ctx)
+	defer cancel()
+	return s.backend.Take(callCtx, now, reqs)
 }
 
 // judge returns err, a backend call's, wrapped in limiter.ErrOverloaded if

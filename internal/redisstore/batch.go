@@ -54,6 +54,10 @@ type pipeliner interface {
 // call is one script run waiting for, or carried by, a batch.
 type call struct {
 	ctx context.Context // the caller's: a call whose ctx is done before it is sent is dropped
+	// by, unless zero, is when the caller stops waiting, before ctx's
+	// deadline (limiter.DeadlineTaker): the call is dropped as when ctx
+	// ends.
+	by time.Time
 	scriptCall
 	queuedAt int64         // when submitted, Unix ns
 	sentAt   atomic.Int64  // when its round trip was written, Unix ns; 0 until then
@@ -123,6 +127,9 @@ type batcher struct {
 	abandoned func(error)
 	// observe, when set, learns each round trip's calls as it is written.
 	observe func(batch []*call, sentAt int64)
+	// timers are stopped *time.Timer, for the callers that wait until a
+	// call's by.
+	timers sync.Pool
 }
 
 // counters are the Store's Stats.
@@ -197,47 +204,63 @@ func (b *batcher) closedOr(ctx context.Context) error {
 	return nil
 }
 
-// submit queues sc. The answer comes through await. While the queue is
-// full, it waits for room, in arrival order; a call whose ctx ends first
-// fails with a *limiter.DeadlineError, unsent.
-func (b *batcher) submit(ctx context.Context, sc scriptCall) *call {
-	c := &call{ctx: ctx, scriptCall: sc, queuedAt: time.Now().UnixNano(), done: make(chan struct{})}
+// submit queues sc, for a caller that waits until ctx ends or, unless
+// zero, until by. The answer comes through await. While the queue is full,
+// it waits for room, in arrival order; a call whose caller stops waiting
+// first fails with a *limiter.DeadlineError, unsent.
+func (b *batcher) submit(ctx context.Context, by time.Time, sc scriptCall) *call {
+	c := &call{ctx: ctx, by: by, scriptCall: sc, queuedAt: time.Now().UnixNano(), done: make(chan struct{})}
 	b.stats.pending.Add(1)
 	select {
 	case <-b.stop:
 		b.fail(c, errClosed)
+		return c
 	default:
-		b.queued.Add(1)
-		select {
-		case b.calls <- c:
-		case <-ctx.Done():
-			b.queued.Add(-1)
-			b.fail(c, c.deadlineError(ctx.Err(), time.Now()))
-		case <-b.stop:
-			b.queued.Add(-1)
-			b.fail(c, errClosed)
-		}
+	}
+	b.queued.Add(1)
+	select {
+	case b.calls <- c:
+		return c
+	default:
+	}
+	expiry := b.expiry(by)
+	defer b.release(expiry)
+	select {
+	case b.calls <- c:
+	case <-ctx.Done():
+		b.queued.Add(-1)
+		b.fail(c, c.deadlineError(ctx.Err(), time.Now()))
+	case <-channel(expiry):
+		b.queued.Add(-1)
+		b.fail(c, c.deadlineError(context.DeadlineExceeded, time.Now()))
+	case <-b.stop:
+		b.queued.Add(-1)
+		b.fail(c, errClosed)
 	}
 	return c
 }
 
-// await returns c's answer, or, as soon as ctx is done, an error: a
-// *limiter.DeadlineError that says how long c was queued and in flight. A
-// call given up on after it was sent may still run on Redis: its answer
-// goes to the batcher's late handler (see Store.giveBackLate). An answer
-// that comes as ctx ends is taken.
+// await returns c's answer, or, as soon as ctx is done or c's by passes,
+// an error: a *limiter.DeadlineError that says how long c was queued and
+// in flight. A call given up on after it was sent may still run on Redis:
+// its answer goes to the batcher's late handler (see Store.giveBackLate).
+// An answer that comes as the caller gives up is taken.
 func (b *batcher) await(ctx context.Context, c *call) *redis.Cmd {
 	select {
 	case <-c.done:
 		return c.cmd
 	default:
 	}
+	expiry := b.expiry(c.by)
+	defer b.release(expiry)
 	var err error
 	select {
 	case <-c.done:
 		return c.cmd
 	case <-ctx.Done():
 		err = c.deadlineError(ctx.Err(), time.Now())
+	case <-channel(expiry):
+		err = c.deadlineError(context.DeadlineExceeded, time.Now())
 	case <-b.stop:
 		err = errClosed
 	}
@@ -246,6 +269,51 @@ func (b *batcher) await(ctx context.Context, c *call) *redis.Cmd {
 		return c.cmd
 	}
 	return errCmd(ctx, err)
+}
+
+// expiry returns a timer that fires at by, to give back with release; nil
+// for a zero by. Timers come from a pool: a caller waits on one for every
+// call.
+func (b *batcher) expiry(by time.Time) *time.Timer {
+	if by.IsZero() {
+		return nil
+	}
+	t, _ := b.timers.Get().(*time.Timer)
+	if t == nil {
+		return time.NewTimer(time.Until(by))
+	}
+	// Since Go 1.23 a stopped timer's channel holds nothing: it can be
+	// reset by its next user as it is.
+	t.Reset(time.Until(by))
+	return t
+}
+
+// release stops t, from expiry, and gives it back; nil is ignored.
+func (b *batcher) release(t *time.Timer) {
+	if t != nil {
+		t.Stop()
+		b.timers.Put(t)
+	}
+}
+
+// channel is t's channel, nil (never ready) for a nil t.
+func channel(t *time.Timer) <-chan time.Time {
+	if t == nil {
+		return nil
+	}
+	return t.C
+}
+
+// gaveUp is the error c fails with, unsent, when its caller has stopped
+// waiting at now: its context is done or its by has passed; nil otherwise.
+func (c *call) gaveUp(now time.Time) error {
+	if err := c.ctx.Err(); err != nil {
+		return err
+	}
+	if !c.by.IsZero() && !now.Before(c.by) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // deadlineError describes c, given up on at now because of err (its
@@ -371,9 +439,10 @@ func (b *batcher) collect(batch []*call, timer *time.Timer) (_ []*call, stopped 
 // (see answer).
 func (b *batcher) roundTrip(batch []*call) []*envelope {
 	live := batch[:0]
+	now := time.Now()
 	for _, c := range batch {
-		if err := c.ctx.Err(); err != nil {
-			b.deliver(c, errCmd(c.ctx, c.deadlineError(err, time.Now())))
+		if err := c.gaveUp(now); err != nil {
+			b.deliver(c, errCmd(c.ctx, c.deadlineError(err, now)))
 			continue
 		}
 		live = append(live, c)

@@ -53,7 +53,7 @@ func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
 	waitFor(t, "the first call to be sent directly", func() bool { return s.Stats().Direct == start.Direct+1 })
 	// Submitted by hand, so that the test knows when it is queued.
 	reqs := []limiter.Request{{Key: "queued", Limit: l, Hits: 1}}
-	queued := s.batch.submit(ctx, scriptCall{script: s.take, keys: []string{s.Key("queued")}, args: s.takeArgs(t0, reqs), merge: true})
+	queued := s.batch.submit(ctx, time.Time{}, scriptCall{script: s.take, keys: []string{s.Key("queued")}, args: s.takeArgs(t0, reqs), merge: true})
 	waitFor(t, "a sender to take the queued call", func() bool { return s.batch.queued.Load() == 0 })
 	if n := s.batch.inflight.Load(); n != 2 {
 		t.Fatalf("with the direct call held and a batch forming, %d round trips counted in flight, want 2", n)
@@ -171,7 +171,7 @@ func TestOneBatchFormsAtATime(t *testing.T) {
 	for i := range n {
 		key := "queued" + strconv.Itoa(i)
 		reqs := []limiter.Request{{Key: key, Limit: l, Hits: 1}}
-		queued = append(queued, s.batch.submit(ctx, scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(t0, reqs), merge: true}))
+		queued = append(queued, s.batch.submit(ctx, time.Time{}, scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(t0, reqs), merge: true}))
 		// Each one taken before the next is sent: a free second sender
 		// would be first in line for it.
 		waitFor(t, "a sender to take the queued call", func() bool { return s.batch.queued.Load() == 0 })

@@ -58,7 +58,7 @@ func TestGiveBackAfterOtherTakes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			key := s.Key(tc.name)
 			reqs := []limiter.Request{{Key: tc.name, Limit: l, Hits: 2}}
-			res, err := s.run(ctx, t0, []string{key}, reqs, true)
+			res, err := s.run(ctx, time.Time{}, t0, []string{key}, reqs, true)
 			if err != nil || !res.allowed || !res.giveBack[0].needed {
 				t.Fatalf("take = %+v, %v", res, err)
 			}

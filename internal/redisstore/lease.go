@@ -90,7 +90,7 @@ type leaseReply struct {
 
 // lease runs lease.lua on pool.
 func (s *Store) lease(ctx context.Context, pool string, args ...any) (leaseReply, error) {
-	cmd := s.script(ctx, scriptCall{
+	cmd := s.script(ctx, time.Time{}, scriptCall{
 		script: leaseScript,
 		keys:   []string{s.LeaseKey(pool), s.leaseWaitingKey(pool)},
 		args:   args,

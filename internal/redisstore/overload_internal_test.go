@@ -132,6 +132,43 @@ func TestACancelledCallerIsNotCharged(t *testing.T) {
 	}
 }
 
+// TestTakeByGivesUpAtBy: a Take whose by comes while it waits in the batch
+// queue (every batch collects for 60ms here), its caller's deadline still
+// far, returns at by a *limiter.DeadlineError wrapping
+// context.DeadlineExceeded that says it was never sent, and its bucket is
+// not charged: the call is dropped before it is sent. One whose by the
+// batch does not outlast is decided by Redis.
+func TestTakeByGivesUpAtBy(t *testing.T) {
+	srv := redistest.Start(t)
+	s := queueingStore(t, srv, 60*time.Millisecond, nil)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	d, err := s.TakeBy(ctx, start.Add(10*time.Millisecond), start, []limiter.Request{{Key: "late", Limit: l, Hits: 1}})
+	took := time.Since(start)
+	var de *limiter.DeadlineError
+	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.InFlight != 0 {
+		t.Fatalf("TakeBy 10ms ahead of a 60ms batch = %+v, %v; want an unsent *limiter.DeadlineError wrapping DeadlineExceeded", d, err)
+	}
+	if took < 10*time.Millisecond || took >= 60*time.Millisecond {
+		t.Errorf("TakeBy 10ms ahead returned after %v, want at 10ms, before its batch went out (60ms)", took)
+	}
+	d, err = s.TakeBy(ctx, time.Now().Add(time.Second), time.Now(), []limiter.Request{{Key: "in-time", Limit: l, Hits: 1}})
+	if err != nil || !d[0].Allowed || d[0].Remaining != l.Burst-1 {
+		t.Fatalf("TakeBy 1s ahead of a 60ms batch = %+v, %v; want decided by Redis", d, err)
+	}
+	// The batch the first call was queued in has gone out (the second
+	// call's came after it).
+	got, err := s.Take(context.Background(), time.Now(), []limiter.Request{{Key: "late", Limit: l, Hits: 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Remaining != l.Burst {
+		t.Errorf("after a Take given up at by, %d of %d tokens remain, want all: nothing charged", got[0].Remaining, l.Burst)
+	}
+}
+
 // TestAbandonedTakesAreGivenBack: callers give up (30 ms deadlines) on
 // coalesced Takes while Redis is paused for 150 ms. Those already sent
 // (the two senders' batches) Redis runs after the callers left; it admits

@@ -47,7 +47,7 @@ func (s *Store) Probe(ctx context.Context) error {
 	}
 	for _, key := range keys {
 		reqs := []limiter.Request{{Key: key, Limit: probeLimit, Hits: 1}}
-		if _, err := s.run(ctx, time.Now(), []string{key}, reqs, false); err != nil {
+		if _, err := s.run(ctx, time.Time{}, time.Now(), []string{key}, reqs, false); err != nil {
 			return fmt.Errorf("redis probe of %s: %w", key, err)
 		}
 	}

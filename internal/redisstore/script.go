@@ -110,13 +110,14 @@ type takeResult struct {
 }
 
 // run runs take.lua on keys and their requests (all in one slot, or on a
-// server without slots).
-func (s *Store) run(ctx context.Context, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
+// server without slots), for a caller that waits until ctx ends or, unless
+// zero, until by.
+func (s *Store) run(ctx context.Context, by, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
 	c := scriptCall{script: s.take, keys: keys, args: s.takeArgs(now, reqs), merge: s.group == nil, take: reqs, now: now}
 	if len(reqs) == 1 && !reqs[0].Charge() {
 		c.alone = s.takeOne // take_one.lua has no charges
 	}
-	cmd := s.script(ctx, c)
+	cmd := s.script(ctx, by, c)
 	return decodeTakeCmd(cmd, reqs, extras)
 }
 
@@ -198,12 +199,18 @@ type scriptCall struct {
 	now  time.Time
 }
 
-// script runs c: through the batcher when coalescing, else directly.
-func (s *Store) script(ctx context.Context, c scriptCall) *redis.Cmd {
+// script runs c, for a caller that waits until ctx ends or, unless zero,
+// until by: through the batcher when coalescing, else directly.
+func (s *Store) script(ctx context.Context, by time.Time, c scriptCall) *redis.Cmd {
+	if s.batch != nil && !s.batch.claimIdle() {
+		return s.batch.await(ctx, s.batch.submit(ctx, by, c))
+	}
+	if !by.IsZero() { // the client ends its I/O at ctx's deadline alone
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, by)
+		defer cancel()
+	}
 	if s.batch != nil {
-		if !s.batch.claimIdle() {
-			return s.batch.await(ctx, s.batch.submit(ctx, c))
-		}
 		// Redis is idle: send at once from this goroutine, without the two
 		// hand-offs to and from a sender; calls arriving meanwhile batch up.
 		defer s.batch.inflight.Add(-1)
@@ -245,7 +252,7 @@ func (s *Store) scripts(ctx context.Context, calls []scriptCall) []*redis.Cmd {
 	if s.batch != nil {
 		pending := make([]*call, len(calls))
 		for i, c := range calls {
-			pending[i] = s.batch.submit(ctx, c)
+			pending[i] = s.batch.submit(ctx, time.Time{}, c)
 		}
 		for i, p := range pending {
 			cmds[i] = s.batch.await(ctx, p)

@@ -248,8 +248,9 @@ func (s *Store) Close() error {
 }
 
 var (
-	_ limiter.Store    = (*Store)(nil)
-	_ limiter.Refunder = (*Store)(nil)
+	_ limiter.Store         = (*Store)(nil)
+	_ limiter.Refunder      = (*Store)(nil)
+	_ limiter.DeadlineTaker = (*Store)(nil)
 )
 
 // New returns a Store keeping its buckets through c.
@@ -379,6 +380,14 @@ func (s *Store) Key(bucket string) string {
 // denying). On a cluster, a slot still unanswered is left as it lands, and
 // the give-back, sent under ctx too, is not sent or not waited for.
 func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	return s.TakeBy(ctx, time.Time{}, now, reqs)
+}
+
+// TakeBy implements limiter.DeadlineTaker: it is Take for a caller that
+// stops waiting at by (unless by is zero), before ctx's deadline. A call
+// that goes through the batcher waits on a timer of its own until by;
+// one sent directly, or across hash slots, runs under ctx ending at by.
+func (s *Store) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	for i, r := range reqs {
 		if err := r.Validate(); err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)
@@ -394,11 +403,16 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 	}
 	groups := s.groups(keys)
 	if len(groups) <= 1 {
-		res, err := s.run(ctx, now, keys, reqs, false)
+		res, err := s.run(ctx, by, now, keys, reqs, false)
 		if err != nil {
 			return nil, takeError(err)
 		}
 		return res.decisions, nil
+	}
+	if !by.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, by)
+		defer cancel()
 	}
 	return s.takeGroups(ctx, now, keys, reqs, groups)
 }
@@ -457,7 +471,7 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 	}
 	var err error
 	if groups := s.groups(keys); len(groups) <= 1 {
-		err = s.script(ctx, scriptCall{script: s.refund, keys: keys, args: s.refundArgs(now, reqs)}).Err()
+		err = s.script(ctx, time.Time{}, scriptCall{script: s.refund, keys: keys, args: s.refundArgs(now, reqs)}).Err()
 	} else {
 		calls := make([]scriptCall, len(groups))
 		for g, idx := range groups {
