@@ -272,11 +272,13 @@ type Store interface {
 
 // DeadlineTaker is a Store that can be told, beside ctx, when to give up:
 // TakeBy(ctx, by, now, reqs) is Take(ctx', now, reqs) where ctx' is ctx
-// ending at by (context.WithDeadline), without making ctx': no timer and no
-// registration with ctx for every call. At by, a call still waiting for
-// its backend returns a *DeadlineError wrapping context.DeadlineExceeded,
-// as Take does when its context's deadline passes. A zero by is no bound
-// beyond ctx. Implementations must be safe for concurrent use.
+// ending at by (context.WithDeadline), but the store need not make ctx'
+// (a timer and a registration with ctx, for every call) where it can
+// bound its waits otherwise. At by, a call still waiting for its backend
+// returns an error wrapping a *DeadlineError that wraps
+// context.DeadlineExceeded, as Take does when its context's deadline
+// passes. A zero by is no bound beyond ctx. Implementations must be safe
+// for concurrent use.
 type DeadlineTaker interface {
 	Store
 	TakeBy(ctx context.Context, by, now time.Time, reqs []Request) ([]Decision, error)
@@ -309,14 +311,15 @@ var ErrUnavailable = errors.New("backend unavailable")
 var ErrOverloaded = errors.New("deadline reached before the backend could answer (this process is overloaded)")
 
 // A DeadlineError is returned by a store whose call's context ended (its
-// deadline, or its cancellation) before the backend answered. It wraps the
-// context's error. InFlight is how long the backend had had the call by
+// deadline, or its cancellation), or whose DeadlineTaker bound passed,
+// before the backend answered. It wraps the context's error
+// (context.DeadlineExceeded for a bound). InFlight is how long the backend had had the call by
 // then: zero if it was never sent (it waited in a queue of the store's).
 // Whether that is the backend's fault is for the caller to judge against
 // the time the backend is given (see internal/failover).
 type DeadlineError struct {
 	// Queued is how long the call waited in the store before it was sent
-	// (until the context ended, if it never was).
+	// (until it was given up on, if it never was).
 	Queued time.Duration
 	// InFlight is how long the backend had had the call, zero if unsent.
 	InFlight time.Duration

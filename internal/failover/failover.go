@@ -277,9 +277,10 @@ func (s *Store) Observe(err error) {
 	}
 }
 
-// budget returns the context a backend call runs under: ctx, ending a
-// margin before its deadline (a twentieth of the time left, at most 5ms),
-// or DefaultDeadline from now if it has none.
+// budget returns the context a backend call runs under (but a Take of a
+// limiter.DeadlineTaker, see takeBudgeted): ctx, ending a margin before
+// its deadline (a twentieth of the time left, at most 5ms), or
+// DefaultDeadline from now if it has none.
 func (s *Store) budget(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(ctx, s.budgetEnd(ctx))
 }
@@ -296,8 +297,8 @@ func (s *Store) budgetEnd(ctx context.Context) time.Time {
 
 // takeBudgeted asks the backend for reqs within the call's budget (see
 // budget): through TakeBy when the backend is a limiter.DeadlineTaker,
-// which bounds the call without a context of its own, else under a
-// context that ends then.
+// given the budget's end and the caller's context (the backend bounds its
+// waits as it can), else under a context that ends then.
 func (s *Store) takeBudgeted(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	if dt, ok := s.backend.(limiter.DeadlineTaker); ok {
 		return dt.TakeBy(ctx, s.budgetEnd(ctx), now, reqs)

@@ -67,7 +67,8 @@ type call struct {
 }
 
 // A call's states: its caller waits for it until the answer comes
-// (answered) or the caller's context ends first (abandoned). Whichever
+// (answered) or the caller's context ends or its by passes first
+// (abandoned). Whichever
 // happens first wins, by compare-and-swap, so an answer that comes as the
 // caller gives up is either taken or handed to the batcher's late handler,
 // never both, never neither.
@@ -282,18 +283,25 @@ func (b *batcher) expiry(by time.Time) *time.Timer {
 	if t == nil {
 		return time.NewTimer(time.Until(by))
 	}
-	// Since Go 1.23 a stopped timer's channel holds nothing: it can be
-	// reset by its next user as it is.
 	t.Reset(time.Until(by))
 	return t
 }
 
-// release stops t, from expiry, and gives it back; nil is ignored.
+// release stops t, from expiry, and gives it back; nil is ignored. Since
+// Go 1.23 a stopped timer's channel holds nothing; the drain is for a
+// process run with GODEBUG=asynctimerchan=1, where a tick that fired
+// unread would stay and fail the timer's next user at once.
 func (b *batcher) release(t *time.Timer) {
-	if t != nil {
-		t.Stop()
-		b.timers.Put(t)
+	if t == nil {
+		return
 	}
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+	b.timers.Put(t)
 }
 
 // channel is t's channel, nil (never ready) for a nil t.
@@ -316,8 +324,8 @@ func (c *call) gaveUp(now time.Time) error {
 	return nil
 }
 
-// deadlineError describes c, given up on at now because of err (its
-// context's).
+// deadlineError describes c, given up on at now because of err: its
+// context's, or context.DeadlineExceeded when its by passed.
 func (c *call) deadlineError(err error, now time.Time) error {
 	de := &limiter.DeadlineError{Err: err}
 	if sent := c.sentAt.Load(); sent != 0 {

@@ -7,8 +7,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/limiter"
@@ -135,37 +137,140 @@ func TestACancelledCallerIsNotCharged(t *testing.T) {
 // TestTakeByGivesUpAtBy: a Take whose by comes while it waits in the batch
 // queue (every batch collects for 60ms here), its caller's deadline still
 // far, returns at by a *limiter.DeadlineError wrapping
-// context.DeadlineExceeded that says it was never sent, and its bucket is
-// not charged: the call is dropped before it is sent. One whose by the
-// batch does not outlast is decided by Redis.
+// context.DeadlineExceeded that says it was never sent, and is dropped
+// before it is sent: no late answer, nothing charged. Two more in a row
+// each give up at their own by (a pooled timer serves each anew), and one
+// whose by the batch does not outlast is decided by Redis.
 func TestTakeByGivesUpAtBy(t *testing.T) {
 	srv := redistest.Start(t)
 	s := queueingStore(t, srv, 60*time.Millisecond, nil)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	start := time.Now()
-	d, err := s.TakeBy(ctx, start.Add(10*time.Millisecond), start, []limiter.Request{{Key: "late", Limit: l, Hits: 1}})
-	took := time.Since(start)
-	var de *limiter.DeadlineError
-	if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.InFlight != 0 {
-		t.Fatalf("TakeBy 10ms ahead of a 60ms batch = %+v, %v; want an unsent *limiter.DeadlineError wrapping DeadlineExceeded", d, err)
+	before := s.Stats()
+	for i, ahead := range []time.Duration{10 * time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond} {
+		start := time.Now()
+		d, err := s.TakeBy(ctx, start.Add(ahead), start, []limiter.Request{{Key: "late", Limit: l, Hits: 1}})
+		took := time.Since(start)
+		var de *limiter.DeadlineError
+		if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.InFlight != 0 {
+			t.Fatalf("TakeBy %d, %v ahead of a 60ms batch = %+v, %v; want an unsent *limiter.DeadlineError wrapping DeadlineExceeded", i+1, ahead, d, err)
+		}
+		if took < ahead || took >= 60*time.Millisecond {
+			t.Errorf("TakeBy %d, %v ahead, returned after %v; want at %v, before its batch went out (60ms)", i+1, ahead, took, ahead)
+		}
 	}
-	if took < 10*time.Millisecond || took >= 60*time.Millisecond {
-		t.Errorf("TakeBy 10ms ahead returned after %v, want at 10ms, before its batch went out (60ms)", took)
-	}
-	d, err = s.TakeBy(ctx, time.Now().Add(time.Second), time.Now(), []limiter.Request{{Key: "in-time", Limit: l, Hits: 1}})
+	d, err := s.TakeBy(ctx, time.Now().Add(time.Second), time.Now(), []limiter.Request{{Key: "in-time", Limit: l, Hits: 1}})
 	if err != nil || !d[0].Allowed || d[0].Remaining != l.Burst-1 {
 		t.Fatalf("TakeBy 1s ahead of a 60ms batch = %+v, %v; want decided by Redis", d, err)
 	}
-	// The batch the first call was queued in has gone out (the second
-	// call's came after it).
+	time.Sleep(70 * time.Millisecond) // every batch the calls were queued in has gone out
+	if st := s.Stats(); st.Calls-before.Calls != 1 || st.Late != before.Late {
+		t.Errorf("Stats = %+v: want the one call in time sent, the three given up on dropped unsent", st)
+	}
 	got, err := s.Take(context.Background(), time.Now(), []limiter.Request{{Key: "late", Limit: l, Hits: 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got[0].Remaining != l.Burst {
-		t.Errorf("after a Take given up at by, %d of %d tokens remain, want all: nothing charged", got[0].Remaining, l.Burst)
+		t.Errorf("after Takes given up at by, %d of %d tokens remain, want all: nothing charged", got[0].Remaining, l.Burst)
+	}
+}
+
+// TestSubmitWaitsForRoomUntilBy: a call that finds the batch queue full
+// (here a batcher without senders, its queue of one taken) waits for room
+// only until its by: at by exactly it fails, unsent, with a
+// *limiter.DeadlineError wrapping context.DeadlineExceeded, and the count
+// of queued calls is as it was.
+func TestSubmitWaitsForRoomUntilBy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &batcher{calls: make(chan *call, 1), stop: make(chan struct{}), stats: &counters{}}
+		b.calls <- &call{}
+		start := time.Now()
+		c := b.submit(context.Background(), start.Add(10*time.Millisecond), scriptCall{})
+		if took := time.Since(start); took != 10*time.Millisecond {
+			t.Errorf("submit to a full queue returned after %v, want exactly 10ms (its by)", took)
+		}
+		select {
+		case <-c.done:
+		default:
+			t.Fatal("submit returned a call without an answer")
+		}
+		var de *limiter.DeadlineError
+		if err := c.cmd.Err(); !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.InFlight != 0 || de.Queued != 10*time.Millisecond {
+			t.Errorf("call = %v, want an unsent *limiter.DeadlineError wrapping DeadlineExceeded after 10ms queued", err)
+		}
+		if q := b.queued.Load(); q != 0 {
+			t.Errorf("queued = %d after the call gave up, want 0", q)
+		}
+	})
+}
+
+// TestTakeByOfADirectCall: a Take sent from its caller's goroutine (Redis
+// idle) to a Redis that does not answer (CLIENT PAUSE) returns at its by,
+// a second before its caller's deadline, as sent (InFlight > 0).
+func TestTakeByOfADirectCall(t *testing.T) {
+	srv := redistest.Start(t)
+	c, err := Dial(ClientOptions{URL: "redis://" + srv.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, Options{Prefix: "direct:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Prepare(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Client().Do(context.Background(), "CLIENT", "PAUSE", "500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
+	before := s.Stats()
+	start := time.Now()
+	_, err = s.TakeBy(ctx, start.Add(20*time.Millisecond), start, []limiter.Request{{Key: "paused", Limit: l, Hits: 1}})
+	took := time.Since(start)
+	var de *limiter.DeadlineError
+	if !errors.As(err, &de) || de.InFlight == 0 {
+		t.Fatalf("TakeBy 20ms ahead, Redis paused: %v, want a *limiter.DeadlineError of a sent call", err)
+	}
+	if took < 20*time.Millisecond || took > 400*time.Millisecond {
+		t.Errorf("TakeBy 20ms ahead, Redis paused, returned after %v; want at 20ms", took)
+	}
+	if st := s.Stats(); st.Direct-before.Direct != 1 {
+		t.Errorf("Stats = %+v, want the call sent directly", st)
+	}
+}
+
+// TestTheLearnerPassesTheBudgetOn: failover over the denial cache's learner
+// over this store (as the daemon stacks them) gives a call without a
+// deadline its DefaultDeadline as a budget, and the learner passes it to
+// the store: a call queued for 60ms is answered per the failure mode as
+// overloaded at 10ms, not decided when its batch goes out.
+func TestTheLearnerPassesTheBudgetOn(t *testing.T) {
+	srv := redistest.Start(t)
+	s := queueingStore(t, srv, 60*time.Millisecond, nil)
+	cache, err := denialcache.New(denialcache.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs, err := failover.New(cache.Learn(s), failover.Options{Mode: failover.Deny, Timeout: 5 * time.Millisecond, DefaultDeadline: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
+	start := time.Now()
+	d, err := fs.Take(context.Background(), start, []limiter.Request{{Key: "budget", Limit: l, Hits: 1}})
+	took := time.Since(start)
+	if err != nil || d[0].Allowed || d[0].Fallback != limiter.FallbackOverloaded {
+		t.Fatalf("Take queued past its 10ms budget = %+v, %v; want denied per the failure mode, overloaded", d, err)
+	}
+	if took < 10*time.Millisecond || took >= 60*time.Millisecond {
+		t.Errorf("Take with a 10ms budget returned after %v, want at 10ms, before its batch went out (60ms)", took)
 	}
 }
 

@@ -332,9 +332,10 @@ func (s *Store) Key(bucket string) string {
 
 // Take implements limiter.Store: it applies reqs all-or-nothing, deciding
 // exactly as limiter.DecideAll at the time of the Redis server (ServerClock)
-// or at now (CallerClock). Backend failures, including ctx's deadline,
-// are returned wrapping limiter.ErrUnavailable; invalid requests wrapping
-// limiter.ErrInvalidRequest.
+// or at now (CallerClock). Backend failures are returned wrapping
+// limiter.ErrUnavailable; ctx ending before the answer, wrapping a
+// *limiter.DeadlineError (whether the backend is to blame is the caller's
+// to judge); invalid requests, wrapping limiter.ErrInvalidRequest.
 //
 // When the keys span several Redis Cluster hash slots (or Ring shards), the
 // slots are taken in parallel, and if one denies, a second script gives back
