@@ -237,11 +237,24 @@ func (s *Store) directTimed(ctx context.Context, c scriptCall) *redis.Cmd {
 	sent := time.Now()
 	cmd := s.direct(ctx, c)
 	if cmd.Err() != nil {
-		if err := ctx.Err(); err != nil {
+		if err := endedBy(ctx); err != nil {
 			return errCmd(ctx, &limiter.DeadlineError{InFlight: max(time.Since(sent), 1), Err: err})
 		}
 	}
 	return cmd
+}
+
+// endedBy is ctx's error, or context.DeadlineExceeded once its deadline
+// has passed: the client's I/O ends at the deadline (its socket deadline),
+// which can come a moment before ctx's own timer marks ctx done.
+func endedBy(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // scripts runs calls concurrently and returns their answers in order:
