@@ -328,48 +328,6 @@ func TestLocalModeAfterGrace(t *testing.T) {
 	}
 }
 
-// TestTheBudgetBoundsAHungBackend: a call to a backend that never answers
-// is answered per the failure mode when its budget runs out: a margin
-// before the caller's deadline (a twentieth of the time left, at most 5ms), or
-// DefaultDeadline after it came without one; the backend had it for its
-// whole Timeout, so it failed.
-func TestTheBudgetBoundsAHungBackend(t *testing.T) {
-	for _, tt := range []struct {
-		name     string
-		deadline time.Duration // 0: none
-		want     time.Duration
-	}{
-		{"Envoy's 20ms", 20 * time.Millisecond, 19 * time.Millisecond},
-		{"2s", 2 * time.Second, 2*time.Second - 5*time.Millisecond},
-		{"none", 0, 300 * time.Millisecond},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				b := newBackend()
-				b.set("hung")
-				s, err := failover.New(b, failover.Options{Mode: failover.Deny, Timeout: 5 * time.Millisecond, DefaultDeadline: 300 * time.Millisecond})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx := context.Background()
-				if tt.deadline > 0 {
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, tt.deadline)
-					defer cancel()
-				}
-				start := time.Now()
-				d, err := s.Take(ctx, start, oneReq)
-				if err != nil || d[0].Allowed || d[0].Fallback != limiter.FallbackBackendFailed {
-					t.Fatalf("hung backend in deny mode: %+v %v, want a denial by the failure mode, the backend failed", d, err)
-				}
-				if took := time.Since(start); took != tt.want {
-					t.Errorf("answered after %v, want exactly %v", took, tt.want)
-				}
-			})
-		})
-	}
-}
-
 // deadlineBackend is backend as a limiter.DeadlineTaker: TakeBy records
 // the by and the context it is given, then is Take under that context
 // ending at by.
@@ -389,12 +347,14 @@ func (b *deadlineBackend) TakeBy(ctx context.Context, by, now time.Time, reqs []
 	return b.Take(ctx, now, reqs)
 }
 
-// TestADeadlineTakerGetsTheBudgetAsATime: a backend that is a
-// limiter.DeadlineTaker is given the budget's end as by, with the
-// caller's own context (none made for the call), and a hung one is
-// answered per the failure mode at exactly that time, as
-// TestTheBudgetBoundsAHungBackend is through a context.
-func TestADeadlineTakerGetsTheBudgetAsATime(t *testing.T) {
+// TestTheBudgetBoundsAHungBackend: a call to a backend that never answers
+// is answered per the failure mode when its budget runs out: a margin
+// before the caller's deadline (a twentieth of the time left, at most 5ms), or
+// DefaultDeadline after it came without one; the backend had it for its
+// whole Timeout, so it failed. A backend that is a limiter.DeadlineTaker
+// is given the budget's end as by, with the caller's own context (none is
+// made for the call); any other, a context that ends then.
+func TestTheBudgetBoundsAHungBackend(t *testing.T) {
 	for _, tt := range []struct {
 		name     string
 		deadline time.Duration // 0: none
@@ -404,36 +364,46 @@ func TestADeadlineTakerGetsTheBudgetAsATime(t *testing.T) {
 		{"2s", 2 * time.Second, 2*time.Second - 5*time.Millisecond},
 		{"none", 0, 300 * time.Millisecond},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				b := &deadlineBackend{backend: newBackend()}
-				b.set("hung")
-				s, err := failover.New(b, failover.Options{Mode: failover.Deny, Timeout: 5 * time.Millisecond, DefaultDeadline: 300 * time.Millisecond})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx := context.Background()
-				if tt.deadline > 0 {
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, tt.deadline)
-					defer cancel()
-				}
-				start := time.Now()
-				d, err := s.Take(ctx, start, oneReq)
-				if err != nil || d[0].Allowed || d[0].Fallback != limiter.FallbackBackendFailed {
-					t.Fatalf("hung backend in deny mode: %+v %v, want a denial by the failure mode, the backend failed", d, err)
-				}
-				if took := time.Since(start); took != tt.want {
-					t.Errorf("answered after %v, want exactly %v", took, tt.want)
-				}
-				if len(b.by) != 1 || !b.by[0].Equal(start.Add(tt.want)) {
-					t.Errorf("TakeBy given by %v, want %v", b.by, start.Add(tt.want))
-				}
-				if len(b.ctx) == 1 && b.ctx[0] != ctx {
-					t.Error("TakeBy given a context other than the caller's")
-				}
+		for _, taker := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/DeadlineTaker=%v", tt.name, taker), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					b := newBackend()
+					b.set("hung")
+					var store limiter.Store = b
+					db := &deadlineBackend{backend: b}
+					if taker {
+						store = db
+					}
+					s, err := failover.New(store, failover.Options{Mode: failover.Deny, Timeout: 5 * time.Millisecond, DefaultDeadline: 300 * time.Millisecond})
+					if err != nil {
+						t.Fatal(err)
+					}
+					ctx := context.Background()
+					if tt.deadline > 0 {
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithTimeout(ctx, tt.deadline)
+						defer cancel()
+					}
+					start := time.Now()
+					d, err := s.Take(ctx, start, oneReq)
+					if err != nil || d[0].Allowed || d[0].Fallback != limiter.FallbackBackendFailed {
+						t.Fatalf("hung backend in deny mode: %+v %v, want a denial by the failure mode, the backend failed", d, err)
+					}
+					if took := time.Since(start); took != tt.want {
+						t.Errorf("answered after %v, want exactly %v", took, tt.want)
+					}
+					if !taker {
+						return
+					}
+					if len(db.by) != 1 || !db.by[0].Equal(start.Add(tt.want)) {
+						t.Errorf("TakeBy given by %v, want %v", db.by, start.Add(tt.want))
+					}
+					if len(db.ctx) == 1 && db.ctx[0] != ctx {
+						t.Error("TakeBy given a context other than the caller's")
+					}
+				})
 			})
-		})
+		}
 	}
 }
 
