@@ -284,6 +284,20 @@ type DeadlineTaker interface {
 	TakeBy(ctx context.Context, by, now time.Time, reqs []Request) ([]Decision, error)
 }
 
+// TakeBy is s.TakeBy when s is a DeadlineTaker, else s.Take under ctx
+// ending at by; a zero by is s.Take under ctx.
+func TakeBy(s Store, ctx context.Context, by, now time.Time, reqs []Request) ([]Decision, error) {
+	if by.IsZero() {
+		return s.Take(ctx, now, reqs)
+	}
+	if dt, ok := s.(DeadlineTaker); ok {
+		return dt.TakeBy(ctx, by, now, reqs)
+	}
+	ctx, cancel := context.WithDeadline(ctx, by)
+	defer cancel()
+	return s.Take(ctx, now, reqs)
+}
+
 // Refunder is a Store that can give tokens back.
 //
 // Refund gives back the Hits of each request (a reservation whose caller

@@ -258,7 +258,7 @@ func (l learner) Take(ctx context.Context, now time.Time, reqs []limiter.Request
 // it has one, else through Take under ctx ending at by.
 func (l learner) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
 	if len(reqs) != 1 || !cacheable(reqs[0]) {
-		d, err := l.take(ctx, by, now, reqs)
+		d, err := limiter.TakeBy(l.store, ctx, by, now, reqs)
 		if err == nil {
 			l.c.forgetSpent(reqs, d)
 		}
@@ -267,23 +267,11 @@ func (l learner) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.R
 	sh, ep := l.c.ref(reqs[0].Key)
 	epoch := ep.Load()
 	sent := l.c.since()
-	d, err := l.take(ctx, by, now, reqs)
+	d, err := limiter.TakeBy(l.store, ctx, by, now, reqs)
 	if err == nil && len(d) == 1 {
 		l.c.learn(sh, ep, reqs[0], d[0], sent, epoch)
 	}
 	return d, err
-}
-
-func (l learner) take(ctx context.Context, by, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
-	if by.IsZero() {
-		return l.store.Take(ctx, now, reqs)
-	}
-	if dt, ok := l.store.(limiter.DeadlineTaker); ok {
-		return dt.TakeBy(ctx, by, now, reqs)
-	}
-	ctx, cancel := context.WithDeadline(ctx, by)
-	defer cancel()
-	return l.store.Take(ctx, now, reqs)
 }
 
 // Refund implements limiter.Refunder: it passes the refund to the store,

@@ -300,12 +300,7 @@ func (s *Store) budgetEnd(ctx context.Context) time.Time {
 // given the budget's end and the caller's context (the backend bounds its
 // waits as it can), else under a context that ends then.
 func (s *Store) takeBudgeted(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
-	if dt, ok := s.backend.(limiter.DeadlineTaker); ok {
-		return dt.TakeBy(ctx, s.budgetEnd(ctx), now, reqs)
-	}
-	callCtx, cancel := s.budget(ctx)
-	defer cancel()
-	return s.backend.Take(callCtx, now, reqs)
+	return limiter.TakeBy(s.backend, ctx, s.budgetEnd(ctx), now, reqs)
 }
 
 // judge returns err, a backend call's, wrapped in limiter.ErrOverloaded if
