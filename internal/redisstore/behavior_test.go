@@ -501,7 +501,11 @@ func TestServerClockExpiryIsCeilOfTAT(t *testing.T) {
 		for _, r := range []limiter.Request{
 			{Key: "third", Limit: limiter.Limit{Count: 3, Period: time.Second, Burst: 3}, Hits: 1},
 			{Key: "whole", Limit: limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}, Hits: 1},
-			{Key: "odd", Limit: limiter.Limit{Count: 7, Period: 1001 * time.Microsecond, Burst: 3000}, Hits: 5},
+			// An interval of 142,857.29 µs: a fractional TAT, off the
+			// millisecond, that stays in Redis for 0.7 s after a Take (a
+			// bucket full again within a millisecond could expire before
+			// the test reads it on a busy machine).
+			{Key: "odd", Limit: limiter.Limit{Count: 7, Period: time.Second + time.Microsecond, Burst: 3000}, Hits: 5},
 			{Key: "wait", Limit: limiter.Limit{Count: 3, Period: time.Second, Burst: 1}, Hits: 1, MaxWait: time.Hour},
 		} {
 			for i := range 3 { // the later Takes find the bucket not full
