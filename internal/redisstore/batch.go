@@ -37,7 +37,8 @@ const busyBatch = 4
 
 // senders is how many batches may be in flight at once. Redis runs one
 // command at a time, so more buys little; two let a batch form and go out
-// while the previous one is answered.
+// while the previous one is answered (one or three measured no better:
+// docs/benchmarks/2026-12-02-0b460a1.md).
 const senders = 2
 
 // errClosed is what calls get after Store.Close.
