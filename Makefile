@@ -18,8 +18,13 @@ run: build
 ## each fuzz target for FUZZ_BRIEF executions (default 5000x). A count, not a
 ## duration: Go 1.26's fuzz coordinator can report a spurious "context
 ## deadline exceeded" failure when a -fuzztime duration expires on a busy
-## machine (go.dev/issue/75804, fixed in Go 1.27).
+## machine (go.dev/issue/75804, fixed in Go 1.27). The image tests
+## (internal/image and its command, run in parallel) each build the static
+## binary the image ships; building it once first, with image.GoBuild's
+## flags, lets both find its packages compiled instead of compiling them
+## twice at once on a cold cache.
 test: vet check
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -o /dev/null ./cmd/ratelimitd
 	RATELIMITD_HEAVY_TESTS=1 $(GO) test -race -count=1 -timeout 8m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_BRIEF)
 
