@@ -301,6 +301,10 @@ func TestHealthStaysDownOnReadOnlyRedis(t *testing.T) {
 		}
 	}
 
+	// startProc waited for "backend ready", logged once health says so.
+	if serving, ready := health(); !serving || !ready {
+		t.Fatalf("backend ready, Redis writable: SERVING %v, /readyz 200 %v; want both\n%s", serving, ready, p.logs)
+	}
 	redisDo("REPLICAOF", "127.0.0.1", gone.Port)
 	deadline := time.Now().Add(10 * time.Second)
 	for serving, _ := health(); serving; serving, _ = health() {

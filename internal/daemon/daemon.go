@@ -369,7 +369,9 @@ const (
 // one at debug level). In a failure mode other than error, it says
 // SERVING after the first failure too: the replica then answers per that
 // mode, which is what the operator chose for a backend that is down,
-// rather than staying out of rotation until Redis is up.
+// rather than staying out of rotation until Redis is up. Health changes
+// before the line that says so is logged: whoever reads "backend ready"
+// finds gRPC health SERVING (unless a failure came in between).
 func (d *Daemon) awaitBackend() {
 	serving := func() {
 		if d.stopping.Err() == nil {
@@ -383,16 +385,16 @@ func (d *Daemon) awaitBackend() {
 		err := d.backend.Prepare(ctx)
 		cancel()
 		if err == nil {
-			d.log.Info("backend ready", "backend", d.backend.Name())
 			serving()
+			d.log.Info("backend ready", "backend", d.backend.Name())
 			return
 		}
 		if attempt == 0 {
-			d.log.Warn("backend not ready; answering per --on-backend-failure until it is", "backend", d.backend.Name(),
-				"mode", d.backend.FailureMode().String(), "err", err)
 			if d.backend.FailureMode() != failover.Error {
 				serving()
 			}
+			d.log.Warn("backend not ready; answering per --on-backend-failure until it is", "backend", d.backend.Name(),
+				"mode", d.backend.FailureMode().String(), "err", err)
 		} else {
 			d.log.Debug("backend still not ready", "backend", d.backend.Name(), "err", err)
 		}
