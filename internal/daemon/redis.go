@@ -138,12 +138,12 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 		shared = cache.Learn(store)
 	}
 	failure.OnChange = func(healthy bool, err error) {
+		onHealth(healthy) // first, as awaitBackend: the line finds health changed
 		if healthy {
 			log.Info("backend answers again", "backend", b.name)
 		} else {
 			log.Error("backend failing; answering per --on-backend-failure", "backend", b.name, "mode", failure.Mode.String(), "err", err)
 		}
-		onHealth(healthy)
 	}
 	// The open breaker probes Redis in the background (Probe), so that a
 	// replica no call reaches still finds it back; the probe decides on a
