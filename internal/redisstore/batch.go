@@ -193,14 +193,15 @@ func (b *batcher) busy() bool {
 }
 
 // closedOr is the error a call sent directly fails with before it is
-// sent: the store is closed, or the caller has given up.
+// sent: the store is closed, or the caller has given up or has no time
+// left (its deadline, or its by, see ioDeadline, has passed).
 func (b *batcher) closedOr(ctx context.Context) error {
 	select {
 	case <-b.stop:
 		return errClosed
 	default:
 	}
-	if err := ctx.Err(); err != nil {
+	if err := endedBy(ctx); err != nil {
 		return &limiter.DeadlineError{Err: err}
 	}
 	return nil

@@ -244,6 +244,47 @@ func TestTakeByOfADirectCall(t *testing.T) {
 	if st := s.Stats(); st.Direct-before.Direct != 1 {
 		t.Errorf("Stats = %+v, want the call sent directly", st)
 	}
+
+	// A by already past: not sent at all, though the caller's context
+	// is not done.
+	before = s.Stats()
+	_, err = s.TakeBy(ctx, time.Now().Add(-time.Millisecond), time.Now(), []limiter.Request{{Key: "late", Limit: l, Hits: 1}})
+	if !errors.As(err, &de) || de.InFlight != 0 || de.Pending || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("TakeBy with a past by = %v, want a *limiter.DeadlineError of a call never sent, wrapping DeadlineExceeded", err)
+	}
+	if st := s.Stats(); st.Calls != before.Calls || st.Direct != before.Direct {
+		t.Errorf("a TakeBy with a past by was sent: %+v after %+v", st, before)
+	}
+}
+
+// TestIODeadline: the context of a direct call has the earlier of its by
+// and its caller's deadline, and is done only when the caller's context is.
+func TestIODeadline(t *testing.T) {
+	now := time.Now()
+	far, cancelFar := context.WithDeadline(context.Background(), now.Add(time.Hour))
+	defer cancelFar()
+	near, cancelNear := context.WithDeadline(context.Background(), now.Add(time.Millisecond))
+	defer cancelNear()
+	for _, tc := range []struct {
+		name   string
+		parent context.Context
+		by     time.Time
+		want   time.Time
+	}{
+		{"no deadline", context.Background(), now.Add(time.Second), now.Add(time.Second)},
+		{"by first", far, now.Add(time.Second), now.Add(time.Second)},
+		{"caller's first", near, now.Add(time.Second), now.Add(time.Millisecond)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ioDeadline{Context: tc.parent, by: tc.by}
+			if dl, ok := ctx.Deadline(); !ok || !dl.Equal(tc.want) {
+				t.Errorf("Deadline() = %v, %v; want %v, true", dl, ok, tc.want)
+			}
+			if ctx.Done() != tc.parent.Done() {
+				t.Error("Done() is not the caller's")
+			}
+		})
+	}
 }
 
 // TestTheLearnerPassesTheBudgetOn: failover over the denial cache's learner

@@ -173,7 +173,10 @@ type Store struct {
 	giveBack *redis.Script
 	refund   *redis.Script
 	batch    *batcher // nil: not coalescing
-	stats    counters
+	// deadlines is honorsDeadlines(client): a call sent directly then
+	// needs no context.WithDeadline for its caller's by (see ioDeadline).
+	deadlines bool
+	stats     counters
 }
 
 // Stats counts what a Store sent to Redis, since New.
@@ -283,6 +286,7 @@ func New(c Client, opts Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("redisstore: Options.Clock %v: want ServerClock or CallerClock", s.clock)
 	}
+	s.deadlines = honorsDeadlines(c)
 	switch c.(type) {
 	case *redis.ClusterClient:
 		s.group = groupBy(slot)
@@ -304,7 +308,7 @@ func New(c Client, opts Options) (*Store, error) {
 	}
 	if p, ok := c.(pipeliner); ok && batchMax > 1 {
 		s.batch = newBatcher(p, batchMax, batchWait, &s.stats)
-		s.batch.directWhenIdle = honorsDeadlines(c)
+		s.batch.directWhenIdle = s.deadlines
 		s.batch.late = s.giveBackLate
 		s.batch.abandoned = opts.OnAbandoned
 		if opts.QueueWait != nil || opts.BatchCalls != nil {
