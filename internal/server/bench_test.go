@@ -157,3 +157,36 @@ func BenchmarkShouldRateLimitParallel(b *testing.B) {
 		}
 	})
 }
+
+// discardObserver is an Observer that keeps nothing.
+type discardObserver struct{}
+
+func (discardObserver) ObserveCall(server.Call) {}
+
+// TestObservingAllocatesOnlyTheOutcomes: an observer costs a call one
+// allocation, the slice of its descriptors' outcomes, whatever the
+// answer (the guard's check once allocated on every call).
+func TestObservingAllocatesOnlyTheOutcomes(t *testing.T) {
+	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: []byte(benchConfig)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocs := func(obs server.Observer, req *rlsv3.RateLimitRequest) float64 {
+		srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: new(benchClock).Now, Observer: obs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.SetConfig(set)
+		return testing.AllocsPerRun(100, func() {
+			if _, err := srv.ShouldRateLimit(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	for _, tc := range handlerCases {
+		without, with := allocs(nil, tc.req), allocs(discardObserver{}, tc.req)
+		if with > without+1 {
+			t.Errorf("%s: %v allocations a call with an observer, %v without; want at most one more", tc.name, with, without)
+		}
+	}
+}

@@ -163,8 +163,7 @@ func invalidOverride(policy InvalidOverride, it *item, domain string, i int, err
 // guardOf is the Guard of an answered request: planned as p, or failed
 // with err.
 func (s *Server) guardOf(p plan, err error) Guard {
-	var oe *overrideError
-	if errors.As(err, &oe) {
+	if err != nil && isOverrideError(err) {
 		return Guard{Cause: CauseInvalidOverride, Action: InvalidOverrideError.String()}
 	}
 	for _, it := range p.items {
@@ -173,6 +172,14 @@ func (s *Server) guardOf(p plan, err error) Guard {
 		}
 	}
 	return Guard{}
+}
+
+// isOverrideError reports whether err is an *overrideError. Apart from
+// guardOf, so that the target errors.As needs is allocated only for an
+// error, not for every call.
+func isOverrideError(err error) bool {
+	var oe *overrideError
+	return errors.As(err, &oe)
 }
 
 // sizedRequest is what the RateLimitService handler Register installs
