@@ -62,7 +62,7 @@ func (d *Daemon) openListeners() (_ []*listener, err error) {
 	if p := d.cfg.MetricsPath; !strings.HasPrefix(p, "/") {
 		return nil, fmt.Errorf("Config.MetricsPath %q: want a path that starts with /", p)
 	}
-	metrics := promhttp.HandlerFor(d.obs.metrics.Registry(), promhttp.HandlerOpts{})
+	metrics := d.obs.flushing(promhttp.HandlerFor(d.obs.metrics.Registry(), promhttp.HandlerOpts{}))
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.URL.Path != d.cfg.MetricsPath:

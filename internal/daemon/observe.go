@@ -19,9 +19,12 @@ import (
 // observability is what the daemon adds for operators: Prometheus metrics, the
 // /limits page's tracker, and tracing's gRPC options.
 type observability struct {
-	metrics     *metrics.Metrics
-	leases      *metrics.Leases
-	tracker     *limitspage.Tracker
+	metrics *metrics.Metrics
+	leases  *metrics.Leases
+	tracker *limitspage.Tracker
+	// calls hands each call to metrics and tracker off its answer's path;
+	// whatever reads them flushes it first (flushing).
+	calls       *metrics.Deferred
 	grpcOptions []grpc.ServerOption
 	stopTracing func(context.Context) error
 	pprof       bool
@@ -49,10 +52,12 @@ func newObservability(ctx context.Context, c Config, backend string) (*observabi
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
+	tracker := limitspage.NewTracker(limitspage.TrackerOptions{Redact: c.RedactValues})
 	return &observability{
 		metrics:     m,
 		leases:      leases,
-		tracker:     limitspage.NewTracker(limitspage.TrackerOptions{Redact: c.RedactValues}),
+		tracker:     tracker,
+		calls:       metrics.NewDeferred(metrics.Tee(m, tracker), 0, 0),
 		grpcOptions: opts,
 		stopTracing: stop,
 		pprof:       c.Pprof,
@@ -60,10 +65,21 @@ func newObservability(ctx context.Context, c Config, backend string) (*observabi
 }
 
 // observer is the server.Observer that feeds metrics and the page.
-func (o *observability) observer() server.Observer { return metrics.Tee(o.metrics, o.tracker) }
+func (o *observability) observer() server.Observer { return o.calls }
 
-// close flushes the spans not yet exported.
+// flushing is h after the calls not yet handed to metrics and the page
+// are: what h serves counts every call answered before the request came.
+func (o *observability) flushing(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		o.calls.Flush()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// close hands the calls still queued to metrics and the page, and flushes
+// the spans not yet exported.
 func (o *observability) close() {
+	o.calls.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	o.stopTracing(ctx)
@@ -74,11 +90,11 @@ func (o *observability) close() {
 func (o *observability) handler(next http.Handler, srv *server.Server, source func() (kind, version string)) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", next)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(o.metrics.Registry(), promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", o.flushing(promhttp.HandlerFor(o.metrics.Registry(), promhttp.HandlerOpts{})))
 	page, err := limitspage.NewHandler(limitspage.Options{Config: srv.Config, Tracker: o.tracker, Source: source, Pools: srv.LeasePools})
 	if err == nil { // it fails only without Config or Tracker
-		mux.Handle("GET /limits", page)
-		mux.Handle("GET /limits.json", page)
+		mux.Handle("GET /limits", o.flushing(page))
+		mux.Handle("GET /limits.json", o.flushing(page))
 	}
 	if o.pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
