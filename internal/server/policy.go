@@ -222,21 +222,26 @@ func (s *Server) handle(_ any, ctx context.Context, dec func(any) error, interce
 	if err := dec(in); err != nil {
 		return nil, err
 	}
-	call := func(ctx context.Context, req any) (any, error) {
-		if in.over() {
-			return s.oversized(ctx, in.size)
-		}
+	if interceptor == nil { // no closure to allocate
+		return s.serve(ctx, in, in.RateLimitRequest)
+	}
+	info := &grpc.UnaryServerInfo{Server: s, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+	return interceptor(ctx, in.RateLimitRequest, info, func(ctx context.Context, req any) (any, error) {
 		r, ok := req.(*rlsv3.RateLimitRequest) // an interceptor may have replaced it
 		if !ok {
 			r = in.RateLimitRequest
 		}
-		return s.ShouldRateLimit(ctx, r)
+		return s.serve(ctx, in, r)
+	})
+}
+
+// serve answers r, the request decoded into in unless an interceptor
+// replaced it, or in's size per Options.OnOversizedRequest.
+func (s *Server) serve(ctx context.Context, in *sizedRequest, r *rlsv3.RateLimitRequest) (any, error) {
+	if in.over() {
+		return s.oversized(ctx, in.size)
 	}
-	if interceptor == nil {
-		return call(ctx, in.RateLimitRequest)
-	}
-	info := &grpc.UnaryServerInfo{Server: s, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
-	return interceptor(ctx, in.RateLimitRequest, info, call)
+	return s.ShouldRateLimit(ctx, r)
 }
 
 // oversized answers a request of size bytes, over Options.MaxRequestBytes,

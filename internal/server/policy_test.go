@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -263,5 +264,33 @@ func TestRegisterTraced(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("neither span carries the domain: %v; %v", spans[0].Attributes, spans[1].Attributes)
+	}
+}
+
+// TestRegisterInterceptorReplacesRequest: served through Register with a
+// unary interceptor, the handler decides the request the interceptor
+// hands on, which may be another than the one decoded.
+func TestRegisterInterceptorReplacesRequest(t *testing.T) {
+	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clocktest.New().Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetConfig(server.MustParse(t, policyConfig))
+	// Every call is decided as user "b"'s: two a minute between them all.
+	toB := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		return next(ctx, request("api", desc("user", "b")))
+	}
+	opts := []grpc.ServerOption{server.Codec(), grpc.UnaryInterceptor(toB)}
+	c := servertest.Start(t, servertest.Options{Register: func(g *grpc.Server) { srv.Register(g) }, ServerOptions: opts}).Client()
+	var got []rlsv3.RateLimitResponse_Code
+	for _, user := range []string{"a", "c", "d"} {
+		resp, err := c.ShouldRateLimit(context.Background(), request("api", desc("user", user)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, resp.GetOverallCode())
+	}
+	if want := []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT}; !slices.Equal(got, want) {
+		t.Errorf("three users' calls, each replaced by user b's: %v, want %v", got, want)
 	}
 }
