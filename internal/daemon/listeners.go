@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -62,7 +61,7 @@ func (d *Daemon) openListeners() (_ []*listener, err error) {
 	if p := d.cfg.MetricsPath; !strings.HasPrefix(p, "/") {
 		return nil, fmt.Errorf("Config.MetricsPath %q: want a path that starts with /", p)
 	}
-	metrics := d.obs.flushing(promhttp.HandlerFor(d.obs.metrics.Registry(), promhttp.HandlerOpts{}))
+	metrics := d.obs.metricsHandler()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.URL.Path != d.cfg.MetricsPath:

@@ -76,6 +76,12 @@ func (o *observability) flushing(h http.Handler) http.Handler {
 	})
 }
 
+// metricsHandler serves the metrics, on the HTTP port and on
+// Config.MetricsAddr alike, counting the queued calls first.
+func (o *observability) metricsHandler() http.Handler {
+	return o.flushing(promhttp.HandlerFor(o.metrics.Registry(), promhttp.HandlerOpts{}))
+}
+
 // close hands the calls still queued to metrics and the page, and flushes
 // the spans not yet exported.
 func (o *observability) close() {
@@ -90,7 +96,7 @@ func (o *observability) close() {
 func (o *observability) handler(next http.Handler, srv *server.Server, source func() (kind, version string)) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", next)
-	mux.Handle("GET /metrics", o.flushing(promhttp.HandlerFor(o.metrics.Registry(), promhttp.HandlerOpts{})))
+	mux.Handle("GET /metrics", o.metricsHandler())
 	page, err := limitspage.NewHandler(limitspage.Options{Config: srv.Config, Tracker: o.tracker, Source: source, Pools: srv.LeasePools})
 	if err == nil { // it fails only without Config or Tracker
 		mux.Handle("GET /limits", o.flushing(page))

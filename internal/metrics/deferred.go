@@ -11,16 +11,18 @@ import (
 // path: ObserveCall queues the call and returns, and the queued calls are
 // handed over together, on a goroutine of their own, a delay after the
 // first of them was queued. An answer then no longer waits for the
-// metrics and the page's counts (on one core of a lone caller's path, they
-// cost about as much as deciding the call in memory), and the observers
-// see calls in batches, their counters warm in one core's cache.
+// metrics and the page's counts, and the observers see calls in batches,
+// their counters warm in one core's cache.
 //
-// Calls are handed over in the order they were queued, one at a time.
-// Flush hands over every queued call at once: readers that must count
-// every call answered before they began (a scrape, the /limits page) call
-// it first. At most a bound of calls wait; a call that finds the queue
-// full is handed over by its caller, as without Deferred. The zero value is
-// not usable; call NewDeferred. It is safe for concurrent use.
+// Queued calls are handed over one at a time, in the order they were
+// queued. Flush hands over every queued call at once: readers that must
+// count every call answered before they began (a scrape, the /limits
+// page) call it first. At most a bound of calls wait; a call that finds
+// the queue full is handed over by its caller at once, as without
+// Deferred, ahead of those queued and perhaps while a batch is being
+// handed over (next must be safe for concurrent use, as every Observer
+// is). The zero value is not usable; call NewDeferred. It is safe for
+// concurrent use.
 type Deferred struct {
 	next  server.Observer
 	delay time.Duration

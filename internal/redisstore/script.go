@@ -231,16 +231,15 @@ func (s *Store) script(ctx context.Context, by time.Time, c scriptCall) *redis.C
 
 // ioDeadline is its Context with the deadline by, or the Context's own if
 // earlier, for a call sent directly through a client that honours
-// deadlines (honorsDeadlines): such a client ends its dial and its socket reads and writes at the
-// context's deadline, which is all such a call needs of by. Unlike
-// context.WithDeadline it starts no timer and registers nothing with the
-// Context, work that was about a hundredth of a lone call's time on the
-// server's path. Its Done and Err are the Context's: it is not done at by.
-// endedBy tells a call that ran out of time. The one wait that watches
-// Done alone, for a connection of a pool all of whose connections are in
-// use, is bounded by the pool's timeout, and cannot come about here:
-// a direct call goes only while at most two other round trips are in
-// flight.
+// deadlines (honorsDeadlines): such a client ends its dial and its socket
+// reads and writes at the context's deadline, which is all such a call
+// needs of by. Unlike context.WithDeadline it starts no timer and
+// registers nothing with the Context. Its Done and Err are the Context's:
+// it is not done at by, and endedBy tells a call that ran out of time.
+// The one wait that watches Done alone, for a connection of a pool all of
+// whose connections are in use, is bounded by the pool's timeout, and
+// cannot come about here: a direct call goes only while at most two other
+// round trips are in flight.
 type ioDeadline struct {
 	context.Context
 	by time.Time
