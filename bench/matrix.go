@@ -402,7 +402,7 @@ func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 	fs := flag.NewFlagSet("ratelimit-bench run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addLoadFlags(fs, &o.load)
-	fs.StringVar(&conc, "concurrency", "1,16,64,256,1024", "comma-separated concurrencies of the mixed load")
+	fs.StringVar(&conc, "concurrency", "1,4,16,64,256,1024", "comma-separated concurrencies of the mixed load")
 	fs.StringVar(&backends, "backends", "memory,redis", "comma-separated ratelimitd backends: memory, redis")
 	fs.BoolVar(&o.hotKey, "hot-key", true, "also run the over-limit hot key (every call on one exhausted bucket)")
 	fs.IntVar(&o.hotConc, "hot-concurrency", 64, "concurrency of the hot-key case")

@@ -24,11 +24,11 @@ func TestParseMatrixFlags(t *testing.T) {
 		allowErrors  bool
 		wantErr      []string // each in the error; nil for success
 	}{
-		{args: nil, concs: []int{1, 16, 64, 256, 1024}, shortConcs: []int{64, 256}, timeout: 2 * time.Second, shortTimeout: 20 * time.Millisecond},
+		{args: nil, concs: []int{1, 4, 16, 64, 256, 1024}, shortConcs: []int{64, 256}, timeout: 2 * time.Second, shortTimeout: 20 * time.Millisecond},
 		{args: []string{"--concurrency", " 4, 8 ,4", "--short-concurrency", "", "--timeout", "5s", "--allow-errors"},
 			concs: []int{4, 8}, timeout: 5 * time.Second, shortTimeout: 20 * time.Millisecond, allowErrors: true},
 		{args: []string{"--short-concurrency", "1024", "--short-timeout", "50ms"},
-			concs: []int{1, 16, 64, 256, 1024}, shortConcs: []int{1024}, timeout: 2 * time.Second, shortTimeout: 50 * time.Millisecond},
+			concs: []int{1, 4, 16, 64, 256, 1024}, shortConcs: []int{1024}, timeout: 2 * time.Second, shortTimeout: 50 * time.Millisecond},
 		{args: []string{"--concurrency", "1,x,0,10001"}, wantErr: []string{`--concurrency: "x"`, `--concurrency: "0"`, `--concurrency: "10001"`}},
 		{args: []string{"--concurrency", ""}, wantErr: []string{"--concurrency: want at least one"}},
 		{args: []string{"--short-concurrency", "64,-1", "--short-timeout", "0s"}, wantErr: []string{`--short-concurrency: "-1"`, "--short-timeout 0s: want more than 0"}},
@@ -87,6 +87,7 @@ func TestMatrixCells(t *testing.T) {
 	}{
 		{"memory and redis", all, []row{
 			{"mixed c=1", 1, 2 * time.Second, cellStrict, every},
+			{"mixed c=4", 4, 2 * time.Second, cellStrict, every},
 			{"mixed c=16", 16, 2 * time.Second, cellStrict, every},
 			{"mixed c=64", 64, 2 * time.Second, cellStrict, every},
 			{"mixed c=256", 256, 2 * time.Second, cellStrict, every},
@@ -101,6 +102,7 @@ func TestMatrixCells(t *testing.T) {
 		}},
 		{"memory only", all[:3], []row{
 			{"mixed c=1", 1, 2 * time.Second, cellStrict, every[:3]},
+			{"mixed c=4", 4, 2 * time.Second, cellStrict, every[:3]},
 			{"mixed c=16", 16, 2 * time.Second, cellStrict, every[:3]},
 			{"mixed c=64", 64, 2 * time.Second, cellStrict, every[:3]},
 			{"mixed c=256", 256, 2 * time.Second, cellStrict, every[:3]},

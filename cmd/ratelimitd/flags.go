@@ -61,6 +61,7 @@ type redisFlags struct {
 	poolTimeout    time.Duration
 	batchMax       int           // calls coalesced into one round trip; 0 the default, 1 none
 	batchWait      time.Duration // 0 the default
+	batchHold      time.Duration // tests only: see addTestFlags
 	denialCache    bool
 	denialEntries  int // 0 the default
 }
@@ -83,6 +84,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&c.envCompat, "env-compat", envCompatNative, "also read envoyproxy/ratelimit's environment variables (REDIS_URL, GRPC_PORT, ...) with its defaults: envoyproxy; the default when the binary runs as \"ratelimit\"")
 	finishDropIn := addDropInFlags(fs, &c)
 	finishGuards := addGuardFlags(fs, &c)
+	addTestFlags(fs, &c)
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", daemon.DefaultGRPCAddr, "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", daemon.DefaultHTTPAddr, "HTTP listen address (/healthz, /readyz, /metrics, /limits, /limits.json, and /debug/pprof/ with --pprof)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
@@ -121,7 +123,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&c.redis.writeTimeout, "redis-write-timeout", 0, fmt.Sprintf("Redis write timeout (0: %v)", redisstore.DefaultWriteTimeout))
 	fs.DurationVar(&c.redis.poolTimeout, "redis-pool-timeout", 0, fmt.Sprintf("how long a call waits for a free Redis connection (0: %v)", redisstore.DefaultPoolTimeout))
 	fs.IntVar(&c.redis.batchMax, "redis-batch-max", 0, fmt.Sprintf("most Redis calls coalesced into one round trip (0: %d; 1: no coalescing)", redisstore.DefaultBatchMax))
-	fs.DurationVar(&c.redis.batchWait, "redis-batch-wait", 0, fmt.Sprintf("how long a batch collects calls while another round trip is in flight, or under load (0: %v; negative: not at all)", redisstore.DefaultBatchWait))
+	fs.DurationVar(&c.redis.batchWait, "redis-batch-wait", 0, fmt.Sprintf("the longest a batch collects calls while another round trip is in flight and has not landed (0: %v; negative: not at all)", redisstore.DefaultBatchWait))
 	fs.BoolVar(&c.redis.denialCache, "denial-cache", true, "deny locally, until Redis's own retry-after, single-descriptor requests for buckets Redis just denied")
 	fs.IntVar(&c.redis.denialEntries, "denial-cache-size", 0, fmt.Sprintf("most buckets the denial cache remembers (0: %d)", denialcache.DefaultMaxEntries))
 	onFailure := fs.String("on-backend-failure", "error", "answer while Redis fails: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow, deny, or local (in-process buckets)")

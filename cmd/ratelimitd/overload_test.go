@@ -166,9 +166,9 @@ func loadErrors(res *loadResult) int {
 // TestLocalQueueingIsNoRedisFailure has two phases on one process in deny
 // mode, under 64 callers with 2 s deadlines on a rule that never denies.
 //
-// Queueing: every coalesced call waits 20 ms for latecomers
-// (--redis-batch-wait, as a saturated CPU would delay it), four times
-// --backend-timeout (5 ms). Redis is healthy: every call is decided by
+// Queueing: every call waits 20 ms in the process before it is sent
+// (--test-batch-hold of the testhooks build, as a saturated CPU would
+// delay it), four times --backend-timeout (5 ms). Redis is healthy: every call is decided by
 // Redis, none is answered by the failure mode, no backend error is
 // counted, and the queue-wait histogram shows the queueing.
 //
@@ -181,7 +181,7 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 	const (
 		callers     = 64
 		callTimeout = 2 * time.Second
-		batchWait   = 20 * time.Millisecond
+		batchHold   = 20 * time.Millisecond
 		timeout     = 5 * time.Millisecond // --backend-timeout
 		pause       = 2500 * time.Millisecond
 		// --redis-read-timeout, given: shorter than its default for a
@@ -195,8 +195,8 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 	)
 	srv := redistest.Start(t)
 	dir := writeConfig(t, map[string]string{"mesh.yaml": wideConfig})
-	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "deny",
-		"--redis-batch-wait", batchWait.String(), "--redis-batch-max", "128", // more than the callers: no batch fills before its wait
+	p := startHooksProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "deny",
+		"--test-batch-hold", batchHold.String(), "--redis-batch-max", "128", // more than the callers: no batch fills before its hold
 		"--backend-timeout", timeout.String(), "--redis-read-timeout", readTimeout.String())
 	rule := []string{"domain", "mesh", "rule", "wide"}
 
@@ -245,8 +245,8 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 	}
 	// The queueing was real: without it this phase proves nothing.
 	if waitCount == 0 || (mean < 5*time.Millisecond && over10ms < 0.25) {
-		t.Errorf("queueing: %.0f coalesced calls, queued %v on average, %.0f%% over 10 ms; want a mean of at least 5 ms or a quarter over 10 ms (--redis-batch-wait %v)",
-			waitCount, mean, 100*over10ms, batchWait)
+		t.Errorf("queueing: %.0f coalesced calls, queued %v on average, %.0f%% over 10 ms; want a mean of at least 5 ms or a quarter over 10 ms (--test-batch-hold %v)",
+			waitCount, mean, 100*over10ms, batchHold)
 	}
 
 	// Paused.
@@ -254,8 +254,8 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 	// Before the breaker opens, a call costs at most one round trip, which
 	// the read and write timeouts bound (retries included); it opens once
 	// breaker-failures calls have failed for breaker-failing-for. A call in
-	// a batch may first wait for latecomers.
-	openBound := failures*(readTimeout+writeTimeout) + failingFor + batchWait
+	// a batch is first held.
+	openBound := failures*(readTimeout+writeTimeout) + failingFor + batchHold
 	slack := 400 * time.Millisecond // a busy machine's scheduling
 	// After the pause, the breaker may have just reopened (a probe that
 	// failed as the pause ended, 200 ms, then --breaker-open-for, 500 ms)
@@ -290,8 +290,8 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 	case !ok:
 		t.Errorf("paused: the breaker did not open during the %v pause (no \"backend failing\" logged)\n%s", pause, p.logs)
 	case took > openBound+slack:
-		t.Errorf("paused: the breaker opened %v after CLIENT PAUSE, want within %v (%d failures × (read %v + write %v) + failing-for %v + batch wait %v) + %v",
-			took, openBound+slack, failures, readTimeout, writeTimeout, failingFor, batchWait, slack)
+		t.Errorf("paused: the breaker opened %v after CLIENT PAUSE, want within %v (%d failures × (read %v + write %v) + failing-for %v + batch hold %v) + %v",
+			took, openBound+slack, failures, readTimeout, writeTimeout, failingFor, batchHold, slack)
 	}
 	if n := loadErrors(res); n > 0 {
 		t.Errorf("paused, deny mode: %d of %d calls failed (%v), want every call answered", n, calls, res.errs)

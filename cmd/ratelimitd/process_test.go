@@ -46,6 +46,10 @@ var (
 	binDir    string // removed by TestMain
 	binPath   string
 	buildErr  error
+
+	hooksOnce     sync.Once
+	hooksPath     string // in binDir
+	hooksBuildErr error
 )
 
 // TestMain removes the binary the process tests built (about 40 MB a run).
@@ -80,6 +84,24 @@ func binary(t *testing.T) string {
 	return binPath
 }
 
+// hooksBinary builds ratelimitd with the testhooks build tag (the flags
+// of testflags_hooks.go) once per test binary, beside binary's.
+func hooksBinary(t *testing.T) string {
+	t.Helper()
+	binary(t) // makes binDir
+	hooksOnce.Do(func() {
+		hooksPath = filepath.Join(binDir, "ratelimitd-testhooks")
+		out, err := exec.Command("go", "build", "-tags", "testhooks", "-o", hooksPath, ".").CombinedOutput()
+		if err != nil {
+			hooksBuildErr = fmt.Errorf("go build -tags testhooks: %v\n%s", err, out)
+		}
+	})
+	if hooksBuildErr != nil {
+		t.Fatal(hooksBuildErr)
+	}
+	return hooksPath
+}
+
 // proc is a running ratelimitd process.
 type proc struct {
 	cmd      *exec.Cmd
@@ -112,6 +134,15 @@ func launchProc(t *testing.T, args ...string) launchingProc {
 	args = append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, args...)
 	withRedis := slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--redis-") && !strings.Contains(a, "timeout") })
 	return spawn(t, "ratelimitd", binary(t), nil, withRedis, args...)
+}
+
+// startHooksProc is startProc for the build with test hooks
+// (hooksBinary), whose flags args may use.
+func startHooksProc(t *testing.T, args ...string) *proc {
+	t.Helper()
+	args = append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, args...)
+	withRedis := slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--redis-") && !strings.Contains(a, "timeout") })
+	return spawn(t, "ratelimitd (testhooks)", hooksBinary(t), nil, withRedis, args...).await(t)
 }
 
 // spawn starts the program at path (called name in failures) with exactly

@@ -136,6 +136,7 @@ func (r redisFlags) config() daemon.Redis {
 		PoolTimeout:     r.poolTimeout,
 		BatchMax:        r.batchMax,
 		BatchWait:       r.batchWait,
+		TestBatchHold:   r.batchHold,
 		DenialCache:     r.denialCache,
 		DenialCacheSize: r.denialEntries,
 	}

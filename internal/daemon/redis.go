@@ -40,6 +40,8 @@ type Redis struct {
 	WriteTimeout, PoolTimeout          time.Duration
 	BatchMax                           int
 	BatchWait                          time.Duration
+	// TestBatchHold is redisstore.Options.TestBatchHold: tests only.
+	TestBatchHold time.Duration
 	// DenialCache denies locally what Redis just denied; DenialCacheSize
 	// bounds the buckets it remembers.
 	DenialCache     bool
@@ -113,7 +115,8 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 	// their callers gave up on.
 	var breaker atomic.Pointer[failover.Store]
 	store, err := redisstore.New(client, redisstore.Options{Prefix: r.Prefix, BatchMax: r.BatchMax, BatchWait: r.BatchWait,
-		QueueWait: queue.wait, BatchCalls: queue.batch,
+		TestBatchHold: r.TestBatchHold,
+		QueueWait:     queue.wait, BatchCalls: queue.batch,
 		OnAbandoned: func(err error) {
 			if fs := breaker.Load(); fs != nil {
 				fs.Observe(err)

@@ -17,23 +17,11 @@ import (
 const (
 	// DefaultBatchMax is the most script calls one round trip carries.
 	DefaultBatchMax = 64
-	// DefaultBatchWait is how long a batch that forms while another round
-	// trip is in flight keeps collecting calls before it is sent: well under
-	// one Redis round trip, so that it adds little latency while the batch
-	// grows.
+	// DefaultBatchWait is the longest a batch that forms while another
+	// round trip is in flight keeps collecting calls when that round trip
+	// has not landed: about one Redis round trip under load.
 	DefaultBatchWait = 200 * time.Microsecond
 )
-
-// busyBatch is the size of batch from which the batcher takes the load as
-// busy: several calls keep arriving within one round trip. After a batch
-// of busyBatch calls or more, a call that finds Redis idle waits up to
-// wait for others instead of going alone, so that under load each round
-// trip carries many calls (a round trip of one call costs Redis and this
-// process about half what one of ten costs). After a smaller one, it goes
-// at once: a lone or light caller waits at most once, for the first call
-// after a busy spell (a call whose deadline is shorter than wait may then
-// fail unsent).
-const busyBatch = 4
 
 // senders is how many batches may be in flight at once. Redis runs one
 // command at a time, so more buys little; two let a batch form and go out
@@ -83,15 +71,23 @@ const (
 // a batch into take.lua calls of the pipeline (see envelopes). Calls queue
 // in one channel; senders goroutines each take what is queued as a batch
 // and send it. A call that arrives while no round trip is in flight and no
-// batch is forming is sent at once, alone if it is alone, unless the last
-// batch was busy (busyBatch calls or more): then it waits up to wait for
-// others. Calls that arrive while a round trip is in flight wait up to
-// wait (or until max) and go out together in the next; while every sender
-// is busy, they queue, and the next free sender takes up to max of them.
+// batch is forming is sent at once, alone if it is alone. Calls that
+// arrive while a round trip is in flight collect in the next batch until
+// that round trip, or any other, lands (Redis is free again), until max,
+// or for at most wait, and go out together; while every sender is busy,
+// they queue, and the next free sender takes up to max of them.
+//
+// The landing, not the timer, ends a batch in the usual case: a Go timer
+// of under a millisecond fires about a millisecond late when the process
+// has nothing else to do meanwhile (netpoll waits in whole milliseconds on
+// Linux: golang/go#44343), which is when a light load forms its batches.
 type batcher struct {
 	client pipeliner
 	max    int
 	wait   time.Duration
+	// hold, when positive, makes every batch collect for that long (see
+	// Options.TestBatchHold).
+	hold time.Duration
 
 	calls chan *call
 	// inflight counts the round trips in flight or about to be: each
@@ -105,14 +101,14 @@ type batcher struct {
 	// claimIdle reads it, not len(calls), which a sender empties a moment
 	// before it counts itself.
 	queued atomic.Int32
-	// lastBatch is how many calls the batch a sender sent last carried
-	// (see busyBatch); calls sent directly do not count.
-	lastBatch atomic.Int32
 	// directWhenIdle lets a call that finds nothing in flight be sent from
 	// its caller's goroutine (the client honours deadlines).
 	directWhenIdle bool
 	stop           chan struct{}
 	stopOnce       sync.Once
+	// landings holds a token once a round trip or a direct call has left
+	// flight (see land): the forming batch, if any, goes.
+	landings chan struct{}
 	// forming is held by the sender whose batch is forming, from before
 	// it takes the batch's first call until the batch is complete: one
 	// batch forms at a time, and takes every latecomer, rather than two
@@ -149,9 +145,10 @@ func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batc
 		wait:   wait,
 		// Bounded: while it is full, callers wait in submit, in arrival
 		// order, each until its deadline.
-		calls: make(chan *call, senders*max),
-		stop:  make(chan struct{}),
-		stats: stats,
+		calls:    make(chan *call, senders*max),
+		stop:     make(chan struct{}),
+		landings: make(chan struct{}, 1),
+		stats:    stats,
 	}
 	for range senders {
 		b.wg.Go(b.send)
@@ -176,20 +173,23 @@ func (b *batcher) close() {
 }
 
 // claimIdle reports whether no round trip is in flight, no batch is
-// forming, no call is queued and the last batch was not busy (see
-// busyBatch), and if so counts the caller's own call as
-// in flight (the caller sends it directly, then calls inflight.Add(-1)).
+// forming and no call is queued, and if so counts the caller's own call
+// as in flight (the caller sends it directly, then calls land).
 // A sender counts itself in flight before it stops counting the call it
 // received as queued, so a call never goes around a batch that is
 // collecting latecomers.
 func (b *batcher) claimIdle() bool {
-	return b.directWhenIdle && !b.busy() && b.queued.Load() == 0 && b.inflight.CompareAndSwap(0, 1)
+	return b.directWhenIdle && b.queued.Load() == 0 && b.inflight.CompareAndSwap(0, 1)
 }
 
-// busy reports whether the last batch sent carried busyBatch calls or more
-// (never when batches collect no latecomers: wait ≤ 0).
-func (b *batcher) busy() bool {
-	return b.wait > 0 && b.lastBatch.Load() >= busyBatch
+// land counts a round trip, or a call sent directly, out of flight and
+// tells the batch forming meanwhile, if any, to go: Redis is free.
+func (b *batcher) land() {
+	b.inflight.Add(-1)
+	select {
+	case b.landings <- struct{}{}:
+	default: // a token is there already
+	}
 }
 
 // closedOr is the error a call sent directly fails with before it is
@@ -379,28 +379,37 @@ func (b *batcher) send() {
 			return
 		}
 		batch = b.drain(batch)
-		// With another round trip in flight, or after a busy batch,
-		// latecomers are likely: wait a little for them. Otherwise go at
-		// once (a lone caller never waits).
-		if len(batch) < b.max && b.wait > 0 && (b.inflight.Load() > 1 || b.busy()) {
-			var stopped bool
-			batch, stopped = b.collect(batch, timer)
-			if stopped {
-				b.forming.Unlock()
-				b.inflight.Add(-1)
-				for _, c := range batch {
-					b.fail(c, errClosed)
-				}
-				return
+		// A landing before the count below is none this batch waits for;
+		// one after it leaves a token.
+		select {
+		case <-b.landings:
+		default:
+		}
+		// With another round trip in flight, latecomers are likely:
+		// collect them until it lands. Otherwise go at once (a lone
+		// caller never waits).
+		var stopped bool
+		switch {
+		case b.hold > 0:
+			batch, stopped = b.collect(batch, timer, b.hold, false)
+		case len(batch) < b.max && b.wait > 0 && b.inflight.Load() > 1:
+			batch, stopped = b.collect(batch, timer, b.wait, true)
+		}
+		if stopped {
+			b.forming.Unlock()
+			b.inflight.Add(-1)
+			for _, c := range batch {
+				b.fail(c, errClosed)
 			}
+			return
 		}
 		b.forming.Unlock()
-		b.lastBatch.Store(int32(len(batch)))
 		sent := b.roundTrip(batch)
-		// Out of flight before answering: a caller may send its next call
-		// as soon as it has its answer, and must not find this round trip
-		// still counted (it would wait for latecomers for nothing).
-		b.inflight.Add(-1)
+		// Out of flight before answering: the next batch goes while these
+		// calls are answered, and a caller may send its next call as soon
+		// as it has its answer, and must not find this round trip still
+		// counted (it would join a batch for nothing).
+		b.land()
 		b.answer(sent)
 	}
 }
@@ -419,17 +428,24 @@ func (b *batcher) drain(batch []*call) []*call {
 	return batch
 }
 
-// collect adds to batch the calls that arrive within wait, up to max, using
-// timer (stopped, and stopped again on return). stopped reports that the
-// batcher was closed meanwhile: batch is then to fail, unsent.
-func (b *batcher) collect(batch []*call, timer *time.Timer) (_ []*call, stopped bool) {
-	timer.Reset(b.wait)
+// collect adds to batch the calls that arrive, up to max, for at most d
+// and, with untilLanding, until a round trip lands, using timer (stopped,
+// and stopped again on return). stopped reports that the batcher was
+// closed meanwhile: batch is then to fail, unsent.
+func (b *batcher) collect(batch []*call, timer *time.Timer, d time.Duration, untilLanding bool) (_ []*call, stopped bool) {
+	landings := b.landings
+	if !untilLanding {
+		landings = nil
+	}
+	timer.Reset(d)
 	defer timer.Stop()
 	for len(batch) < b.max {
 		select {
 		case c := <-b.calls:
 			b.queued.Add(-1)
 			batch = append(batch, c)
+		case <-landings:
+			return batch, false
 		case <-timer.C:
 			return batch, false
 		case <-b.stop:

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,120 +16,111 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
-// TestNoDirectCallAroundAFormingBatch: a call sent directly is held (a
-// client hook stops it before it is written); a second call queues behind
-// it, and its sender waits for latecomers. Once the direct call is
-// answered, a third call must queue for a sender rather than go around the
-// forming batch directly (which would leave the batch waiting its whole
-// BatchWait for nobody).
-func TestNoDirectCallAroundAFormingBatch(t *testing.T) {
+// TestALandingSendsTheFormingBatch: with BatchWait an hour, a batch that
+// forms while a direct call is held in flight collects every call
+// submitted meanwhile, and goes the moment that call lands, not when its
+// wait ends.
+func TestALandingSendsTheFormingBatch(t *testing.T) {
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Clock: CallerClock, Prefix: "forming:", BatchWait: time.Second})
+	s, err := New(c, Options{Clock: CallerClock, Prefix: "landing:", BatchWait: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	sizes := batchSizes(s)
 	gate := &holdKey{key: s.Key("direct"), release: make(chan struct{})}
 	c.AddHook(gate)
 	t.Cleanup(gate.open) // a failing test must not leave the call held
-	ctx := context.Background()
+	// Bounds the test: without the landing, the batch would wait its hour.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
-	takeAsync := func(key string) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			_, err := s.Take(ctx, t0, []limiter.Request{{Key: key, Limit: l, Hits: 1}})
-			done <- err
-		}()
-		return done
-	}
-	if err := <-takeAsync("warm"); err != nil { // loads the script
+	if _, err := s.Take(ctx, t0, []limiter.Request{{Key: "warm", Limit: l, Hits: 1}}); err != nil { // loads the script
 		t.Fatal(err)
 	}
 	start := s.Stats()
-
-	direct := takeAsync("direct")
+	direct := make(chan error, 1)
+	go func() {
+		_, err := s.Take(ctx, t0, []limiter.Request{{Key: "direct", Limit: l, Hits: 1}})
+		direct <- err
+	}()
 	waitFor(t, "the first call to be sent directly", func() bool { return s.Stats().Direct == start.Direct+1 })
-	// Submitted by hand, so that the test knows when it is queued.
-	reqs := []limiter.Request{{Key: "queued", Limit: l, Hits: 1}}
-	queued := s.batch.submit(ctx, time.Time{}, scriptCall{script: s.take, keys: []string{s.Key("queued")}, args: s.takeArgs(t0, reqs), merge: true})
-	waitFor(t, "a sender to take the queued call", func() bool { return s.batch.queued.Load() == 0 })
+	var queued []*call
+	for _, key := range []string{"queued0", "queued1"} {
+		reqs := []limiter.Request{{Key: key, Limit: l, Hits: 1}}
+		queued = append(queued, s.batch.submit(ctx, time.Time{}, scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(t0, reqs), merge: true}))
+		waitFor(t, "a sender to take the queued call", func() bool { return s.batch.queued.Load() == 0 })
+	}
 	if n := s.batch.inflight.Load(); n != 2 {
 		t.Fatalf("with the direct call held and a batch forming, %d round trips counted in flight, want 2", n)
+	}
+	if early := sizes(); len(early) != 0 {
+		t.Fatalf("batches of %v went while the direct call was held, want none", early)
 	}
 	gate.open()
 	if err := <-direct; err != nil {
 		t.Fatalf("direct call: %v", err)
 	}
-	late := takeAsync("late")
-	if _, err := decodeTakeCmd(s.batch.await(ctx, queued), reqs, false); err != nil {
-		t.Fatalf("queued call: %v", err)
+	for i, q := range queued {
+		if err := s.batch.await(ctx, q).Err(); err != nil {
+			t.Fatalf("queued call %d after the direct call landed: %v", i, err)
+		}
 	}
-	if err := <-late; err != nil {
-		t.Fatalf("late call: %v", err)
-	}
-	// The late call may ride with the queued one or form a batch of its
-	// own with the other sender; either way it must not go directly.
-	if st := s.Stats(); st.Direct != start.Direct+1 {
-		t.Errorf("a direct call, then two while a batch formed: %d sent directly, want only the first",
-			st.Direct-start.Direct)
+	if got := sizes(); !slices.Equal(got, []int{2}) {
+		t.Errorf("two calls queued while a direct call was held went out in batches of %v, want one of 2", got)
 	}
 }
 
-// TestABusyBatchMakesTheNextLoneCallWait: once the last batch sent has
-// carried busyBatch calls, a call that finds Redis idle is not sent
-// directly and alone: it waits BatchWait for company. The batch it then goes in carries one call, so the call
-// after it goes directly again, at once.
-func TestABusyBatchMakesTheNextLoneCallWait(t *testing.T) {
-	const wait = 100 * time.Millisecond
+// TestNoBatchWaitsOutItsWait: with BatchWait an hour, 32 callers taking
+// at once, then a lone one, are all answered, and the lone call goes
+// directly: a batch waits for a round trip to land, never for the timer,
+// and no load makes the next lone call wait for company.
+func TestNoBatchWaitsOutItsWait(t *testing.T) {
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Clock: CallerClock, Prefix: "busy:", BatchWait: wait})
+	s, err := New(c, Options{Clock: CallerClock, Prefix: "nowait:", BatchWait: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	ctx := context.Background()
+	var batched atomic.Int64
+	s.batch.observe = func(batch []*call, _ int64) { batched.Add(int64(len(batch))) }
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	t0 := time.Unix(1_800_000_000, 0)
-	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1000}
 	take := func(key string) error {
 		_, err := s.Take(ctx, t0, []limiter.Request{{Key: key, Limit: l, Hits: 1}})
 		return err
 	}
-	if err := take("warm"); err != nil { // loads the script
-		t.Fatal(err)
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			for range 10 {
+				if err := take("k" + strconv.Itoa(g%8)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
 	}
-	if s.batch.busy() {
-		t.Fatal("busy before any batch")
+	wg.Wait()
+	if t.Failed() {
+		return
 	}
-
-	s.batch.lastBatch.Store(busyBatch) // as after a batch of busyBatch calls
+	if batched.Load() == 0 {
+		t.Fatal("32 callers at once: no call was batched, want some")
+	}
 	before := s.Stats().Direct
-	begin := time.Now()
 	if err := take("lone"); err != nil {
-		t.Fatal(err)
-	}
-	if d := time.Since(begin); d < wait {
-		t.Errorf("a lone call after a busy batch was answered in %v, want it to wait BatchWait (%v) for company", d, wait)
-	}
-	if got := s.Stats().Direct - before; got != 0 {
-		t.Errorf("a lone call after a busy batch went directly (%d), want it queued", got)
-	}
-	if s.batch.busy() {
-		t.Fatalf("after a batch of one call: still busy (last batch %d)", s.batch.lastBatch.Load())
-	}
-	begin = time.Now()
-	if err := take("next"); err != nil {
-		t.Fatal(err)
-	}
-	if d := time.Since(begin); d >= wait {
-		t.Errorf("a lone call after a batch of one took %v, want it sent at once", d)
+		t.Fatalf("a lone call after the load: %v", err)
 	}
 	if got := s.Stats().Direct - before; got != 1 {
-		t.Errorf("a lone call after a batch of one: %d sent directly, want 1", got)
+		t.Errorf("a lone call after the load: %d sent directly, want 1", got)
 	}
 }
 
@@ -148,13 +140,7 @@ func TestOneBatchFormsAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	var mu sync.Mutex
-	var sizes []int
-	s.batch.observe = func(batch []*call, _ int64) {
-		mu.Lock()
-		defer mu.Unlock()
-		sizes = append(sizes, len(batch))
-	}
+	sizes := batchSizes(s)
 	gate := &holdKey{key: s.Key("direct"), release: make(chan struct{})}
 	c.AddHook(gate)
 	t.Cleanup(gate.open)
@@ -185,10 +171,25 @@ func TestOneBatchFormsAtATime(t *testing.T) {
 	if err := <-direct; err != nil {
 		t.Fatalf("held call: %v", err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(sizes, []int{n}) {
-		t.Errorf("%d calls queued while a batch formed went out in batches of %v, want one of %d", n, sizes, n)
+	if got := sizes(); !slices.Equal(got, []int{n}) {
+		t.Errorf("%d calls queued while a batch formed went out in batches of %v, want one of %d", n, got, n)
+	}
+}
+
+// batchSizes records how many calls each batch of s carries, as it is
+// written, and returns a func that reads them so far.
+func batchSizes(s *Store) func() []int {
+	var mu sync.Mutex
+	var sizes []int
+	s.batch.observe = func(batch []*call, _ int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		sizes = append(sizes, len(batch))
+	}
+	return func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(sizes)
 	}
 }
 

@@ -217,7 +217,7 @@ func (s *Store) script(ctx context.Context, by time.Time, c scriptCall) *redis.C
 	if s.batch != nil {
 		// Redis is idle: send at once from this goroutine, without the two
 		// hand-offs to and from a sender; calls arriving meanwhile batch up.
-		defer s.batch.inflight.Add(-1)
+		defer s.batch.land()
 		if err := s.batch.closedOr(ctx); err != nil {
 			return errCmd(ctx, err)
 		}

@@ -119,25 +119,30 @@ type Options struct {
 	// Batches form opportunistically: a call that finds no round trip in
 	// flight and no batch forming is sent at once, with whatever other
 	// calls are already queued; calls that arrive while one is in flight
-	// collect for up to BatchWait (or until BatchMax) and go out together,
-	// in parallel with it; while two batches are in flight, calls queue,
-	// and the first to return takes up to BatchMax of them. With a client
-	// that honours deadlines (as Dial makes them), a call that finds
-	// nothing in flight is sent from its caller's goroutine, with no
-	// goroutine hand-off; up to three round trips may then be in flight
-	// (that call and two batches). Other clients hand each call to a
-	// sending goroutine and back. A lone caller never waits for a batch
-	// either way. Under load, once a round trip has carried four calls or
-	// more, a call that finds nothing in flight waits up to BatchWait for
-	// others instead, so that round trips stay full while calls keep
-	// coming; the first batch of fewer calls ends that (so the first call
-	// after a busy spell waits once).
+	// collect until a round trip lands (Redis is free again), until
+	// BatchMax, or for at most BatchWait, and go out together; while two
+	// batches are in flight, calls queue, and the first to return takes
+	// up to BatchMax of them. With a client that honours deadlines (as
+	// Dial makes them), a call that finds nothing in flight is sent from
+	// its caller's goroutine, with no goroutine hand-off; up to three
+	// round trips may then be in flight (that call and two batches).
+	// Other clients hand each call to a sending goroutine and back. A
+	// lone caller never waits for a batch either way.
 	BatchMax int
 	// BatchWait bounds how long a batch collects calls while another round
-	// trip is in flight, or, under load, after a round trip of four calls
-	// or more (see BatchMax). Default DefaultBatchWait, 200µs; negative
-	// means not at all (a batch goes as soon as a sender is free).
+	// trip is in flight and has not landed (see BatchMax): a bound, not a
+	// delay, and a coarse one, since Go's timers of under a millisecond
+	// fire up to a millisecond late in an idle process. Default
+	// DefaultBatchWait, 200µs; negative means not at all (a batch goes as
+	// soon as a sender is free).
 	BatchWait time.Duration
+	// TestBatchHold, when positive, makes every call wait that long in
+	// this process before it is sent, in one batch with the calls that
+	// arrive meanwhile, whatever lands, and none is sent directly: the
+	// queueing of a saturated CPU, for tests of what the Store and its
+	// callers do then. It only adds latency; ratelimitd sets it only when
+	// built for its tests (the testhooks build tag).
+	TestBatchHold time.Duration
 
 	// QueueWait, when set, observes in seconds how long each coalesced
 	// call waited in this process, from Take to the write of its round
@@ -308,7 +313,8 @@ func New(c Client, opts Options) (*Store, error) {
 	}
 	if p, ok := c.(pipeliner); ok && batchMax > 1 {
 		s.batch = newBatcher(p, batchMax, batchWait, &s.stats)
-		s.batch.directWhenIdle = s.deadlines
+		s.batch.directWhenIdle = s.deadlines && opts.TestBatchHold <= 0
+		s.batch.hold = opts.TestBatchHold
 		s.batch.late = s.giveBackLate
 		s.batch.abandoned = opts.OnAbandoned
 		if opts.QueueWait != nil || opts.BatchCalls != nil {
