@@ -49,6 +49,7 @@ vet:
 	@files=$$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'); \
 	test -z "$$(gofmt -l $$files)" || { echo "gofmt needed:"; gofmt -l $$files; exit 1; }
 	$(GO) vet ./...
+	$(GO) vet -tags testhooks ./cmd/ratelimitd
 
 ## check: the layering README promises: limiter imports only the standard
 ## library; config (which parses YAML) imports no gRPC, protobuf or Redis.

@@ -166,11 +166,12 @@ func loadErrors(res *loadResult) int {
 // TestLocalQueueingIsNoRedisFailure has two phases on one process in deny
 // mode, under 64 callers with 2 s deadlines on a rule that never denies.
 //
-// Queueing: every call waits 20 ms in the process before it is sent
-// (--test-batch-hold of the testhooks build, as a saturated CPU would
-// delay it), four times --backend-timeout (5 ms). Redis is healthy: every call is decided by
-// Redis, none is answered by the failure mode, no backend error is
-// counted, and the queue-wait histogram shows the queueing.
+// Queueing: each batch is held 20 ms from its first call before it is
+// sent (--test-batch-hold of the testhooks build, as a saturated CPU
+// would delay it), four times --backend-timeout (5 ms). Redis is healthy:
+// every call is decided by Redis, none is answered by the failure mode,
+// no backend error is counted, and the queue-wait histogram shows the
+// queueing.
 //
 // Paused: CLIENT PAUSE stalls Redis for 1.5 s under the same load: the
 // breaker opens within its documented time, calls are answered OVER_LIMIT

@@ -131,18 +131,22 @@ type launchingProc struct {
 // launchProc starts ratelimitd as startProc does, without waiting.
 func launchProc(t *testing.T, args ...string) launchingProc {
 	t.Helper()
+	return launchProcAt(t, "ratelimitd", binary(t), args...)
+}
+
+// launchProcAt is launchProc for the ratelimitd binary at path.
+func launchProcAt(t *testing.T, name, path string, args ...string) launchingProc {
+	t.Helper()
 	args = append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, args...)
 	withRedis := slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--redis-") && !strings.Contains(a, "timeout") })
-	return spawn(t, "ratelimitd", binary(t), nil, withRedis, args...)
+	return spawn(t, name, path, nil, withRedis, args...)
 }
 
 // startHooksProc is startProc for the build with test hooks
 // (hooksBinary), whose flags args may use.
 func startHooksProc(t *testing.T, args ...string) *proc {
 	t.Helper()
-	args = append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"}, args...)
-	withRedis := slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--redis-") && !strings.Contains(a, "timeout") })
-	return spawn(t, "ratelimitd (testhooks)", hooksBinary(t), nil, withRedis, args...).await(t)
+	return launchProcAt(t, "ratelimitd (testhooks)", hooksBinary(t), args...).await(t)
 }
 
 // spawn starts the program at path (called name in failures) with exactly

@@ -8,9 +8,9 @@ import "flag"
 // testhooks), which the process tests use to put ratelimitd in states a
 // test cannot otherwise bring about; a release build has none of them.
 //
-// --test-batch-hold holds every coalesced Redis call that long in this
-// process (redisstore.Options.TestBatchHold): the queueing of a saturated
-// CPU, while Redis stays healthy.
+// --test-batch-hold holds each batch of coalesced Redis calls that long
+// from its first call (redisstore.Options.TestBatchHold): the queueing of
+// a saturated CPU, while Redis stays healthy.
 func addTestFlags(fs *flag.FlagSet, c *serveConfig) {
-	fs.DurationVar(&c.redis.batchHold, "test-batch-hold", 0, "tests only: hold every coalesced Redis call this long before it is sent")
+	fs.DurationVar(&c.redis.batchHold, "test-batch-hold", 0, "tests only: hold each batch of coalesced Redis calls this long from its first call")
 }

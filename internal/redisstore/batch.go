@@ -358,9 +358,10 @@ func errCmd(ctx context.Context, err error) *redis.Cmd {
 
 // send forms batches from the queued calls and sends them, one pipeline
 // each; the senders' round trips run at once, but one batch forms at a
-// time (see forming). A batch is what is queued when a
-// sender comes for it, plus, while another round trip is in flight or
-// after a busy batch, what arrives within wait, up to max. The sender
+// time (see forming). A batch is what is queued when a sender comes for
+// it, plus, while another round trip is in flight, what arrives until one
+// lands, for at most wait (with hold: what arrives within hold), up to
+// max. The sender
 // counts in inflight from its batch's first call until its round trip
 // returns, just before the calls get their answers.
 func (b *batcher) send() {
@@ -438,7 +439,17 @@ func (b *batcher) collect(batch []*call, timer *time.Timer, d time.Duration, unt
 		landings = nil
 	}
 	timer.Reset(d)
-	defer timer.Stop()
+	defer func() {
+		// A tick that fired unread as the batch ended on a landing: only
+		// with GODEBUG=asynctimerchan=1 does the channel keep it (see
+		// release), where it would end the next collection at once.
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}()
 	for len(batch) < b.max {
 		select {
 		case c := <-b.calls:

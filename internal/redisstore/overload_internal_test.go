@@ -19,7 +19,8 @@ import (
 // queueingStore is a Store on a real Redis, through Dial (so with its
 // timeouts), whose every call is coalesced: one round trip is counted in
 // flight all along, as when the process is busy, so that no call is sent
-// directly and every batch collects latecomers for batchWait.
+// directly and every batch collects latecomers for batchWait (that round
+// trip never lands: the count is never taken back).
 func queueingStore(t *testing.T, srv *redistest.Server, batchWait time.Duration, onAbandoned func(error)) *Store {
 	t.Helper()
 	c, err := Dial(ClientOptions{URL: "redis://" + srv.Addr})

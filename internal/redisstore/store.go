@@ -136,12 +136,12 @@ type Options struct {
 	// DefaultBatchWait, 200µs; negative means not at all (a batch goes as
 	// soon as a sender is free).
 	BatchWait time.Duration
-	// TestBatchHold, when positive, makes every call wait that long in
-	// this process before it is sent, in one batch with the calls that
-	// arrive meanwhile, whatever lands, and none is sent directly: the
-	// queueing of a saturated CPU, for tests of what the Store and its
-	// callers do then. It only adds latency; ratelimitd sets it only when
-	// built for its tests (the testhooks build tag).
+	// TestBatchHold, when positive, holds each batch that long from its
+	// first call (or until BatchMax), whatever lands, and sends no call
+	// directly: the queueing of a saturated CPU, for tests of what the
+	// Store and its callers do then; without coalescing it does nothing.
+	// It only adds latency; ratelimitd sets it only when built for its
+	// tests (the testhooks build tag).
 	TestBatchHold time.Duration
 
 	// QueueWait, when set, observes in seconds how long each coalesced
