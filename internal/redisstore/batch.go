@@ -297,13 +297,18 @@ func (b *batcher) release(t *time.Timer) {
 	if t == nil {
 		return
 	}
+	stopTimer(t)
+	b.timers.Put(t)
+}
+
+// stopTimer stops t and drains a tick that fired unread (see release).
+func stopTimer(t *time.Timer) {
 	if !t.Stop() {
 		select {
 		case <-t.C:
 		default:
 		}
 	}
-	b.timers.Put(t)
 }
 
 // channel is t's channel, nil (never ready) for a nil t.
@@ -361,9 +366,8 @@ func errCmd(ctx context.Context, err error) *redis.Cmd {
 // time (see forming). A batch is what is queued when a sender comes for
 // it, plus, while another round trip is in flight, what arrives until one
 // lands, for at most wait (with hold: what arrives within hold), up to
-// max. The sender
-// counts in inflight from its batch's first call until its round trip
-// returns, just before the calls get their answers.
+// max. The sender counts in inflight from its batch's first call until
+// its round trip returns, just before the calls get their answers.
 func (b *batcher) send() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -439,17 +443,9 @@ func (b *batcher) collect(batch []*call, timer *time.Timer, d time.Duration, unt
 		landings = nil
 	}
 	timer.Reset(d)
-	defer func() {
-		// A tick that fired unread as the batch ended on a landing: only
-		// with GODEBUG=asynctimerchan=1 does the channel keep it (see
-		// release), where it would end the next collection at once.
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-	}()
+	// A tick that fires unread as the batch ends on a landing would end
+	// the next collection at once.
+	defer stopTimer(timer)
 	for len(batch) < b.max {
 		select {
 		case c := <-b.calls:
