@@ -580,7 +580,7 @@ func envelopes(batch []*call) []*envelope {
 			out = append(out, merged)
 		}
 		merged.keys = append(merged.keys, c.keys...)
-		merged.args = append(merged.args, c.args...)
+		merged.args = mergedTakeArgs(merged.args, c.args)
 		merged.calls = append(merged.calls, c)
 	}
 	for _, e := range out {

@@ -108,6 +108,63 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	}
 }
 
+// TestMergedTakesDecideAtTheirOwnNow: with a caller's clock, each Take
+// merged into one take.lua call is decided at the now its caller took
+// (the "@µs" before every Take but the first), not at the first Take's:
+// one bucket of one token an hour, a Take at t0 (admitted), one half an
+// hour later (denied, the token is half an hour away), a two-request Take
+// an hour later (admitted on the refilled token, its check too), and one
+// more at that time (denied). Decided all at t0, the third would be denied.
+func TestMergedTakesDecideAtTheirOwnNow(t *testing.T) {
+	s, c := newCallerClockStore(t, "nows:")
+	ctx := context.Background()
+	if err := s.take.Load(ctx, c).Err(); err != nil { // no NOSCRIPT retry
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+	tests := []struct {
+		at         time.Time
+		hits       []int64
+		allowed    bool
+		retryFirst time.Duration
+	}{
+		{t0, []int64{1}, true, 0},
+		{t0.Add(30 * time.Minute), []int64{1}, false, 30 * time.Minute},
+		{t0.Add(time.Hour), []int64{0, 1}, true, 0},
+		{t0.Add(time.Hour), []int64{1}, false, time.Hour},
+	}
+	var calls []*call
+	var reqsOf [][]limiter.Request
+	for _, tt := range tests {
+		var keys []string
+		var reqs []limiter.Request
+		for _, h := range tt.hits {
+			keys = append(keys, s.Key("b"))
+			reqs = append(reqs, limiter.Request{Key: "b", Limit: l, Hits: h})
+		}
+		calls = append(calls, &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
+			script: s.take, keys: keys, args: s.takeArgs(tt.at, reqs), merge: true,
+		}})
+		reqsOf = append(reqsOf, reqs)
+	}
+	s.batch.exec(calls)
+	if st := s.Stats(); st.Scripts != 1 {
+		t.Fatalf("Stats = %+v, want the four Takes in one script call", st)
+	}
+	for i, tt := range tests {
+		<-calls[i].done
+		res, err := decodeTakeCmd(calls[i].cmd, reqsOf[i], false)
+		if err != nil {
+			t.Fatalf("Take %d: %v", i, err)
+		}
+		if res.now != tt.at.UnixMicro() || res.allowed != tt.allowed || res.decisions[0].RetryAfter != tt.retryFirst {
+			t.Errorf("Take %d at t0+%v = decided at t0+%v, allowed %v, %+v; want allowed %v, retry after %v",
+				i, tt.at.Sub(t0), time.UnixMicro(res.now).Sub(t0), res.allowed, res.decisions, tt.allowed, tt.retryFirst)
+		}
+	}
+}
+
 // TestMergedTakeWithARepeatedKey sends one batch by hand, four Takes on
 // one bucket merged into one take.lua call: one request, then two Takes of
 // two requests on that same bucket (the first needs more tokens than the
@@ -378,11 +435,11 @@ func TestMalformedSpecFailsItsTakeAlone(t *testing.T) {
 			pair := s.takeArgs(t0, append(one("pair-a"), one("pair-b")...))
 			pair[3] = tt.spec
 			bad := takeCall([]string{s.Key("pair-a"), s.Key("pair-b")}, pair)
-			single := takeCall([]string{s.Key("single")}, []any{s.nowArg(t0), 1, tt.spec})
+			single := takeCall([]string{s.Key("single")}, []any{s.nowArg(t0), tt.spec})
 			before, after := good("before"), good("after")
 			s.batch.exec([]*call{before, bad, after, single})
 			// Alone in its batch, a one-request Take runs take_one.lua.
-			alone := takeCall([]string{s.Key("alone")}, []any{s.nowArg(t0), 1, tt.spec})
+			alone := takeCall([]string{s.Key("alone")}, []any{s.nowArg(t0), tt.spec})
 			alone.alone = s.takeOne
 			s.batch.exec([]*call{alone})
 			for _, c := range []*call{before, bad, after, single, alone} {

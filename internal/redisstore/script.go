@@ -13,17 +13,34 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
-// takeArgs are take.lua's ARGV for one Take of reqs: now, the number of
-// requests, then one spec per request (take.lua's header lists its
-// fields). Several Takes' ARGV concatenated are one call's (see envelopes).
+// takeArgs are take.lua's ARGV for one Take of reqs: now, then the spec of
+// its one request, or the number of requests and one spec each (take.lua's
+// header gives the layout). envelopes appends other Takes' after the
+// first's now (see mergedTakeArgs).
 func (s *Store) takeArgs(now time.Time, reqs []limiter.Request) []any {
-	args := make([]any, 2, 2+len(reqs))
+	args := make([]any, 1, 2+len(reqs))
 	args[0] = s.nowArg(now)
-	args[1] = len(reqs)
+	if len(reqs) != 1 {
+		args = append(args, len(reqs))
+	}
 	for _, r := range reqs {
 		args = append(args, takeSpec(r))
 	}
 	return args
+}
+
+// mergedTakeArgs appends to merged, take.lua's ARGV of the Takes merged so
+// far (nil for none), those of the Take whose own ARGV are args (from
+// takeArgs): the first Take's whole, a later one's after its now, preceded
+// with a caller's clock by "@µs", its own now.
+func mergedTakeArgs(merged, args []any) []any {
+	if merged == nil {
+		return append(merged, args...)
+	}
+	if now, ok := args[0].(int64); ok {
+		merged = append(merged, "@"+strconv.FormatInt(now, 10))
+	}
+	return append(merged, args[1:]...)
 }
 
 // takeSpec is take.lua's spec of r, "kind:count:h µs:h frac:f µs:f

@@ -32,13 +32,20 @@
 --
 -- KEYS      the buckets of every request of every Take, in order; a key may
 --           repeat.
--- ARGV      per Take, starting at ARGV[1]:
---   a       now in Unix microseconds, or "" for the server's TIME (every
---           Take of a call uses the same clock; clock.lua reads ARGV[1]).
---   a+1     n, the number of its requests (its next n KEYS).
---   a+1+i   request i's spec, "kind:count:h µs:h frac:f µs:f frac:floor
---           µs:floor frac", one argument (identical specs, as of requests
---           alike under one limit, are parsed once a call):
+-- ARGV[1]   now in Unix microseconds, or "" for the server's TIME (every
+--           Take of a call uses the same clock; clock.lua reads it).
+-- ARGV[2..] the Takes, in order, each one of
+--             spec                a Take of one request (its next KEY);
+--             n, then n specs     a Take of n requests (its next n KEYS),
+--                                 n in digits;
+--           each but the first, with a caller's clock, after "@µs", its
+--           own now (the first Take's is ARGV[1]). So a call of one
+--           request is {now, spec}, as take_one.lua reads it: Redis and
+--           the client handle every argument one by one, and most Takes
+--           are of one request.
+--   spec    a request's "kind:count:h µs:h frac:f µs:f frac:floor µs:floor
+--           frac", one argument (identical specs, as of requests alike
+--           under one limit, are parsed once a call):
 --           kind: "t" a take, "k" a check (hits 0), "x" hits above burst,
 --             "c" a post-paid charge, "d" one recorded in a denied Take
 --             only if it was itself denied (limiter.CountWhereDenied);
@@ -158,11 +165,11 @@ local function take_single(key, p, now)
 end
 
 -- take decides the Take whose n requests are KEYS[k+1..k+n] and whose
--- arguments start at ARGV[a], at now, writes what it says, and returns its
--- reply. Request i's spec is ARGV[a + 1 + i].
+-- arguments start at ARGV[a] (n), at now, writes what it says, and returns
+-- its reply. Request i's spec is ARGV[a + i].
 local function take(k, a, n, now)
   if n == 1 then
-    local p, err = spec(ARGV[a + 2])
+    local p, err = spec(ARGV[a + 1])
     if not p then
       return redis.error_reply(err)
     end
@@ -170,7 +177,7 @@ local function take(k, a, n, now)
   end
   local ps = {} -- request i's spec
   for i = 1, n do
-    local p, err = spec(ARGV[a + 1 + i])
+    local p, err = spec(ARGV[a + i])
     if not p then
       return redis.error_reply(err)
     end
@@ -236,17 +243,29 @@ local function take(k, a, n, now)
 end
 
 -- The Takes, one after the other. clock.lua set now from ARGV[1]: the
--- server's TIME, read once for the call, or the first Take's own now.
+-- server's TIME, read once for the call, or the first Take's own now; an
+-- "@µs" (a caller's clock) sets the now of the Takes after it.
 local replies = {}
-local k, a = 0, 1
+local k, a, tnow = 0, 2, now
 while a <= #ARGV do
-  local n = tonumber(ARGV[a + 1])
-  local tnow = now
-  if not server_clock then
-    tnow = tonumber(ARGV[a])
+  local v = ARGV[a]
+  local c = string.byte(v, 1)
+  if c == 64 then -- '@'
+    tnow = tonumber(string.sub(v, 2))
+    a = a + 1
+  elseif c and c >= 48 and c <= 57 then -- a digit: n, then n specs
+    local n = tonumber(v)
+    replies[#replies + 1] = take(k, a, n, tnow)
+    k, a = k + n, a + 1 + n
+  else -- a spec: a Take of one request
+    local p, err = spec(v)
+    if p then
+      replies[#replies + 1] = take_single(KEYS[k + 1], p, tnow)
+    else
+      replies[#replies + 1] = redis.error_reply(err)
+    end
+    k, a = k + 1, a + 1
   end
-  replies[#replies + 1] = take(k, a, n, tnow)
-  k, a = k + n, a + 2 + n
 end
 -- Each bucket more than one Take changed, stored in its last state; with a
 -- caller's clock the key expires counting from the now of the Take that

@@ -6,8 +6,7 @@
 --
 -- KEYS[1]   the bucket.
 -- ARGV[1]   now in Unix microseconds, or "" for the server's TIME;
--- ARGV[2]   "1";
--- ARGV[3]   the request's spec (kind t, k or x; a charge is malformed
+-- ARGV[2]   the request's spec (kind t, k or x; a charge is malformed
 --           here: the Store sends those to take.lua).
 --
 -- Returns {{now, admitted (0/1), TAT µs, frac of the stored state before
@@ -21,7 +20,7 @@
 -- time in Redis. Each step names what it mirrors there;
 -- TestMatchesDecideAll* hold both scripts to limiter.DecideAll.
 
-local key, spec = KEYS[1], ARGV[3]
+local key, spec = KEYS[1], ARGV[2]
 local kind, count, hus, hfr, fus, ffr, maxwait = string.match(spec or '',
   '^([tkxTKX]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):%d+$')
 if not kind then
