@@ -108,6 +108,21 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	}
 }
 
+// oneBucketTake is a mergeable take.lua call of one Take decided at now,
+// its requests all on the bucket key under l, one a hit count, and those
+// requests.
+func oneBucketTake(ctx context.Context, s *Store, key string, l limiter.Limit, now time.Time, hits ...int64) (*call, []limiter.Request) {
+	var keys []string
+	var reqs []limiter.Request
+	for _, h := range hits {
+		keys = append(keys, s.Key(key))
+		reqs = append(reqs, limiter.Request{Key: key, Limit: l, Hits: h})
+	}
+	return &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
+		script: s.take, keys: keys, args: s.takeArgs(now, reqs), merge: true,
+	}}, reqs
+}
+
 // TestMergedTakesDecideAtTheirOwnNow: with a caller's clock, each Take
 // merged into one take.lua call is decided at the now its caller took
 // (the "@µs" before every Take but the first), not at the first Take's:
@@ -137,15 +152,8 @@ func TestMergedTakesDecideAtTheirOwnNow(t *testing.T) {
 	var calls []*call
 	var reqsOf [][]limiter.Request
 	for _, tt := range tests {
-		var keys []string
-		var reqs []limiter.Request
-		for _, h := range tt.hits {
-			keys = append(keys, s.Key("b"))
-			reqs = append(reqs, limiter.Request{Key: "b", Limit: l, Hits: h})
-		}
-		calls = append(calls, &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
-			script: s.take, keys: keys, args: s.takeArgs(tt.at, reqs), merge: true,
-		}})
+		c, reqs := oneBucketTake(ctx, s, "b", l, tt.at, tt.hits...)
+		calls = append(calls, c)
 		reqsOf = append(reqsOf, reqs)
 	}
 	s.batch.exec(calls)
@@ -182,15 +190,7 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 3}
 	reqsOf := map[*call][]limiter.Request{}
 	takeCall := func(hits ...int64) *call {
-		var keys []string
-		var reqs []limiter.Request
-		for _, h := range hits {
-			keys = append(keys, s.Key("r"))
-			reqs = append(reqs, limiter.Request{Key: "r", Limit: l, Hits: h})
-		}
-		c := &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
-			script: s.take, keys: keys, args: s.takeArgs(t0, reqs), merge: true,
-		}}
+		c, reqs := oneBucketTake(ctx, s, "r", l, t0, hits...)
 		reqsOf[c] = reqs
 		return c
 	}

@@ -164,16 +164,22 @@ local function take_single(key, p, now)
   return {now, allowed, us, fr}
 end
 
+-- take_spec is take_single for the request whose spec string is v, or an
+-- error reply if v is malformed.
+local function take_spec(key, v, now)
+  local p, err = spec(v)
+  if not p then
+    return redis.error_reply(err)
+  end
+  return take_single(key, p, now)
+end
+
 -- take decides the Take whose n requests are KEYS[k+1..k+n] and whose
 -- arguments start at ARGV[a] (n), at now, writes what it says, and returns
 -- its reply. Request i's spec is ARGV[a + i].
 local function take(k, a, n, now)
   if n == 1 then
-    local p, err = spec(ARGV[a + 1])
-    if not p then
-      return redis.error_reply(err)
-    end
-    return take_single(KEYS[k + 1], p, now)
+    return take_spec(KEYS[k + 1], ARGV[a + 1], now)
   end
   local ps = {} -- request i's spec
   for i = 1, n do
@@ -258,12 +264,7 @@ while a <= #ARGV do
     replies[#replies + 1] = take(k, a, n, tnow)
     k, a = k + n, a + 1 + n
   else -- a spec: a Take of one request
-    local p, err = spec(v)
-    if p then
-      replies[#replies + 1] = take_single(KEYS[k + 1], p, tnow)
-    else
-      replies[#replies + 1] = redis.error_reply(err)
-    end
+    replies[#replies + 1] = take_spec(KEYS[k + 1], v, tnow)
     k, a = k + 1, a + 1
   end
 end
