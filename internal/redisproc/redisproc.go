@@ -199,9 +199,14 @@ func (s *Server) start(ctx context.Context) error {
 			return fmt.Errorf("redisproc: redis-server on %s exited: %s", s.Addr, log)
 		default:
 		}
-		err := c.Ping(ctx).Err()
+		// Dial first, and PING only once the port takes connections: a
+		// dial that go-redis makes and fails is logged on the process's
+		// stderr, where a bench's report goes.
+		err := probeDial(ctx, s.Addr)
 		if err == nil {
-			return nil
+			if err = c.Ping(ctx).Err(); err == nil {
+				return nil
+			}
 		}
 		if ctx.Err() != nil {
 			s.killLocked()
@@ -212,6 +217,16 @@ func (s *Server) start(ctx context.Context) error {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// probeDial reports whether addr takes a TCP connection within 100 ms.
+func probeDial(ctx context.Context, addr string) error {
+	d := net.Dialer{Timeout: 100 * time.Millisecond}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
 }
 
 // Exited is closed once the process has exited (nil if it is not running).
