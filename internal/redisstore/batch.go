@@ -592,24 +592,32 @@ func envelopes(batch []*call) []*envelope {
 }
 
 // answer hands each call of e its answer through deliver: e's own, or,
-// merged, its Take's reply from the list take.lua answers, as a one-Take
-// call would get it.
+// merged, its Take's slots of the flat array take.lua answers (one per
+// request: its key), as a one-Take call would get them.
 func (e *envelope) answer(deliver func(*call, *redis.Cmd)) {
 	if len(e.calls) == 1 {
 		deliver(e.calls[0], e.cmd)
 		return
 	}
-	replies, err := e.cmd.Slice()
-	if err == nil && len(replies) != len(e.calls) {
-		err = fmt.Errorf("take script returned %d replies for %d Takes", len(replies), len(e.calls))
+	slots, err := e.cmd.Slice()
+	if err == nil {
+		want := 0
+		for _, c := range e.calls {
+			want += takeSlots(len(c.keys))
+		}
+		if len(slots) != want {
+			err = fmt.Errorf("take script returned %d values for %d Takes, want %d", len(slots), len(e.calls), want)
+		}
 	}
-	for i, c := range e.calls {
+	for _, c := range e.calls {
 		if err != nil {
 			deliver(c, errCmd(c.ctx, err))
 			continue
 		}
+		n := takeSlots(len(c.keys))
 		cmd := redis.NewCmd(c.ctx)
-		cmd.SetVal([]any{replies[i]})
+		cmd.SetVal(slots[:n:n])
+		slots = slots[n:]
 		deliver(c, cmd)
 	}
 }

@@ -238,16 +238,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // TestMergedReplyOfTheWrongLength: a merged call whose reply does not hold
-// one reply per Take fails every Take of it, saying so.
+// the slots of every Take fails every Take of it, saying so.
 func TestMergedReplyOfTheWrongLength(t *testing.T) {
 	ctx := context.Background()
-	calls := []*call{{ctx: ctx, done: make(chan struct{})}, {ctx: ctx, done: make(chan struct{})}}
+	one := scriptCall{keys: []string{"k"}}
+	calls := []*call{{ctx: ctx, scriptCall: one, done: make(chan struct{})}, {ctx: ctx, scriptCall: one, done: make(chan struct{})}}
 	cmd := redis.NewCmd(ctx)
-	cmd.SetVal([]any{[]any{int64(1)}})
+	cmd.SetVal([]any{int64(1), int64(1), int64(0), int64(0), int64(1)}) // one Take's 4 slots and one more
 	(&envelope{calls: calls, cmd: cmd}).answer(func(c *call, cmd *redis.Cmd) { c.deliver(cmd) })
 	for i, c := range calls {
 		<-c.done
-		if err := c.cmd.Err(); err == nil || !strings.Contains(err.Error(), "returned 1 replies for 2 Takes") {
+		if err := c.cmd.Err(); err == nil || !strings.Contains(err.Error(), "returned 5 values for 2 Takes, want 8") {
 			t.Errorf("Take %d of the merged call: %v, want an error about the reply's length", i+1, err)
 		}
 	}

@@ -59,12 +59,16 @@ end
 -- one TIME read) passes the TAT: the key vanishing means exactly "full".
 -- With a caller's clock it expires after the time until full, counted
 -- from the write.
+--
+-- The expiry goes as digits: a Lua number argument is formatted by Redis
+-- as a double ("%.17g") and parsed back, which costs more than Lua's
+-- integer format.
 local function put(key, us, fr, now)
   local v = string.format('%d:%d', us, fr) -- Lua 5.1: as a C long
   if server_clock then
-    redis.call('SET', key, v, 'PXAT', (divmod(ceil_us(us, fr) + 999, 1000)))
+    redis.call('SET', key, v, 'PXAT', string.format('%d', (divmod(ceil_us(us, fr) + 999, 1000))))
   else
-    redis.call('SET', key, v, 'PX', (divmod(ceil_us(us, fr) - now + 999, 1000)))
+    redis.call('SET', key, v, 'PX', string.format('%d', (divmod(ceil_us(us, fr) - now + 999, 1000))))
   end
   return v
 end

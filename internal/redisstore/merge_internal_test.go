@@ -38,11 +38,13 @@ func loadScripts(t *testing.T, c *redis.Client, scripts ...*redis.Script) {
 	}
 }
 
-// TestMergedTakesAreDecidedInOrder sends one batch by hand: three Takes
-// that merge into one take.lua call (the second on a bucket holding
-// garbage) and a refund beside them. Each Take gets its own answer, as if
-// sent alone: the first and third on the state the ones before them left,
-// the second an error naming its bucket, which does not spoil the others.
+// TestMergedTakesAreDecidedInOrder sends one batch by hand: four Takes
+// that merge into one take.lua call (the second of two requests, one on a
+// bucket holding garbage; the last of two requests too) and a refund
+// beside them. Each Take gets its own answer, as if sent alone: the first,
+// third and fourth on the state the ones before them left, the second an
+// error naming its bucket, which writes nothing and does not spoil the
+// others (nor their places in the reply).
 func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	s, c := newCallerClockStore(t, "merge:")
 	ctx := context.Background()
@@ -62,27 +64,41 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 		script: s.refund, keys: []string{s.Key("other")},
 		args: s.refundArgs(t0, []limiter.Request{{Key: "other", Limit: l, Hits: 1}}),
 	}}
-	first, bad, third := takeCall("a", t0), takeCall("bad", t0), takeCall("a", t0.Add(time.Minute))
-	s.batch.exec([]*call{first, bad, refund, third})
+	two := func(k1, k2 string) []limiter.Request { return append(one(k1), one(k2)...) }
+	pairCall := func(k1, k2 string) *call {
+		return &call{ctx: ctx, done: make(chan struct{}), scriptCall: scriptCall{
+			script: s.take, keys: []string{s.Key(k1), s.Key(k2)}, args: s.takeArgs(t0, two(k1, k2)), merge: true,
+		}}
+	}
+	first, bad, third, pair := takeCall("a", t0), pairCall("c", "bad"), takeCall("a", t0.Add(time.Minute)), pairCall("d", "a")
+	s.batch.exec([]*call{first, bad, refund, third, pair})
 
-	for _, c := range []*call{first, bad, refund, third} {
+	for _, c := range []*call{first, bad, refund, third, pair} {
 		<-c.done
 	}
 	if res, err := decodeTakeCmd(first.cmd, one("a"), false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
 		t.Errorf("first Take = %+v, %v; want admitted with 1 left", res.decisions, err)
 	}
-	if _, err := decodeTakeCmd(bad.cmd, one("bad"), false); err == nil || !strings.Contains(err.Error(), "not TAT:Frac") {
+	if _, err := decodeTakeCmd(bad.cmd, two("c", "bad"), false); err == nil || !strings.Contains(err.Error(), "not TAT:Frac") {
 		t.Errorf("Take on a bucket holding garbage: %v, want an error saying so", err)
+	}
+	if n := c.Exists(ctx, s.Key("c")).Val(); n != 0 {
+		t.Errorf("the failed Take wrote its other bucket (%d keys), want nothing written", n)
 	}
 	// A minute later, after the first Take: 1h59m until full, 0 left.
 	if res, err := decodeTakeCmd(third.cmd, one("a"), false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, ResetAfter: 2*time.Hour - time.Minute}) {
 		t.Errorf("third Take = %+v, %v; want admitted on what the first left", res.decisions, err)
 	}
+	// At t0 (a caller's clock), after the first and third Takes left a
+	// empty until t0+2h: d admitted, a not, so the pair is denied.
+	if res, err := decodeTakeCmd(pair.cmd, two("d", "a"), false); err != nil || res.allowed || !res.decisions[0].Allowed || res.decisions[1].Allowed {
+		t.Errorf("last Take = %+v, %v; want d admitted and a denied", res, err)
+	}
 	if err := refund.cmd.Err(); err != nil {
 		t.Errorf("refund beside merged Takes: %v", err)
 	}
-	if st := s.Stats(); st != (Stats{Calls: 4, Scripts: 2, RoundTrips: 1}) {
-		t.Errorf("Stats = %+v, want 4 calls as 2 scripts in 1 round trip", st)
+	if st := s.Stats(); st != (Stats{Calls: 5, Scripts: 2, RoundTrips: 1}) {
+		t.Errorf("Stats = %+v, want 5 calls as 2 scripts in 1 round trip", st)
 	}
 
 	// A server that lost its scripts (restarted, flushed) answers the
@@ -103,7 +119,7 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	if res, err := decodeTakeCmd(other.cmd, one("b"), false); err != nil || res.decisions[0] != (limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: time.Hour}) {
 		t.Errorf("second Take after SCRIPT FLUSH = %+v, %v", res.decisions, err)
 	}
-	if st := s.Stats(); st != (Stats{Calls: 6, Scripts: 3, RoundTrips: 3}) {
+	if st := s.Stats(); st != (Stats{Calls: 7, Scripts: 3, RoundTrips: 3}) {
 		t.Errorf("Stats = %+v, want the merged call resent once after NOSCRIPT", st)
 	}
 }

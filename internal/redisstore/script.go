@@ -143,31 +143,31 @@ func (s *Store) run(ctx context.Context, by, now time.Time, keys []string, reqs 
 // extras, it also works out what the Take answers and leaves if another
 // slot denies it.
 func decodeTakeCmd(cmd *redis.Cmd, reqs []limiter.Request, extras bool) (takeResult, error) {
-	replies, err := cmd.Slice()
+	slots, err := cmd.Slice()
 	if err != nil {
 		return takeResult{}, err
 	}
-	if len(replies) != 1 {
-		return takeResult{}, fmt.Errorf("take script returned %d replies for one Take", len(replies))
+	if want := takeSlots(len(reqs)); len(slots) != want {
+		return takeResult{}, fmt.Errorf("take script returned %d values for a Take of %d requests, want %d", len(slots), len(reqs), want)
+	}
+	if err, ok := slots[0].(error); ok {
+		return takeResult{}, err
 	}
 	var buf [2 + 2*8]int64 // a Take of up to 8 requests: on the stack
 	reply := buf[:0]
-	switch r := replies[0].(type) {
-	case error:
-		return takeResult{}, r
-	case []any:
-		for _, v := range r {
-			x, ok := v.(int64)
-			if !ok {
-				return takeResult{}, fmt.Errorf("take script returned %T, not an integer", v)
-			}
-			reply = append(reply, x)
+	for _, v := range slots {
+		x, ok := v.(int64)
+		if !ok {
+			return takeResult{}, fmt.Errorf("take script returned %T, not an integer", v)
 		}
-	default:
-		return takeResult{}, fmt.Errorf("take script returned %T, not an array", r)
+		reply = append(reply, x)
 	}
 	return decodeTake(reply, reqs, extras)
 }
+
+// takeSlots is how many values take.lua's reply has for a Take of n
+// requests (see its header).
+func takeSlots(n int) int { return 2 + 2*n }
 
 // decodeTake reads take.lua's reply to a Take of reqs (its header comment
 // gives the layout): the time it decided at and the states it read. The

@@ -60,15 +60,30 @@
 --             may reserve, in whole µs rounded down, 0 for none),
 --           floor frac (a charge; otherwise 0).
 --
--- Returns one reply per Take, in order: an error reply if one of its
--- buckets is a string other than "TAT:Frac" or one of its specs is
--- malformed (nothing of that Take is written; the others are decided as
--- usual), else
---   {now, all admitted (0/1), then for each request the state stored under
---   its key before the Take: TAT µs, frac (0, 0 for a missing key)}.
+-- Returns one flat array, each Take's 2 + 2n slots after the one before
+-- (n its requests), in order:
+--   now, all admitted (0/1), then for each request the state stored under
+--   its key before the Take: TAT µs, frac (0, 0 for a missing key);
+-- or, if one of its buckets is a string other than "TAT:Frac" or one of
+-- its specs is malformed, an error reply, then 1 + 2n zeros (nothing of
+-- that Take is written; the others are decided as usual). Flat, not an
+-- array a Take: Redis makes and converts a Lua table for every nested
+-- array, and go-redis a slice.
 -- A key of another Redis type (a hash, a list...) is no error: MGET answers
 -- nil for it, so it counts as a missing key, a full bucket, and a Take that
 -- writes the bucket overwrites it.
+
+-- The reply (see above): nr slots filled so far.
+local replies, nr = {}, 0
+
+-- fail fills the slots of a Take of n requests that failed with msg.
+local function fail(n, msg)
+  replies[nr + 1] = redis.error_reply(msg)
+  for i = 2, 2 + 2 * n do
+    replies[nr + i] = 0
+  end
+  nr = nr + 2 + 2 * n
+end
 
 -- The specs parsed so far in this call: spec string → its fields.
 local specs = {}
@@ -155,28 +170,29 @@ end
 local function take_single(key, p, now)
   local us, fr = load(key)
   if not us then
-    return redis.error_reply(fr)
+    return fail(1, fr)
   end
   local nus, nfr, allowed = decide_single(p, us, fr, now)
   if nus ~= us or nfr ~= fr then
     write(key, nus, nfr, now)
   end
-  return {now, allowed, us, fr}
+  replies[nr + 1], replies[nr + 2], replies[nr + 3], replies[nr + 4] = now, allowed, us, fr
+  nr = nr + 4
 end
 
--- take_spec is take_single for the request whose spec string is v, or an
--- error reply if v is malformed.
+-- take_spec is take_single for the request whose spec string is v, or
+-- fails if v is malformed.
 local function take_spec(key, v, now)
   local p, err = spec(v)
   if not p then
-    return redis.error_reply(err)
+    return fail(1, err)
   end
-  return take_single(key, p, now)
+  take_single(key, p, now)
 end
 
 -- take decides the Take whose n requests are KEYS[k+1..k+n] and whose
--- arguments start at ARGV[a] (n), at now, writes what it says, and returns
--- its reply. Request i's spec is ARGV[a + i].
+-- arguments start at ARGV[a] (n), at now, writes what it says, and fills
+-- its slots of the reply. Request i's spec is ARGV[a + i].
 local function take(k, a, n, now)
   if n == 1 then
     return take_spec(KEYS[k + 1], ARGV[a + 1], now)
@@ -185,11 +201,12 @@ local function take(k, a, n, now)
   for i = 1, n do
     local p, err = spec(ARGV[a + i])
     if not p then
-      return redis.error_reply(err)
+      return fail(n, err)
     end
     ps[i] = p
   end
-  local out = {now, 1}
+  local out = nr -- the Take's slots are replies[out + 1 .. out + 2 + 2n]
+  replies[out + 1], replies[out + 2] = now, 1
   local stored = {} -- key → {us, frac}
   for i = 1, n do
     local key = KEYS[k + i]
@@ -197,12 +214,12 @@ local function take(k, a, n, now)
     if not s then
       local us, fr = load(key)
       if not us then
-        return redis.error_reply(fr)
+        return fail(n, fr) -- from out, overwriting what was filled
       end
       s = {us, fr}
       stored[key] = s
     end
-    out[2 * i + 1], out[2 * i + 2] = s[1], s[2]
+    replies[out + 2 * i + 1], replies[out + 2 * i + 2] = s[1], s[2]
   end
 
   -- mirrors DecideAll: each request sees the state left by the requests
@@ -225,7 +242,7 @@ local function take(k, a, n, now)
   -- mirrors DecideDenied: a denied Take applies only post-paid charges
   -- ('d': those that were denied above), chained per key.
   if not allowed then
-    out[2] = 0
+    replies[out + 2] = 0
     cur = {}
     for i = 1, n do
       local key, p = KEYS[k + i], ps[i]
@@ -245,13 +262,12 @@ local function take(k, a, n, now)
       write(key, s[1], s[2], now)
     end
   end
-  return out
+  nr = out + 2 + 2 * n
 end
 
 -- The Takes, one after the other. clock.lua set now from ARGV[1]: the
 -- server's TIME, read once for the call, or the first Take's own now; an
 -- "@µs" (a caller's clock) sets the now of the Takes after it.
-local replies = {}
 local k, a, tnow = 0, 2, now
 while a <= #ARGV do
   local v = ARGV[a]
@@ -261,10 +277,10 @@ while a <= #ARGV do
     a = a + 1
   elseif c and c >= 48 and c <= 57 then -- a digit: n, then n specs
     local n = tonumber(v)
-    replies[#replies + 1] = take(k, a, n, tnow)
+    take(k, a, n, tnow)
     k, a = k + n, a + 1 + n
   else -- a spec: a Take of one request
-    replies[#replies + 1] = take_spec(KEYS[k + 1], v, tnow)
+    take_spec(KEYS[k + 1], v, tnow)
     k, a = k + 1, a + 1
   end
 end

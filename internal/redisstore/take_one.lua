@@ -9,9 +9,10 @@
 -- ARGV[2]   the request's spec (kind t, k or x; a charge is malformed
 --           here: the Store sends those to take.lua).
 --
--- Returns {{now, admitted (0/1), TAT µs, frac of the stored state before
--- the Take}}, or {an error reply} for a malformed spec or a bucket that
--- holds something other than "TAT:Frac".
+-- Returns {now, admitted (0/1), TAT µs, frac of the stored state before
+-- the Take}, or {an error reply, 0, 0, 0} for a malformed spec or a bucket
+-- that holds something other than "TAT:Frac": take.lua's reply to one
+-- Take.
 --
 -- It starts with clock.lua (server_clock, now) and nothing else: not
 -- common.lua and step.lua, whose arithmetic for these kinds it writes out
@@ -24,7 +25,7 @@ local key, spec = KEYS[1], ARGV[2]
 local kind, count, hus, hfr, fus, ffr, maxwait = string.match(spec or '',
   '^([tkxTKX]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):%d+$')
 if not kind then
-  return {redis.error_reply('ratelimitd: malformed request spec ' .. tostring(spec))}
+  return {redis.error_reply('ratelimitd: malformed request spec ' .. tostring(spec)), 0, 0, 0}
 end
 -- digits only (the pattern says so): "+ 0" converts as tonumber would,
 -- for less
@@ -47,7 +48,7 @@ local sus, sfr = 0, 0
 if v then
   local a, b = string.match(v, '^(-?%d+):(%d+)$')
   if not a then
-    return {redis.error_reply('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac')}
+    return {redis.error_reply('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac'), 0, 0, 0}
   end
   sus, sfr = a + 0, b + 0
 end
@@ -107,7 +108,7 @@ if kind ~= 'x' then -- hits above burst: never admitted
       elseif r >= 1000 then
         ms = ms + 1
       end
-      redis.call('SET', key, string.format('%d:%d', nus, nfr), server_clock and 'PXAT' or 'PX', ms)
+      redis.call('SET', key, string.format('%d:%d', nus, nfr), server_clock and 'PXAT' or 'PX', string.format('%d', ms))
     end
   end
 end
@@ -117,4 +118,4 @@ local allowed = 0
 if admitted or shadow then
   allowed = 1
 end
-return {{now, allowed, sus, sfr}}
+return {now, allowed, sus, sfr}
