@@ -194,9 +194,6 @@ end
 -- arguments start at ARGV[a] (n), at now, writes what it says, and fills
 -- its slots of the reply. Request i's spec is ARGV[a + i].
 local function take(k, a, n, now)
-  if n == 1 then
-    return take_spec(KEYS[k + 1], ARGV[a + 1], now)
-  end
   local ps = {} -- request i's spec
   for i = 1, n do
     local p, err = spec(ARGV[a + i])
