@@ -6,13 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"net"
-	"strings"
 	"testing"
-	"time"
-
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 )
@@ -74,66 +68,6 @@ func TestRedisLoggerWritesThroughSlog(t *testing.T) {
 			}
 			if got != tt.want {
 				t.Errorf("output %q, want %q", got, tt.want)
-			}
-		})
-	}
-}
-
-// TestGoRedisLogsAreJSON: with --log-format json and Redis unreachable, the
-// lines go-redis writes about failed dials are JSON records of the
-// process's logger, at debug level: there at --log-level debug, absent at
-// info, and never plain text.
-func TestGoRedisLogsAreJSON(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := lis.Addr().String() // nothing listens there once closed
-	lis.Close()
-	dir := writeConfig(t, map[string]string{"api.yaml": fivePerMinute})
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "gpt-4o"}},
-	}}}
-	tests := []struct {
-		level       string
-		wantGoRedis bool
-	}{
-		{"debug", true},
-		{"info", false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.level, func(t *testing.T) {
-			p := startProc(t, "--config", dir, "--redis-url", "redis://"+closed, "--log-level", tt.level,
-				"--on-backend-failure", "allow", "--redis-dial-timeout", "50ms", "--backend-timeout", "100ms")
-			rls := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
-			// Calls until failover has logged the outage: by then go-redis
-			// has failed to dial, and logged it, several times.
-			deadline := time.Now().Add(10 * time.Second)
-			for !strings.Contains(p.logs.String(), "backend failing") {
-				if time.Now().After(deadline) {
-					t.Fatalf("no outage logged in 10 s:\n%s", p.logs)
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				rls.ShouldRateLimit(ctx, req)
-				cancel()
-				time.Sleep(10 * time.Millisecond)
-			}
-			goRedis := 0
-			for _, line := range strings.Split(strings.TrimSpace(p.logs.String()), "\n") {
-				var rec struct{ Level, Msg, Logger string }
-				if err := json.Unmarshal([]byte(line), &rec); err != nil {
-					t.Errorf("log line not JSON: %q", line)
-					continue
-				}
-				if rec.Logger == "go-redis" {
-					goRedis++
-					if rec.Level != "DEBUG" || !strings.Contains(rec.Msg, "failed to dial") {
-						t.Errorf("go-redis record %+v, want level DEBUG and a failed dial", rec)
-					}
-				}
-			}
-			if got := goRedis > 0; got != tt.wantGoRedis {
-				t.Errorf("--log-level %s: %d go-redis records, want some: %v\n%s", tt.level, goRedis, tt.wantGoRedis, p.logs)
 			}
 		})
 	}
