@@ -235,6 +235,10 @@ const (
 	// answer, through no fault of the backend's (it waited in this
 	// process's queue; see ErrOverloaded).
 	FallbackOverloaded
+	// FallbackTryAgain: the backend refused the call for now, through no
+	// fault of its own, and the deadline came before it would run it (a
+	// Redis Cluster slot mid-move; see ErrTryAgain).
+	FallbackTryAgain
 )
 
 // String names the cause as metrics label it.
@@ -248,6 +252,8 @@ func (f Fallback) String() string {
 		return "breaker_open"
 	case FallbackOverloaded:
 		return "overloaded"
+	case FallbackTryAgain:
+		return "try_again"
 	}
 	return fmt.Sprintf("Fallback(%d)", uint8(f))
 }
@@ -317,6 +323,14 @@ var ErrInvalidRequest = errors.New("invalid request")
 // did not answer in time.
 var ErrUnavailable = errors.New("backend unavailable")
 
+// ErrTryAgain is wrapped by stores when the backend refused a call for now
+// without running it, for a reason that is no fault of the part that
+// answered: a Redis Cluster slot in the middle of a move (TRYAGAIN, or
+// redirects that did not settle), or a cluster that reports itself down
+// while it fails over (CLUSTERDOWN). It must not count against the
+// backend's health.
+var ErrTryAgain = errors.New("the backend asked for the call again later")
+
 // ErrOverloaded is wrapped by stores when a call's deadline came before the
 // backend answered and the backend is not to blame: the call waited in this
 // process (for a batch, a connection, a CPU) and the backend had it for less
@@ -337,10 +351,16 @@ type DeadlineError struct {
 	Queued time.Duration
 	// InFlight is how long the backend had had the call, zero if unsent.
 	InFlight time.Duration
+	// Stalled, for a call never sent, is how long the backend had by then
+	// held the oldest round trip the call was queued behind, on the same
+	// connection's worth of work (on a Redis Cluster, the same node): a
+	// call that waits because the backend does not answer what it was
+	// sent waits for the backend, not for this process. Zero when nothing
+	// was in flight ahead of it.
+	Stalled time.Duration
 	// Pending reports that the store still awaits the backend's answer to
 	// the sent call and reports that outcome itself when it comes (see
-	// redisstore.Options.OnAbandoned): the caller's deadline tells nothing
-	// of the backend yet, and must not be counted against it.
+	// redisstore.Options.OnAbandoned).
 	Pending bool
 	// Err is the context's error.
 	Err error
@@ -348,6 +368,10 @@ type DeadlineError struct {
 
 func (e *DeadlineError) Error() string {
 	if e.InFlight == 0 {
+		if e.Stalled > 0 {
+			return fmt.Sprintf("%v after %v queued, before the call was sent, behind a round trip the backend had held for %v", e.Err,
+				e.Queued.Round(time.Microsecond), e.Stalled.Round(time.Microsecond))
+		}
 		return fmt.Sprintf("%v after %v queued, before the call was sent", e.Err, e.Queued.Round(time.Microsecond))
 	}
 	pending := ""
@@ -359,6 +383,32 @@ func (e *DeadlineError) Error() string {
 }
 
 func (e *DeadlineError) Unwrap() error { return e.Err }
+
+// Held is how long the backend had held the call, or the work it was
+// queued behind, when its caller gave up: the larger of InFlight and
+// Stalled. A backend that held it for its whole timeout failed it.
+func (e *DeadlineError) Held() time.Duration { return max(e.InFlight, e.Stalled) }
+
+// A ShardError is a backend failure confined to one shard of a sharded
+// backend (a Redis Cluster node): the other shards may be working. Shard
+// names it as Sharded.Shard does.
+type ShardError struct {
+	Shard string
+	Err   error
+}
+
+func (e *ShardError) Error() string { return fmt.Sprintf("shard %s: %v", e.Shard, e.Err) }
+
+func (e *ShardError) Unwrap() error { return e.Err }
+
+// Sharded is a Store whose buckets live on shards that fail apart (the
+// nodes of a Redis Cluster). Shard names the shard that holds the bucket
+// named key now; "" means the store cannot tell (its topology is not
+// known yet). The answer may change as the topology does (a failover, a
+// slot move). It must be cheap and safe for concurrent use.
+type Sharded interface {
+	Shard(key string) string
+}
 
 // Validate reports whether r can be given to a Store.
 func (r Request) Validate() error {

@@ -406,6 +406,13 @@ func (d *Daemon) awaitBackend() {
 	}
 }
 
+// readyCheckTimeout bounds /readyz's check of the backend: well inside
+// the kubelet's default probe timeout (1 s), so that a Redis that does
+// not answer (a network black hole) gets a 503, not a timed-out probe;
+// a Redis that takes longer than this to decide one probe fails callers
+// who wait 20 ms anyway.
+const readyCheckTimeout = 250 * time.Millisecond
+
 // probes serves liveness (/healthz) and readiness (/readyz): readiness
 // fails while shutting down, without a config, and, in failure mode error,
 // while the backend fails (else it says degraded); and envoyproxy/ratelimit's
@@ -432,7 +439,7 @@ func (d *Daemon) probes() http.Handler {
 		if !d.backend.Healthy() {
 			failing = errors.New("its circuit breaker is open: calls to it failed")
 		} else {
-			ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+			ctx, cancel := context.WithTimeout(r.Context(), readyCheckTimeout)
 			failing = d.backend.Ready(ctx)
 			cancel()
 		}

@@ -117,9 +117,12 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 	store, err := redisstore.New(client, redisstore.Options{Prefix: r.Prefix, BatchMax: r.BatchMax, BatchWait: r.BatchWait,
 		TestBatchHold: r.TestBatchHold,
 		QueueWait:     queue.wait, BatchCalls: queue.batch,
-		OnAbandoned: func(err error) {
+		// A call Redis holds for the backend timeout counts against it,
+		// whatever its callers' deadlines (failover.Store.Observe).
+		SlowAfter: failureTimeout(failure),
+		OnBackend: func(node string, held time.Duration, err error) {
 			if fs := breaker.Load(); fs != nil {
-				fs.Observe(err)
+				fs.Observe(node, held, err)
 			}
 		}})
 	if err != nil {
@@ -146,6 +149,25 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 			log.Info("backend answers again", "backend", b.name)
 		} else {
 			log.Error("backend failing; answering per --on-backend-failure", "backend", b.name, "mode", failure.Mode.String(), "err", err)
+		}
+	}
+	if len(r.ClusterAddrs) > 0 {
+		// One breaker per master: a node's fault is answered per the
+		// failure mode for its slots alone.
+		failure.Shard = store.Shard
+		failure.ProbeShard = store.ProbeNode
+		failure.OnShardChange = func(node string, healthy bool, err error) {
+			m.NodeHealth(node, healthy)
+			if healthy {
+				log.Info("Redis Cluster node answers again", "backend", b.name, "node", node)
+			} else {
+				log.Error("Redis Cluster node failing; answering per --on-backend-failure for its slots", "backend", b.name,
+					"node", node, "mode", failure.Mode.String(), "err", err)
+			}
+		}
+		failure.OnShardDropped = func(node string) {
+			m.NodeGone(node)
+			log.Info("Redis Cluster node no longer serves slots; forgotten", "backend", b.name, "node", node)
 		}
 	}
 	// The open breaker probes Redis in the background (Probe), so that a
@@ -175,17 +197,33 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 	return b, nil
 }
 
-func (b *redisBackend) Store() limiter.Store               { return b.front }
-func (b *redisBackend) Leases() limiter.LeaseStore         { return b.leases }
-func (b *redisBackend) Name() string                       { return b.name }
-func (b *redisBackend) Prepare(ctx context.Context) error  { return b.store.Prepare(ctx) }
-func (b *redisBackend) Ready(ctx context.Context) error    { return b.store.Probe(ctx) }
-func (b *redisBackend) Healthy() bool                      { return b.failover.Healthy() }
-func (b *redisBackend) FailureMode() failover.Mode         { return b.failover.Mode() }
-func (b *redisBackend) Probe(ctx context.Context) error    { return b.failover.Probe(ctx) }
-func (b *redisBackend) Sweep(now time.Time)                { b.failover.Sweep(now) }
+func (b *redisBackend) Store() limiter.Store              { return b.front }
+func (b *redisBackend) Leases() limiter.LeaseStore        { return b.leases }
+func (b *redisBackend) Name() string                      { return b.name }
+func (b *redisBackend) Prepare(ctx context.Context) error { return b.store.Prepare(ctx) }
+func (b *redisBackend) Ready(ctx context.Context) error   { return b.store.ProbeAny(ctx) }
+func (b *redisBackend) Healthy() bool                     { return b.failover.Healthy() }
+func (b *redisBackend) FailureMode() failover.Mode        { return b.failover.Mode() }
+func (b *redisBackend) Probe(ctx context.Context) error   { return b.failover.Probe(ctx) }
+func (b *redisBackend) Sweep(now time.Time) {
+	b.failover.Sweep(now)
+	b.store.SweepNodes(nodeIdle)
+}
 func (b *redisBackend) Collectors() []prometheus.Collector { return b.collectors }
 func (b *redisBackend) Close() error                       { return b.closeAll() }
+
+// nodeIdle is how long a Redis Cluster node no call went to keeps its
+// batcher: a node that left the cluster is forgotten after it.
+const nodeIdle = 5 * time.Minute
+
+// failureTimeout is the backend timeout failure gives Redis, its default
+// when unset.
+func failureTimeout(failure failover.Options) time.Duration {
+	if failure.Timeout > 0 {
+		return failure.Timeout
+	}
+	return failover.DefaultTimeout
+}
 
 // queueMetrics are the histograms of how coalesced calls queue in this
 // process before Redis has them: the first sign of a saturated replica,

@@ -160,6 +160,14 @@ func (b *breaker) healthy() bool {
 	return !b.open
 }
 
+// state reports whether the breaker has not opened since the last
+// success, and the last failure's error.
+func (b *breaker) state() (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.open, b.lastErr
+}
+
 // closed reports whether the breaker lets every call through (it has not
 // opened, or a success closed it).
 func (b *breaker) closed() bool {

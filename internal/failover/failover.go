@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,7 +62,7 @@ func (m Mode) String() string {
 // Defaults of Options.
 const (
 	// DefaultOpenFor is Options.OpenFor when it is not set.
-	DefaultOpenFor = 500 * time.Millisecond
+	DefaultOpenFor = 250 * time.Millisecond
 	// DefaultTimeout is Options.Timeout when it is not set.
 	DefaultTimeout = 10 * time.Millisecond
 	// DefaultDeadline is Options.DefaultDeadline when it is not set.
@@ -72,10 +73,14 @@ const (
 
 // Margins kept between a call's budget and its caller's deadline, for the
 // failure mode's answer to reach the caller: a twentieth of the time left
-// (1ms of Envoy's 20ms), at most maxMargin.
+// (1ms of Envoy's 20ms), at most maxMargin; or, on a host where calls
+// come back from the backend later than their budget's end (a busy CPU
+// wakes the timers late), twice that lateness as lately seen (see
+// Store.lateness), up to a quarter of the time left (5ms of 20ms).
 const (
-	marginDivisor = 20
-	maxMargin     = 5 * time.Millisecond
+	marginDivisor    = 20
+	maxMargin        = 5 * time.Millisecond
+	maxMarginDivisor = 4
 )
 
 // Options configures a Store. Zero fields take the defaults.
@@ -139,15 +144,35 @@ type Options struct {
 	// by then, so the calls alternate and the last one reports the current
 	// state. It may call the Store.
 	OnChange func(healthy bool, err error)
+
+	// Shard, when set, names the shard of the backend that holds the
+	// bucket named key (limiter.Sharded.Shard): each shard then has a
+	// breaker of its own, a Take asks those of its buckets' shards, and a
+	// failure counts against the shard it names (a *limiter.ShardError),
+	// or every shard of the Take when it names none. The backend is then
+	// Healthy while some shard's breaker is closed. Nil: one breaker for
+	// the whole backend.
+	Shard func(key string) string
+	// ProbeShard, when set, is Probe for one named shard's open breaker
+	// (Probe itself is for the whole backend's, and for buckets whose
+	// shard was not known).
+	ProbeShard func(ctx context.Context, shard string) error
+	// OnShardChange, when set, is OnChange for one named shard: false when
+	// its breaker opens, true when a call or probe succeeds after that.
+	// OnShardDropped is called when a named shard's breaker is dropped,
+	// no call having asked for it for a while (its node left the
+	// topology). Both are called as OnChange is.
+	OnShardChange  func(shard string, healthy bool, err error)
+	OnShardDropped func(shard string)
 }
 
 // Store is a limiter.Store over a shared backend with failure handling.
 // It is safe for concurrent use.
 type Store struct {
-	backend limiter.Store
-	local   *limiter.MemoryStore
-	opts    Options
-	breaker *breaker
+	backend  limiter.Store
+	local    *limiter.MemoryStore
+	opts     Options
+	breakers *breakers
 
 	// mu guards when (on Options.Now) the last call was answered by the
 	// backend, and from the local buckets: for Refund.
@@ -155,6 +180,11 @@ type Store struct {
 	lastBackend, lastLocal time.Time
 
 	fallbacks atomic.Int64
+	// lateness is how late past their budget's end the calls whose budget
+	// ran out lately came back from the backend, in ns: the last one's when
+	// it is later than the estimate, else the estimate moved a sixteenth
+	// of the way down to it.
+	lateness atomic.Int64
 }
 
 var _ limiter.Store = (*Store)(nil)
@@ -197,7 +227,7 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 	if opts.GraceMode < Error || opts.GraceMode > Deny {
 		return nil, fmt.Errorf("failover: grace mode %v: want error, allow or deny", opts.GraceMode)
 	}
-	s := &Store{backend: backend, opts: opts, breaker: newBreaker(opts)}
+	s := &Store{backend: backend, opts: opts, breakers: newBreakers(opts)}
 	if opts.Mode == Local {
 		s.local = limiter.NewMemoryStore(limiter.MemoryOptions{})
 	}
@@ -233,48 +263,129 @@ func (s *Store) Take(ctx context.Context, now time.Time, reqs []limiter.Request)
 			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
 	}
-	probe, ok, o := s.breaker.admit()
+	adm, ok, o := s.breakers.admit(s.shards(reqs))
 	if !ok {
 		return s.fallback(ctx, now, reqs, o, limiter.FallbackBreakerOpen)
 	}
 	d, err := s.takeBudgeted(ctx, now, reqs)
 	if err == nil {
-		s.succeeded(probe, true)
+		s.succeeded(adm, true)
 		return d, nil
 	}
 	if errors.Is(err, limiter.ErrInvalidRequest) {
-		s.breaker.release(probe)
+		adm.release()
 		return nil, err
 	}
-	cause := limiter.FallbackBackendFailed
-	if err = s.judge(err); errors.Is(err, limiter.ErrOverloaded) {
-		s.breaker.release(probe)
-		cause = limiter.FallbackOverloaded
-		o = outage{err: err}
-	} else {
-		o = s.breaker.failed(probe, err)
-	}
+	cause, o, err := s.settle(adm, err)
 	if ctx.Err() != nil {
-		return nil, fmt.Errorf("the caller gave up: %w", err)
+		return nil, gaveUp(ctx, err)
 	}
 	return s.fallback(ctx, now, reqs, o, cause)
 }
 
-// Observe records the outcome of a backend call that no caller waited for
-// (see redisstore.Options.OnAbandoned): nil, the backend answered, which
-// closes the breaker as a call's success does; an error, a failure, judged
-// and counted as a call's. It is safe for concurrent use.
-func (s *Store) Observe(err error) {
-	if err == nil {
-		s.succeeded(false, true)
+// settle judges err, the failure of a backend call that went past adm,
+// records it on adm's breakers, and returns why the call is answered per
+// the failure mode, the outage that answer reports, and err as judged.
+// With shards, each *limiter.ShardError in err is judged on its own (a
+// call across nodes can be overloaded on one, refused for now on
+// another, and failed by a third): a shard whose part is the backend's
+// failure counts it, the other shards of the call are released, and the
+// cause is the worst part's (a failure, then a refusal for now, then
+// overload). An error naming no shard is judged whole, against every
+// shard of the call.
+func (s *Store) settle(adm admission, err error) (limiter.Fallback, outage, error) {
+	var parts []*limiter.ShardError
+	if s.opts.Shard != nil {
+		parts = shardErrors(err)
+	}
+	if len(parts) == 0 {
+		switch err = s.judge(err); {
+		case errors.Is(err, limiter.ErrOverloaded):
+			adm.release()
+			return limiter.FallbackOverloaded, outage{err: err}, err
+		case errors.Is(err, limiter.ErrTryAgain):
+			adm.release()
+			return limiter.FallbackTryAgain, outage{err: err}, err
+		}
+		return limiter.FallbackBackendFailed, adm.failedAll(err), err
+	}
+	cause, o := limiter.FallbackOverloaded, outage{}
+	var failed []string
+	for _, p := range parts {
+		switch judged := s.judge(p); {
+		case errors.Is(judged, limiter.ErrOverloaded):
+			if o.err == nil {
+				o.err = judged
+			}
+		case errors.Is(judged, limiter.ErrTryAgain):
+			if cause == limiter.FallbackOverloaded {
+				cause, o = limiter.FallbackTryAgain, outage{err: judged}
+			}
+		default:
+			so := adm.failedOne(p.Shard, judged)
+			if cause != limiter.FallbackBackendFailed {
+				cause, o = limiter.FallbackBackendFailed, so
+			}
+			failed = append(failed, p.Shard)
+		}
+	}
+	adm.releaseExcept(failed)
+	if cause == limiter.FallbackOverloaded {
+		err = fmt.Errorf("%w: %w", limiter.ErrOverloaded, err)
+	}
+	return cause, o, err
+}
+
+// Observe records what the backend did with a call no caller waited for
+// any more, or is still doing with one (see redisstore.Options.OnBackend),
+// against shard (or the shard err names; wholeBackend "" for a backend
+// that is not sharded). held is how long the backend had held the call:
+//   - err nil and held under Options.Timeout: the backend answered in
+//     time, which closes the shard's breaker as a call's success does;
+//   - err nil and held at least Timeout: it answered, but too late for
+//     the calls it serves, a failure;
+//   - an error: a failure, judged and counted as a call's; a
+//     *limiter.DeadlineError says the call is still unanswered after its
+//     Held, a failure once that reaches Timeout, whatever the deadline of
+//     the callers who wait for it.
+//
+// It is safe for concurrent use.
+func (s *Store) Observe(shard string, held time.Duration, err error) {
+	switch {
+	case err == nil && held < s.opts.Timeout:
+		if s.opts.Shard == nil {
+			shard = wholeBackend
+		}
+		s.breakers.get(shard).succeeded(false)
+		return
+	case err == nil:
+		err = fmt.Errorf("%w: answered after %v, past the backend timeout %v", limiter.ErrUnavailable, held.Round(time.Microsecond), s.opts.Timeout)
+	case errors.Is(err, limiter.ErrInvalidRequest):
 		return
 	}
-	if errors.Is(err, limiter.ErrInvalidRequest) {
-		return
+	if s.opts.Shard == nil {
+		shard = wholeBackend
+	} else {
+		shard = shardOf(shard, err)
 	}
-	if err = s.judge(err); !errors.Is(err, limiter.ErrOverloaded) {
-		s.breaker.failed(false, err)
+	if err = s.judge(err); !errors.Is(err, limiter.ErrOverloaded) && !errors.Is(err, limiter.ErrTryAgain) {
+		s.breakers.get(shard).failed(false, err)
 	}
+}
+
+// shards returns the names of the shards reqs' buckets live on, without
+// repeats, or nil when the backend is not sharded.
+func (s *Store) shards(reqs []limiter.Request) []string {
+	if s.opts.Shard == nil {
+		return nil
+	}
+	names := make([]string, 0, 2)
+	for _, r := range reqs {
+		if n := s.opts.Shard(r.Key); !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 // budget returns the context a backend call runs under (but a Take of a
@@ -292,25 +403,56 @@ func (s *Store) budgetEnd(ctx context.Context) time.Time {
 	if !ok {
 		return time.Now().Add(s.opts.DefaultDeadline)
 	}
-	return dl.Add(-min(maxMargin, max(time.Until(dl), 0)/marginDivisor))
+	left := max(time.Until(dl), 0)
+	margin := min(maxMargin, left/marginDivisor)
+	if late := 2 * time.Duration(s.lateness.Load()); late > margin {
+		margin = min(late, left/maxMarginDivisor)
+	}
+	return dl.Add(-margin)
 }
 
 // takeBudgeted asks the backend for reqs within the call's budget (see
 // budget): through TakeBy when the backend is a limiter.DeadlineTaker,
 // given the budget's end and the caller's context (the backend bounds its
-// waits as it can), else under a context that ends then.
+// waits as it can), else under a context that ends then. A call whose
+// budget ran out updates the lateness the margins allow for.
 func (s *Store) takeBudgeted(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
-	return limiter.TakeBy(s.backend, ctx, s.budgetEnd(ctx), now, reqs)
+	end := s.budgetEnd(ctx)
+	d, err := limiter.TakeBy(s.backend, ctx, end, now, reqs)
+	var de *limiter.DeadlineError
+	if err != nil && errors.As(err, &de) {
+		s.noteLateness(max(time.Since(end), 0))
+	}
+	return d, err
+}
+
+// noteLateness adds late, how long past its budget's end a call came
+// back, to the estimate (see Store.lateness).
+func (s *Store) noteLateness(late time.Duration) {
+	for {
+		cur := s.lateness.Load()
+		next := int64(late)
+		if next < cur {
+			next = cur - (cur-next)/16
+		}
+		if s.lateness.CompareAndSwap(cur, next) {
+			return
+		}
+	}
 }
 
 // judge returns err, a backend call's, wrapped in limiter.ErrOverloaded if
 // it is no failure of the backend's: its budget ran out before the backend
-// had had it for Options.Timeout. Anything else is a backend failure, and
-// is reported to Options.OnBackendFailure.
+// had held it, or the round trip it was queued behind, for Options.Timeout
+// (limiter.DeadlineError.Held). Anything else is a backend failure, and is
+// reported to Options.OnBackendFailure.
 func (s *Store) judge(err error) error {
 	var de *limiter.DeadlineError
-	if errors.As(err, &de) && (de.Pending || de.InFlight < s.opts.Timeout) {
+	if errors.As(err, &de) && de.Held() < s.opts.Timeout {
 		return fmt.Errorf("%w: %w", limiter.ErrOverloaded, err)
+	}
+	if errors.Is(err, limiter.ErrTryAgain) {
+		return err // no failure: not reported
 	}
 	if s.opts.OnBackendFailure != nil {
 		s.opts.OnBackendFailure(err)
@@ -334,32 +476,57 @@ func (s *Store) judge(err error) error {
 // the breaker as it was.
 //
 // It returns the check's error, wrapped, when it checked and the check failed.
+//
+// With shards (Options.Shard), it does so for each shard's open breaker,
+// through Options.ProbeShard, and drops the breakers of shards no call
+// has asked for in a while; it returns the failed checks' errors joined.
 func (s *Store) Probe(ctx context.Context) error {
-	if s.opts.Probe == nil {
-		return nil
+	s.breakers.sweep()
+	var errs []error
+	for _, sb := range s.breakers.due() {
+		check := s.opts.Probe
+		if sb.name != wholeBackend {
+			check = nil
+			if s.opts.ProbeShard != nil {
+				name := sb.name
+				check = func(ctx context.Context) error { return s.opts.ProbeShard(ctx, name) }
+			}
+		}
+		if check == nil {
+			continue
+		}
+		if err := s.probe(ctx, sb.breaker, check); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	probe, _, _ := s.breaker.admit()
+	return errors.Join(errs...)
+}
+
+// probe gives b the probe a call would give it, with check (see Probe).
+func (s *Store) probe(ctx context.Context, b *breaker, check func(context.Context) error) error {
+	probe, _, _ := b.admit()
 	if !probe {
 		return nil // closed, within OpenFor, or a probe in flight
 	}
 	callCtx, cancel := s.budget(ctx)
-	err := s.opts.Probe(callCtx)
+	err := check(callCtx)
 	cancel()
 	if err == nil {
-		s.succeeded(true, false) // a check is no call: not for Refund
+		b.succeeded(true) // a check is no call: not for Refund
 		return nil
 	}
-	if err = s.judge(err); errors.Is(err, limiter.ErrOverloaded) {
-		s.breaker.release(true)
+	if err = s.judge(err); errors.Is(err, limiter.ErrOverloaded) || errors.Is(err, limiter.ErrTryAgain) {
+		b.release(true)
 		return fmt.Errorf("probe: %w", err)
 	}
-	s.breaker.failed(true, err)
+	b.failed(true, err)
 	return fmt.Errorf("probe: %w", err)
 }
 
-// succeeded records a backend success, closing the breaker; answered says
-// it was a call the backend answered (not a Probe's check), for Refund.
-func (s *Store) succeeded(probe, answered bool) {
+// succeeded records a backend success on the shards of a, closing their
+// breakers; answered says it was a call the backend answered (not a
+// Probe's check), for Refund.
+func (s *Store) succeeded(a admission, answered bool) {
 	// lastBackend matters only beside local buckets (see Refund): other
 	// modes skip the clock read on every call.
 	if answered && s.local != nil {
@@ -368,7 +535,7 @@ func (s *Store) succeeded(probe, answered bool) {
 		s.lastBackend = latest(s.lastBackend, now)
 		s.mu.Unlock()
 	}
-	s.breaker.succeeded(probe)
+	a.succeeded()
 }
 
 // fallback answers reqs per the failure mode, given the outage as the
@@ -479,7 +646,12 @@ func search(lo, hi int64, f func(int64) bool) int64 {
 // when the breaker opens until a call or a Probe succeeds again (failures
 // that do not open the breaker leave it true). It is what OnChange last
 // reported, or is about to.
-func (s *Store) Healthy() bool { return s.breaker.healthy() }
+//
+// With shards (Options.Shard), it is false only while every shard's
+// breaker that calls still ask for has opened: a replica that can decide
+// the buckets of some shards stays in rotation, since every replica sees
+// the same failed shard, and one taken out could decide none.
+func (s *Store) Healthy() bool { return s.breakers.healthy() }
 
 // Mode returns the failure mode.
 func (s *Store) Mode() Mode { return s.opts.Mode }
@@ -533,7 +705,7 @@ func (s *Store) Refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 	}
 	w := refundWindow(reqs)
 	t := s.opts.Now()
-	closed := s.breaker.closed()
+	closed := s.breakers.allClosed(s.shards(reqs))
 	s.mu.Lock()
 	within := func(at time.Time) bool { return !at.IsZero() && t.Sub(at) < w }
 	toBackend := closed && !within(s.lastLocal)
@@ -566,4 +738,26 @@ func refundWindow(reqs []limiter.Request) time.Duration {
 		return wait + refundSlack
 	}
 	return fill + refundSlack
+}
+
+// resetSlack is how close to its deadline a caller's context may be
+// cancelled and still count as having run out of time: a gRPC client
+// whose deadline passes resets the stream, which the server sees as a
+// cancellation shortly before its own copy of the deadline (computed from
+// the grpc-timeout header on arrival) passes.
+const resetSlack = 5 * time.Millisecond
+
+// gaveUp is the error of a call whose caller stopped waiting (ctx is
+// done) before err, the backend's, could be answered per the failure
+// mode: a cancellation only if the caller cancelled with time left;
+// a context cancelled at its deadline (a gRPC stream reset by a client
+// whose deadline passed) is context.DeadlineExceeded, so that the call
+// is not reported as cancelled by its caller (gRPC CANCELED).
+func gaveUp(ctx context.Context, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= resetSlack {
+			return fmt.Errorf("the caller's deadline passed (its stream was reset as it came): %w (%v)", context.DeadlineExceeded, err)
+		}
+	}
+	return fmt.Errorf("the caller gave up: %w", err)
 }

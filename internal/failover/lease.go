@@ -122,7 +122,9 @@ func (l *Leases) InFlight(ctx context.Context, now time.Time, pool string) (limi
 // it is).
 func (l *Leases) call(ctx context.Context, f func(context.Context) error) (outage, limiter.Fallback, error) {
 	s := l.s
-	probe, ok, o := s.breaker.admit()
+	// Lease pools count in the whole backend's breaker (wholeBackend),
+	// beside the shards' of buckets.
+	adm, ok, o := s.breakers.admit(nil)
 	if !ok {
 		s.noteFallback(limiter.FallbackBreakerOpen)
 		return o, limiter.FallbackBreakerOpen, nil
@@ -131,22 +133,16 @@ func (l *Leases) call(ctx context.Context, f func(context.Context) error) (outag
 	err := f(callCtx)
 	cancel()
 	if err == nil {
-		s.succeeded(probe, true)
+		s.succeeded(adm, true)
 		return outage{}, limiter.FallbackNone, nil
 	}
 	if errors.Is(err, limiter.ErrInvalidRequest) {
-		s.breaker.release(probe)
+		adm.release()
 		return outage{}, limiter.FallbackNone, err
 	}
-	cause := limiter.FallbackBackendFailed
-	if err = s.judge(err); errors.Is(err, limiter.ErrOverloaded) {
-		s.breaker.release(probe)
-		cause, o = limiter.FallbackOverloaded, outage{err: err}
-	} else {
-		o = s.breaker.failed(probe, err)
-	}
+	cause, o, err := s.settle(adm, err)
 	if ctx.Err() != nil {
-		return o, limiter.FallbackNone, fmt.Errorf("the caller gave up: %w", err)
+		return o, limiter.FallbackNone, gaveUp(ctx, err)
 	}
 	s.noteFallback(cause)
 	return o, cause, nil

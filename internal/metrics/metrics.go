@@ -139,6 +139,7 @@ type Metrics struct {
 	calls                            *prometheus.CounterVec
 	latency                          *prometheus.HistogramVec
 	backendErrors                    *prometheus.CounterVec
+	nodeUp                           *prometheus.GaugeVec
 	fallbacks                        *prometheus.CounterVec
 	reloads                          *prometheus.CounterVec
 	configInfo                       *prometheus.GaugeVec
@@ -233,8 +234,12 @@ func New(opts Options) (*Metrics, error) {
 		backendErrors: counter("ratelimitd_backend_errors_total",
 			"Backend calls that failed, by kind (timeout: no answer within --backend-timeout of being sent; unavailable: an error), in every failure mode; no_config: calls answered UNAVAILABLE before a config was loaded.",
 			"backend", "kind"),
+		nodeUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratelimitd_redis_node_up",
+			Help: "1 while the circuit breaker of a Redis Cluster master (node: its address) lets calls through, 0 while it is open and that node's slots are answered per --on-backend-failure; a node is listed from its first failure until it has served no call for a while.",
+		}, []string{"node"}),
 		fallbacks: counter("ratelimitd_failure_mode_answers_total",
-			"Calls answered per --on-backend-failure (mode) rather than by a bucket, by cause: backend_failed, breaker_open, overloaded (the call's deadline came while it waited in this process, Redis not to blame).",
+			"Calls answered per --on-backend-failure (mode) rather than by a bucket, by cause: backend_failed, breaker_open, overloaded (the call's deadline came while it waited in this process, Redis not to blame), try_again (a Redis Cluster slot mid-move, or the cluster reporting itself down, kept the call from running in time).",
 			"mode", "cause"),
 		reloads: counter("ratelimitd_config_reloads_total",
 			"Config loads by result (ok, failed); a failed reload keeps the config in force.", "result"),
@@ -264,7 +269,7 @@ func New(opts Options) (*Metrics, error) {
 	m.domains.max = opts.MaxDomains
 	m.rules.Store(&ruleCache{})
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
-		m.calls, m.latency, m.backendErrors, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.valuesEvicted, m.guards, m.ruleInfo, m.refunds}
+		m.calls, m.latency, m.backendErrors, m.nodeUp, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.valuesEvicted, m.guards, m.ruleInfo, m.refunds}
 	if opts.IncumbentNames {
 		m.inc = newIncumbent(opts.NearLimitRatio, opts.MaxValuesPerRule, opts.Redact)
 		cs = append(cs, m.inc)
@@ -370,6 +375,20 @@ func (m *Metrics) FailureModeActivated(mode string) {
 func (m *Metrics) BackendError(kind string) {
 	m.backendErrors.WithLabelValues(m.backend, kind).Inc()
 }
+
+// NodeHealth records whether the breaker of the Redis Cluster node at
+// addr lets calls through (failover.Options.OnShardChange).
+func (m *Metrics) NodeHealth(addr string, up bool) {
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.nodeUp.WithLabelValues(addr).Set(v)
+}
+
+// NodeGone deletes the series of a Redis Cluster node that no longer
+// serves calls (failover.Options.OnShardDropped).
+func (m *Metrics) NodeGone(addr string) { m.nodeUp.DeleteLabelValues(addr) }
 
 // BackendFailure records a failed backend call, by the kind of err
 // (timeout or unavailable): for failover.Options.OnBackendFailure, which

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +53,7 @@ type call struct {
 	queuedAt int64         // when submitted, Unix ns
 	sentAt   atomic.Int64  // when its round trip was written, Unix ns; 0 until then
 	state    atomic.Int32  // callWaiting, then callAnswered or callAbandoned
+	batcher  *batcher      // the one it was submitted to
 	cmd      *redis.Cmd    // the answer, set before done is closed
 	done     chan struct{} // closed when cmd is set
 }
@@ -83,8 +86,11 @@ const (
 // Linux: golang/go#44343), which is when a light load forms its batches.
 type batcher struct {
 	client pipeliner
-	max    int
-	wait   time.Duration
+	// node names the Redis server the batcher sends to, in errors and
+	// reports: a Cluster node's address, "" for a server without slots.
+	node string
+	max  int
+	wait time.Duration
 	// hold, when positive, makes every batch collect for that long (see
 	// Options.TestBatchHold).
 	hold time.Duration
@@ -120,9 +126,24 @@ type batcher struct {
 	// late, when set, is run on a goroutine of its own with each call that
 	// its caller abandoned after it was sent, once the answer has come.
 	late func(*call)
-	// abandoned, when set, learns the outcome of each such call: nil when
-	// Redis answered, else the round trip's error.
-	abandoned func(error)
+	// report, when set, learns what Redis did with the calls no caller
+	// waits for (see Options.OnBackend): each abandoned call's outcome
+	// when it comes, and, every slowAfter, each round trip still
+	// unanswered.
+	report func(node string, held time.Duration, err error)
+	// slowAfter, when positive, is how long a round trip may go
+	// unanswered before it is reported (report) and its sender goes on
+	// without it (see exchange).
+	slowAfter time.Duration
+	// unanswered holds when each round trip in flight was written (Unix
+	// ns), so that a call given up on can tell how long Redis has held
+	// the oldest (limiter.DeadlineError.Stalled); detached counts the
+	// round trips their senders went on without.
+	unanswered struct {
+		sync.Mutex
+		sent []int64
+	}
+	detached atomic.Int32
 	// observe, when set, learns each round trip's calls as it is written.
 	observe func(batch []*call, sentAt int64)
 	// timers are stopped *time.Timer, for the callers that wait until a
@@ -138,6 +159,7 @@ type counters struct {
 	late, lateGiveBacks, lateGiveBackFailures atomic.Int64
 }
 
+// newBatcher returns a batcher over c; start starts it.
 func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batcher {
 	b := &batcher{
 		client: c,
@@ -150,10 +172,48 @@ func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batc
 		landings: make(chan struct{}, 1),
 		stats:    stats,
 	}
+	return b
+}
+
+// start starts the senders, once the batcher's fields are set.
+func (b *batcher) start() *batcher {
 	for range senders {
 		b.wg.Go(b.send)
 	}
 	return b
+}
+
+// maxDetached bounds the round trips a batcher's senders go on without
+// (see exchange): a server that stopped answering holds that many
+// connections, besides the senders', until the read timeout.
+const maxDetached = 8
+
+// sending records a round trip written at sent (Unix ns) as unanswered;
+// the function it returns records its answer.
+func (b *batcher) sending(sent int64) (answered func()) {
+	u := &b.unanswered
+	u.Lock()
+	u.sent = append(u.sent, sent)
+	u.Unlock()
+	return func() {
+		u.Lock()
+		if i := slices.Index(u.sent, sent); i >= 0 {
+			u.sent = slices.Delete(u.sent, i, i+1)
+		}
+		u.Unlock()
+	}
+}
+
+// stalled is how long Redis has held the oldest round trip still
+// unanswered at now (Unix ns), 0 if none.
+func (b *batcher) stalled(now int64) time.Duration {
+	u := &b.unanswered
+	u.Lock()
+	defer u.Unlock()
+	if len(u.sent) == 0 {
+		return 0
+	}
+	return time.Duration(now - slices.Min(u.sent))
 }
 
 // close stops the goroutines; calls not yet sent fail with errClosed.
@@ -212,7 +272,7 @@ func (b *batcher) closedOr(ctx context.Context) error {
 // it waits for room, in arrival order; a call whose caller stops waiting
 // first fails with a *limiter.DeadlineError, unsent.
 func (b *batcher) submit(ctx context.Context, by time.Time, sc scriptCall) *call {
-	c := &call{ctx: ctx, by: by, scriptCall: sc, queuedAt: time.Now().UnixNano(), done: make(chan struct{})}
+	c := &call{ctx: ctx, by: by, scriptCall: sc, queuedAt: time.Now().UnixNano(), done: make(chan struct{}), batcher: b}
 	b.stats.pending.Add(1)
 	select {
 	case <-b.stop:
@@ -341,6 +401,9 @@ func (c *call) deadlineError(err error, now time.Time) error {
 	} else {
 		de.Queued = time.Duration(now.UnixNano() - c.queuedAt)
 	}
+	if b := c.batcher; b != nil {
+		de.Stalled = b.stalled(now.UnixNano())
+	}
 	return de
 }
 
@@ -371,6 +434,7 @@ func errCmd(ctx context.Context, err error) *redis.Cmd {
 func (b *batcher) send() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+
 	for {
 		var batch []*call
 		b.forming.Lock()
@@ -409,7 +473,24 @@ func (b *batcher) send() {
 			return
 		}
 		b.forming.Unlock()
-		sent := b.roundTrip(batch)
+		b.exchange(batch, timer)
+	}
+}
+
+// exchange sends batch and answers its calls. With slowAfter, a round
+// trip Redis has not answered after slowAfter is reported (report), then
+// again each slowAfter until it is, and its sender goes on forming and
+// sending batches meanwhile, unless maxDetached round trips are already
+// in that state: so a node that stopped answering holds its callers no
+// longer than their deadlines, each call it is sent is judged by how long
+// Redis held it, and the round trip after the fault ends is sent at once,
+// while an answer that comes late is still awaited (until the client's
+// read timeout), for its give-back (see Store.giveBackLate). timer is the
+// sender's, stopped, and stopped again on return.
+func (b *batcher) exchange(batch []*call, timer *time.Timer) {
+	var sentAt atomic.Int64 // when the round trip was written, Unix ns; 0 if it was not
+	trip := func() {
+		sent := b.roundTrip(batch, &sentAt)
 		// Out of flight before answering: the next batch goes while these
 		// calls are answered, and a caller may send its next call as soon
 		// as it has its answer, and must not find this round trip still
@@ -417,6 +498,89 @@ func (b *batcher) send() {
 		b.land()
 		b.answer(sent)
 	}
+	if b.slowAfter <= 0 {
+		trip()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		trip()
+	}()
+	if !b.outlasts(done, &sentAt, timer) {
+		return
+	}
+	b.reportSlow(sentAt.Load())
+	if b.detached.Add(1) > maxDetached {
+		b.watchSlow(done, sentAt.Load(), timer)
+		b.detached.Add(-1)
+		return
+	}
+	go func() {
+		t := time.NewTimer(time.Hour)
+		b.watchSlow(done, sentAt.Load(), t)
+		b.detached.Add(-1)
+	}()
+}
+
+// outlasts reports whether the round trip that closes done when answered
+// is still unanswered slowAfter after it was written (at sentAt, once
+// written), using timer (stopped, and stopped again on return). The
+// answer's goroutine is given the CPU before the verdict, so that an
+// answer already read but not yet handled on a busy CPU is not taken for
+// a slow Redis.
+func (b *batcher) outlasts(done <-chan struct{}, sentAt *atomic.Int64, timer *time.Timer) bool {
+	defer stopTimer(timer)
+	wait := b.slowAfter
+	for {
+		timer.Reset(wait)
+		select {
+		case <-done:
+			return false
+		case <-timer.C:
+		}
+		runtime.Gosched()
+		select {
+		case <-done:
+			return false
+		default:
+		}
+		sent := sentAt.Load()
+		if sent == 0 {
+			wait = b.slowAfter // not written yet: every caller may have gone
+			continue
+		}
+		held := time.Duration(time.Now().UnixNano() - sent)
+		if held >= b.slowAfter {
+			return true
+		}
+		wait = b.slowAfter - held
+	}
+}
+
+// watchSlow reports the round trip written at sentAt each slowAfter until
+// done is closed, using timer (stopped on return).
+func (b *batcher) watchSlow(done <-chan struct{}, sentAt int64, timer *time.Timer) {
+	defer stopTimer(timer)
+	for {
+		timer.Reset(b.slowAfter)
+		select {
+		case <-done:
+			return
+		case <-timer.C:
+			b.reportSlow(sentAt)
+		}
+	}
+}
+
+// reportSlow reports a round trip written at sentAt (Unix ns, 0 if it was
+// not written: every call had given up) and still unanswered.
+func (b *batcher) reportSlow(sentAt int64) {
+	if sentAt == 0 || b.report == nil {
+		return
+	}
+	held := time.Duration(time.Now().UnixNano() - sentAt)
+	b.report(b.node, held, &limiter.DeadlineError{InFlight: held, Pending: true, Err: context.DeadlineExceeded})
 }
 
 // drain adds to batch whatever is already queued, up to max calls.
@@ -470,7 +634,7 @@ func (b *batcher) collect(batch []*call, timer *time.Timer, d time.Duration, unt
 // Calls whose caller has given up are dropped first (failed at once). It
 // returns the commands sent, answered but not yet handed to their calls
 // (see answer).
-func (b *batcher) roundTrip(batch []*call) []*envelope {
+func (b *batcher) roundTrip(batch []*call, written *atomic.Int64) []*envelope {
 	live := batch[:0]
 	now := time.Now()
 	for _, c := range batch {
@@ -485,7 +649,7 @@ func (b *batcher) roundTrip(batch []*call) []*envelope {
 	}
 	// No caller's deadline or cancellation: a round trip is bounded by the
 	// client's read and write timeouts alone, so that Redis is judged by
-	// its own answer (see Options.OnAbandoned) even when every caller in it
+	// its own answer (see Options.OnBackend) even when every caller in it
 	// has given up, and an answer that comes late can still be given back.
 	// (Dial's client never retries, so those bound the round trip whole.)
 	ctx := context.Background()
@@ -496,11 +660,18 @@ func (b *batcher) roundTrip(batch []*call) []*envelope {
 	for _, c := range live {
 		c.sentAt.Store(sentAt)
 	}
+	defer b.sending(sentAt)()
+	if written != nil {
+		written.Store(sentAt)
+	}
 	if b.observe != nil {
 		b.observe(live, sentAt)
 	}
 	pipe := b.client.Pipeline()
 	for _, e := range cmds {
+		if e.asking {
+			_ = pipe.Process(ctx, redis.NewCmd(ctx, "asking"))
+		}
 		e.cmd = e.script.EvalSha(ctx, pipe, e.keys, e.args...)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
@@ -513,6 +684,9 @@ func (b *batcher) roundTrip(batch []*call) []*envelope {
 		if redis.HasErrorPrefix(e.cmd.Err(), "NOSCRIPT") {
 			if again == nil {
 				again = b.client.Pipeline()
+			}
+			if e.asking {
+				_ = again.Process(ctx, redis.NewCmd(ctx, "asking"))
 			}
 			e.cmd = e.script.Eval(ctx, again, e.keys, e.args...)
 		}
@@ -536,10 +710,10 @@ func (b *batcher) answer(sent []*envelope) {
 // up on.
 func (b *batcher) deliver(c *call, cmd *redis.Cmd) {
 	b.stats.pending.Add(-1)
-	if !c.deliver(cmd) && c.sentAt.Load() != 0 {
+	if sent := c.sentAt.Load(); !c.deliver(cmd) && sent != 0 {
 		b.stats.late.Add(1)
-		if b.abandoned != nil {
-			b.abandoned(roundTripErr(cmd))
+		if b.report != nil {
+			b.report(b.node, time.Duration(time.Now().UnixNano()-sent), roundTripErr(cmd))
 		}
 		if b.late != nil {
 			go b.late(c)
@@ -571,7 +745,7 @@ func envelopes(batch []*call) []*envelope {
 	out := make([]*envelope, 0, len(batch))
 	var merged *envelope
 	for _, c := range batch {
-		if !c.merge {
+		if !c.merge || c.asking {
 			out = append(out, &envelope{scriptCall: c.scriptCall, calls: []*call{c}})
 			continue
 		}

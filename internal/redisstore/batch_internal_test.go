@@ -51,10 +51,10 @@ func TestALandingSendsTheFormingBatch(t *testing.T) {
 	var queued []*call
 	for _, key := range []string{"queued0", "queued1"} {
 		reqs := []limiter.Request{{Key: key, Limit: l, Hits: 1}}
-		queued = append(queued, s.batch.submit(ctx, time.Time{}, scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(t0, reqs), merge: true}))
-		waitFor(t, "a sender to take the queued call", func() bool { return s.batch.queued.Load() == 0 })
+		queued = append(queued, s.server.batch.submit(ctx, time.Time{}, scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(t0, reqs), merge: true}))
+		waitFor(t, "a sender to take the queued call", func() bool { return s.server.batch.queued.Load() == 0 })
 	}
-	if n := s.batch.inflight.Load(); n != 2 {
+	if n := s.server.batch.inflight.Load(); n != 2 {
 		t.Fatalf("with the direct call held and a batch forming, %d round trips counted in flight, want 2", n)
 	}
 	if early := sizes(); len(early) != 0 {
@@ -65,7 +65,7 @@ func TestALandingSendsTheFormingBatch(t *testing.T) {
 		t.Fatalf("direct call: %v", err)
 	}
 	for i, q := range queued {
-		if err := s.batch.await(ctx, q).Err(); err != nil {
+		if err := s.server.batch.await(ctx, q).Err(); err != nil {
 			t.Fatalf("queued call %d after the direct call landed: %v", i, err)
 		}
 	}
@@ -88,7 +88,7 @@ func TestNoBatchWaitsOutItsWait(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	var batched atomic.Int64
-	s.batch.observe = func(batch []*call, _ int64) { batched.Add(int64(len(batch))) }
+	s.server.batch.observe = func(batch []*call, _ int64) { batched.Add(int64(len(batch))) }
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	t0 := time.Unix(1_800_000_000, 0)
@@ -157,13 +157,13 @@ func TestOneBatchFormsAtATime(t *testing.T) {
 	for i := range n {
 		key := "queued" + strconv.Itoa(i)
 		reqs := []limiter.Request{{Key: key, Limit: l, Hits: 1}}
-		queued = append(queued, s.batch.submit(ctx, time.Time{}, scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(t0, reqs), merge: true}))
+		queued = append(queued, s.server.batch.submit(ctx, time.Time{}, scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(t0, reqs), merge: true}))
 		// Each one taken before the next is sent: a free second sender
 		// would be first in line for it.
-		waitFor(t, "a sender to take the queued call", func() bool { return s.batch.queued.Load() == 0 })
+		waitFor(t, "a sender to take the queued call", func() bool { return s.server.batch.queued.Load() == 0 })
 	}
 	for i, q := range queued {
-		if err := s.batch.await(ctx, q).Err(); err != nil {
+		if err := s.server.batch.await(ctx, q).Err(); err != nil {
 			t.Fatalf("queued call %d: %v", i, err)
 		}
 	}
@@ -181,7 +181,7 @@ func TestOneBatchFormsAtATime(t *testing.T) {
 func batchSizes(s *Store) func() []int {
 	var mu sync.Mutex
 	var sizes []int
-	s.batch.observe = func(batch []*call, _ int64) {
+	s.server.batch.observe = func(batch []*call, _ int64) {
 		mu.Lock()
 		defer mu.Unlock()
 		sizes = append(sizes, len(batch))

@@ -21,7 +21,7 @@ func fmtSscan(v string, st *limiter.State) (int, error) {
 // sender does, for tests that build a batch by hand.
 func (b *batcher) exec(batch []*call) {
 	b.stats.pending.Add(int64(len(batch))) // as submit counts them
-	b.answer(b.roundTrip(batch))
+	b.answer(b.roundTrip(batch, nil))
 }
 
 // OnlyTakeLua makes s send every Take through take.lua, also one of one

@@ -71,7 +71,7 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 		}}
 	}
 	first, bad, third, pair := takeCall("a", t0), pairCall("c", "bad"), takeCall("a", t0.Add(time.Minute)), pairCall("d", "a")
-	s.batch.exec([]*call{first, bad, refund, third, pair})
+	s.server.batch.exec([]*call{first, bad, refund, third, pair})
 
 	for _, c := range []*call{first, bad, refund, third, pair} {
 		<-c.done
@@ -108,7 +108,7 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	fourth, other := takeCall("a", t0.Add(2*time.Hour)), takeCall("b", t0)
-	s.batch.exec([]*call{fourth, other})
+	s.server.batch.exec([]*call{fourth, other})
 	<-fourth.done
 	<-other.done
 	// Two hours on, a is full again (the third Take left it full at
@@ -172,7 +172,7 @@ func TestMergedTakesDecideAtTheirOwnNow(t *testing.T) {
 		calls = append(calls, c)
 		reqsOf = append(reqsOf, reqs)
 	}
-	s.batch.exec(calls)
+	s.server.batch.exec(calls)
 	if st := s.Stats(); st.Scripts != 1 {
 		t.Fatalf("Stats = %+v, want the four Takes in one script call", st)
 	}
@@ -230,7 +230,7 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 		// Empty.
 		{false, []limiter.Decision{{RetryAfter: time.Hour, ResetAfter: 3 * time.Hour}}},
 	}
-	s.batch.exec(calls)
+	s.server.batch.exec(calls)
 
 	for i, c := range calls {
 		<-c.done
@@ -284,7 +284,7 @@ func TestASharedBucketIsWrittenTwiceACall(t *testing.T) {
 		}})
 		reqsOf = append(reqsOf, reqs)
 	}
-	s.batch.exec(calls)
+	s.server.batch.exec(calls)
 	for i, call := range calls {
 		<-call.done
 		res, err := decodeTakeCmd(call.cmd, reqsOf[i], false)
@@ -453,11 +453,11 @@ func TestMalformedSpecFailsItsTakeAlone(t *testing.T) {
 			bad := takeCall([]string{s.Key("pair-a"), s.Key("pair-b")}, pair)
 			single := takeCall([]string{s.Key("single")}, []any{s.nowArg(t0), tt.spec})
 			before, after := good("before"), good("after")
-			s.batch.exec([]*call{before, bad, after, single})
+			s.server.batch.exec([]*call{before, bad, after, single})
 			// Alone in its batch, a one-request Take runs take_one.lua.
 			alone := takeCall([]string{s.Key("alone")}, []any{s.nowArg(t0), tt.spec})
 			alone.alone = s.takeOne
-			s.batch.exec([]*call{alone})
+			s.server.batch.exec([]*call{alone})
 			for _, c := range []*call{before, bad, after, single, alone} {
 				<-c.done
 			}

@@ -28,7 +28,11 @@ func queueingStore(t *testing.T, srv *redistest.Server, batchWait time.Duration,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Prefix: "overload:", BatchWait: batchWait, OnAbandoned: onAbandoned})
+	var onBackend func(string, time.Duration, error)
+	if onAbandoned != nil {
+		onBackend = func(_ string, _ time.Duration, err error) { onAbandoned(err) }
+	}
+	s, err := New(c, Options{Prefix: "overload:", BatchWait: batchWait, OnBackend: onBackend})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +40,8 @@ func queueingStore(t *testing.T, srv *redistest.Server, batchWait time.Duration,
 	if err := s.Prepare(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	s.batch.inflight.Add(1)
-	t.Cleanup(func() { s.batch.inflight.Add(-1) })
+	s.server.batch.inflight.Add(1)
+	t.Cleanup(func() { s.server.batch.inflight.Add(-1) })
 	return s
 }
 
@@ -320,7 +324,7 @@ func TestTheLearnerPassesTheBudgetOn(t *testing.T) {
 // coalesced Takes while Redis is paused for 150 ms. Those already sent
 // (the two senders' batches) Redis runs after the callers left; it admits
 // them, and each is given back: the buckets end as full as they began
-// (their keys gone), and OnAbandoned hears a success for each. The others
+// (their keys gone), and OnBackend hears a success for each. The others
 // waited in the queue and are never sent. Every caller was told only that
 // its deadline came (Pending for the sent ones), no Redis failure.
 func TestAbandonedTakesAreGivenBack(t *testing.T) {
@@ -382,11 +386,11 @@ func TestAbandonedTakesAreGivenBack(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if int64(len(outcomes)) != n {
-		t.Errorf("OnAbandoned heard %d outcomes, want %d", len(outcomes), n)
+		t.Errorf("OnBackend heard %d outcomes, want %d", len(outcomes), n)
 	}
 	for _, err := range outcomes {
 		if err != nil {
-			t.Errorf("OnAbandoned(%v), want nil: Redis answered", err)
+			t.Errorf("OnBackend(%v), want nil: Redis answered", err)
 		}
 	}
 }

@@ -29,27 +29,68 @@ var probeLimit = limiter.Limit{Count: 1, Period: time.Microsecond, Burst: 1}
 // a key of a slot it serves ("probe{tag}"); it fails if one of them fails.
 // In Stats each counts as a script call and a round trip, not as a Take.
 func (s *Store) Probe(ctx context.Context) error {
-	keys := []string{s.prefix + "probe"}
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		ranges, err := cc.ClusterSlots(ctx).Result()
-		if err != nil {
-			return fmt.Errorf("redis probe: cluster slots: %w", err)
-		}
-		keys = keys[:0]
-		var masters []string
-		for _, r := range ranges { // one range or more per master, listed first
-			if len(r.Nodes) == 0 || slices.Contains(masters, r.Nodes[0].Addr) {
-				continue
-			}
-			masters = append(masters, r.Nodes[0].Addr)
-			keys = append(keys, fmt.Sprintf("%sprobe{%s}", s.prefix, tagOfSlot(r.Start)))
-		}
+	keys, err := s.probeKeys(ctx)
+	if err != nil {
+		return err
 	}
 	for _, key := range keys {
-		reqs := []limiter.Request{{Key: key, Limit: probeLimit, Hits: 1}}
-		if _, err := s.run(ctx, time.Time{}, time.Now(), []string{key}, reqs, false); err != nil {
-			return fmt.Errorf("redis probe of %s: %w", key, err)
+		if err := s.probeKey(ctx, key); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// ProbeAny is Probe that, on a Cluster, asks every master at once and
+// passes if one of them can decide: a replica whose Redis Cluster has a
+// failed master still decides the other masters' buckets (each master's
+// failures are its own; see failover.Options.Shard), so its readiness
+// does not depend on one master. It fails with every master's error
+// when none can decide. On a server without slots it is Probe.
+func (s *Store) ProbeAny(ctx context.Context) error {
+	keys, err := s.probeKeys(ctx)
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for i, key := range keys {
+		wg.Go(func() { errs[i] = s.probeKey(ctx, key) })
+	}
+	wg.Wait()
+	if slices.Contains(errs, nil) {
+		return nil
+	}
+	return errors.Join(errs...)
+}
+
+// probeKeys are the probe buckets' keys: one, or on a Cluster one in a
+// slot of each master ("probe{tag}").
+func (s *Store) probeKeys(ctx context.Context) ([]string, error) {
+	cc, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return []string{s.prefix + "probe"}, nil
+	}
+	ranges, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redis probe: cluster slots: %w", err)
+	}
+	var keys, masters []string
+	for _, r := range ranges { // one range or more per master, listed first
+		if len(r.Nodes) == 0 || slices.Contains(masters, r.Nodes[0].Addr) {
+			continue
+		}
+		masters = append(masters, r.Nodes[0].Addr)
+		keys = append(keys, fmt.Sprintf("%sprobe{%s}", s.prefix, tagOfSlot(r.Start)))
+	}
+	return keys, nil
+}
+
+// probeKey takes a token from the probe bucket at key.
+func (s *Store) probeKey(ctx context.Context, key string) error {
+	reqs := []limiter.Request{{Key: key, Limit: probeLimit, Hits: 1}}
+	if _, err := s.run(ctx, time.Time{}, time.Now(), []string{key}, reqs, false); err != nil {
+		return fmt.Errorf("redis probe of %s: %w", key, err)
 	}
 	return nil
 }

@@ -214,13 +214,26 @@ type scriptCall struct {
 	// other scripts: what giveBackLate needs.
 	take []limiter.Request
 	now  time.Time
+	// asking sends ASKING before the script: a Cluster node answered ASK
+	// for its slot, which is moving to the node it is now sent to.
+	asking bool
 }
 
 // script runs c, for a caller that waits until ctx ends or, unless zero,
-// until by: through the batcher when coalescing, else directly.
+// until by: on a Cluster on the master of its slot (see clusterScript),
+// else on the one server.
 func (s *Store) script(ctx context.Context, by time.Time, c scriptCall) *redis.Cmd {
-	if s.batch != nil && !s.batch.claimIdle() {
-		return s.batch.await(ctx, s.batch.submit(ctx, by, c))
+	if s.nodes != nil {
+		return s.clusterScript(ctx, by, c)
+	}
+	return s.send(&s.server, ctx, by, c)
+}
+
+// send runs c on r's server: through r's batcher when coalescing, else
+// directly.
+func (s *Store) send(r *route, ctx context.Context, by time.Time, c scriptCall) *redis.Cmd {
+	if r.batch != nil && (c.asking || !r.batch.claimIdle()) {
+		return r.batch.await(ctx, r.batch.submit(ctx, by, c))
 	}
 	switch {
 	case by.IsZero():
@@ -231,11 +244,11 @@ func (s *Store) script(ctx context.Context, by time.Time, c scriptCall) *redis.C
 		ctx, cancel = context.WithDeadline(ctx, by)
 		defer cancel()
 	}
-	if s.batch != nil {
+	if r.batch != nil {
 		// Redis is idle: send at once from this goroutine, without the two
 		// hand-offs to and from a sender; calls arriving meanwhile batch up.
-		defer s.batch.land()
-		if err := s.batch.closedOr(ctx); err != nil {
+		defer r.batch.land()
+		if err := r.batch.closedOr(ctx); err != nil {
 			return errCmd(ctx, err)
 		}
 		s.stats.direct.Add(1)
@@ -243,7 +256,7 @@ func (s *Store) script(ctx context.Context, by time.Time, c scriptCall) *redis.C
 	if c.alone != nil {
 		c.script = c.alone
 	}
-	return s.directTimed(ctx, c)
+	return s.directTimed(ctx, r.client, c)
 }
 
 // ioDeadline is its Context with the deadline by, or the Context's own if
@@ -276,11 +289,11 @@ func (c ioDeadline) Deadline() (time.Time, bool) {
 // reply is lost on the wire (this errs toward denying). A call goes
 // directly only when nothing else is in flight, so this happens only when
 // Redis is slow or the caller's deadline very short.
-func (s *Store) directTimed(ctx context.Context, c scriptCall) *redis.Cmd {
+func (s *Store) directTimed(ctx context.Context, client Client, c scriptCall) *redis.Cmd {
 	s.stats.pending.Add(1)
 	defer s.stats.pending.Add(-1)
 	sent := time.Now()
-	cmd := s.direct(ctx, c)
+	cmd := s.direct(ctx, client, c)
 	if cmd.Err() != nil {
 		if err := endedBy(ctx); err != nil {
 			return errCmd(ctx, &limiter.DeadlineError{InFlight: max(time.Since(sent), 1), Err: err})
@@ -304,22 +317,57 @@ func endedBy(ctx context.Context) error {
 
 // scripts runs calls concurrently and returns their answers in order:
 // through the batcher when coalescing (they may share a round trip), else
-// one goroutine each.
+// one goroutine each. On a Cluster, each goes to the master of its slot.
 func (s *Store) scripts(ctx context.Context, calls []scriptCall) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(calls))
-	if s.batch != nil {
+	if s.nodes != nil {
+		routes := make([]*nodeRoute, len(calls))
 		pending := make([]*call, len(calls))
 		for i, c := range calls {
-			pending[i] = s.batch.submit(ctx, time.Time{}, c)
+			r, err := s.nodes.forKey(ctx, c.keys[0])
+			if err != nil {
+				s.nodes.suspect()
+				cmds[i] = errCmd(ctx, err)
+				continue
+			}
+			routes[i] = r
+			if r.batch != nil {
+				pending[i] = r.batch.submit(ctx, time.Time{}, c)
+			}
+		}
+		var wg sync.WaitGroup
+		for i, c := range calls {
+			r := routes[i]
+			if r == nil {
+				continue
+			}
+			wg.Go(func() {
+				var cmd *redis.Cmd
+				if p := pending[i]; p != nil {
+					cmd = r.batch.await(ctx, p)
+				} else {
+					cmd = s.directTimed(ctx, r.client, c)
+				}
+				cmds[i] = s.followRedirects(ctx, time.Time{}, c, r, cmd)
+			})
+		}
+		wg.Wait()
+		return cmds
+	}
+	if s.server.batch != nil {
+		b := s.server.batch
+		pending := make([]*call, len(calls))
+		for i, c := range calls {
+			pending[i] = b.submit(ctx, time.Time{}, c)
 		}
 		for i, p := range pending {
-			cmds[i] = s.batch.await(ctx, p)
+			cmds[i] = b.await(ctx, p)
 		}
 		return cmds
 	}
 	var wg sync.WaitGroup
 	for i, c := range calls {
-		wg.Go(func() { cmds[i] = s.directTimed(ctx, c) })
+		wg.Go(func() { cmds[i] = s.directTimed(ctx, s.client, c) })
 	}
 	wg.Wait()
 	return cmds
@@ -327,14 +375,14 @@ func (s *Store) scripts(ctx context.Context, calls []scriptCall) []*redis.Cmd {
 
 // direct runs c on its own: EVALSHA, then EVAL if the server lacks the
 // script (which caches it again).
-func (s *Store) direct(ctx context.Context, c scriptCall) *redis.Cmd {
+func (s *Store) direct(ctx context.Context, client Client, c scriptCall) *redis.Cmd {
 	s.stats.calls.Add(1)
 	s.stats.scripts.Add(1)
 	s.stats.roundTrips.Add(1)
-	cmd := c.script.EvalSha(ctx, s.client, c.keys, c.args...)
+	cmd := c.script.EvalSha(ctx, client, c.keys, c.args...)
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		s.stats.roundTrips.Add(1)
-		cmd = c.script.Eval(ctx, s.client, c.keys, c.args...)
+		cmd = c.script.Eval(ctx, client, c.keys, c.args...)
 	}
 	return cmd
 }

@@ -150,14 +150,24 @@ type Options struct {
 	// A prometheus.Histogram is one. Calls sent directly are not observed.
 	QueueWait, BatchCalls Observer
 
-	// OnAbandoned, when set, learns the outcome of every coalesced call
-	// whose caller gave up on it (its deadline came) while Redis had it:
-	// nil when Redis then answered, else the error. The caller got a
-	// *limiter.DeadlineError with Pending set, which says nothing of Redis;
-	// this says what Redis did, for a circuit breaker
-	// (failover.Store.Observe). It is called on a sending goroutine and
-	// must be quick.
-	OnAbandoned func(error)
+	// OnBackend, when set, learns what Redis did with the coalesced calls
+	// no caller waits for, for a circuit breaker (failover.Store.Observe):
+	//   - for every call whose caller gave up on it (its deadline came)
+	//     while Redis had it, once the answer comes: held is how long
+	//     Redis took, err nil when it answered, else the error (the caller
+	//     got a *limiter.DeadlineError with Pending set);
+	//   - with SlowAfter set, for every round trip still unanswered each
+	//     SlowAfter after it was sent: held is how long Redis has had it,
+	//     err a *limiter.DeadlineError with Pending set, so that a server
+	//     that stopped answering is found failing within a few SlowAfter,
+	//     whatever its callers' deadlines.
+	// node is the server's name: the Cluster node's address, "" for a
+	// server without slots. It is called on a sending or timer goroutine
+	// and must be quick.
+	OnBackend func(node string, held time.Duration, err error)
+	// SlowAfter is how long Redis may hold a round trip before OnBackend
+	// hears of it (failover.Options.Timeout). Zero: never.
+	SlowAfter time.Duration
 }
 
 // Observer records one value (prometheus.Observer is one). It must be safe
@@ -177,7 +187,10 @@ type Store struct {
 	takeOne  *redis.Script // take.lua for a call of one request, not a charge, sent alone
 	giveBack *redis.Script
 	refund   *redis.Script
-	batch    *batcher // nil: not coalescing
+	// server is the route to a server without slots (standalone or
+	// Sentinel-managed); nodes, on a Cluster, the route to each master.
+	server route
+	nodes  *nodes
 	// deadlines is honorsDeadlines(client): a call sent directly then
 	// needs no context.WithDeadline for its caller's by (see ioDeadline).
 	deadlines bool
@@ -249,10 +262,22 @@ func (s *Store) Stats() Stats {
 // goroutine completes. It does not close the client. It is safe to call
 // more than once.
 func (s *Store) Close() error {
-	if s.batch != nil {
-		s.batch.close()
+	if s.server.batch != nil {
+		s.server.batch.close()
+	}
+	if s.nodes != nil {
+		s.nodes.close()
 	}
 	return nil
+}
+
+// SweepNodes forgets, on a Redis Cluster, the nodes no call has gone to
+// for idle (nodes that left the cluster or changed address), stopping
+// their batchers. It does nothing on a server without slots.
+func (s *Store) SweepNodes(idle time.Duration) {
+	if s.nodes != nil {
+		s.nodes.sweep(idle)
+	}
 }
 
 var (
@@ -311,24 +336,39 @@ func New(c Client, opts Options) (*Store, error) {
 	case batchWait == 0:
 		batchWait = DefaultBatchWait
 	}
-	if p, ok := c.(pipeliner); ok && batchMax > 1 {
-		s.batch = newBatcher(p, batchMax, batchWait, &s.stats)
-		s.batch.directWhenIdle = s.deadlines && opts.TestBatchHold <= 0
-		s.batch.hold = opts.TestBatchHold
-		s.batch.late = s.giveBackLate
-		s.batch.abandoned = opts.OnAbandoned
-		if opts.QueueWait != nil || opts.BatchCalls != nil {
-			s.batch.observe = func(batch []*call, sentAt int64) {
-				if opts.BatchCalls != nil {
-					opts.BatchCalls.Observe(float64(len(batch)))
-				}
-				if opts.QueueWait != nil {
-					for _, c := range batch {
-						opts.QueueWait.Observe(time.Duration(sentAt - c.queuedAt).Seconds())
+	var newBatcherFor func(node string, p pipeliner) *batcher
+	if _, ok := c.(pipeliner); ok && batchMax > 1 {
+		newBatcherFor = func(node string, p pipeliner) *batcher {
+			b := newBatcher(p, batchMax, batchWait, &s.stats)
+			b.node = node
+			b.directWhenIdle = s.deadlines && opts.TestBatchHold <= 0
+			b.hold = opts.TestBatchHold
+			b.late = s.giveBackLate
+			b.report, b.slowAfter = opts.OnBackend, opts.SlowAfter
+			if opts.QueueWait != nil || opts.BatchCalls != nil {
+				b.observe = func(batch []*call, sentAt int64) {
+					if opts.BatchCalls != nil {
+						opts.BatchCalls.Observe(float64(len(batch)))
+					}
+					if opts.QueueWait != nil {
+						for _, c := range batch {
+							opts.QueueWait.Observe(time.Duration(sentAt - c.queuedAt).Seconds())
+						}
 					}
 				}
 			}
+			return b.start()
 		}
+	}
+	s.server = route{client: c}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		var perNode func(string, *redis.Client) *batcher
+		if newBatcherFor != nil {
+			perNode = func(node string, nc *redis.Client) *batcher { return newBatcherFor(node, nc) }
+		}
+		s.nodes = newNodes(cc, perNode)
+	} else if newBatcherFor != nil {
+		s.server.batch = newBatcherFor("", c.(pipeliner))
 	}
 	return s, nil
 }
