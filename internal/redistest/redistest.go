@@ -1,6 +1,8 @@
 // Package redistest starts throwaway Redis servers for tests: a standalone
-// server, a cluster of masters, a master watched by a sentinel, or a
-// master, its replica and three sentinels that fail over. Every
+// server, a cluster of masters, a cluster of masters with replicas (some
+// behind fault proxies) that fails over, moves slots and grows, a master
+// watched by a sentinel, or a master, its replica and three sentinels that
+// fail over. Every
 // server listens on a free loopback port, keeps its files in its own
 // temporary directory, persists nothing, and is killed when the test ends.
 // Nothing here touches a Redis it did not start.
