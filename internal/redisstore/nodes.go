@@ -154,14 +154,24 @@ func (n *nodes) forKey(ctx context.Context, key string) (*nodeRoute, error) {
 }
 
 // node returns the address of the master that serves key's slot, "" if
-// the slot map cannot say.
+// the slot map cannot say. It never waits: with no slot map loaded yet,
+// MasterForKey would load one, a round trip or a dial timeout per seed
+// node, so it is asked under a context already done, which fails that
+// load at once and leaves a loaded map untouched.
 func (n *nodes) node(key string) string {
-	c, err := n.cluster.MasterForKey(context.Background(), key)
+	c, err := n.cluster.MasterForKey(doneContext, key)
 	if err != nil {
 		return ""
 	}
 	return c.Options().Addr
 }
+
+// doneContext is a context that is already done (see nodes.node).
+var doneContext = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // forAddr returns the route to the node at addr, which a redirect named.
 // A node the cluster client has not made yet (one just added) is waited
