@@ -749,15 +749,21 @@ const resetSlack = 5 * time.Millisecond
 
 // gaveUp is the error of a call whose caller stopped waiting (ctx is
 // done) before err, the backend's, could be answered per the failure
-// mode: a cancellation only if the caller cancelled with time left;
-// a context cancelled at its deadline (a gRPC stream reset by a client
-// whose deadline passed) is context.DeadlineExceeded, so that the call
-// is not reported as cancelled by its caller (gRPC CANCELED).
+// mode: context.Canceled only if the caller cancelled with time left; a
+// context cancelled at its deadline (a gRPC stream reset by a client
+// whose deadline passed) or past it is context.DeadlineExceeded, so that
+// the call is not reported as cancelled by its caller (gRPC CANCELED).
+// Either way err is kept as text, and the error wraps
+// limiter.ErrOverloaded if err did, else limiter.ErrUnavailable.
 func gaveUp(ctx context.Context, err error) error {
+	kind := limiter.ErrUnavailable
+	if errors.Is(err, limiter.ErrOverloaded) {
+		kind = limiter.ErrOverloaded
+	}
 	if errors.Is(ctx.Err(), context.Canceled) {
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= resetSlack {
-			return fmt.Errorf("the caller's deadline passed (its stream was reset as it came): %w (%v)", context.DeadlineExceeded, err)
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > resetSlack {
+			return fmt.Errorf("the caller gave up: %w: %w (%v)", context.Canceled, kind, err)
 		}
 	}
-	return fmt.Errorf("the caller gave up: %w", err)
+	return fmt.Errorf("the caller's deadline passed: %w: %w (%v)", context.DeadlineExceeded, kind, err)
 }

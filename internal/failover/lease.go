@@ -168,13 +168,24 @@ func (s *Store) mode(o outage) Mode {
 }
 
 // errorOf is the error failure mode error answers with.
+//
+// A context's error inside the outage's (go-redis can fail a dial shared
+// with a caller that left with "context canceled") is not this caller's:
+// it is kept as text, so that the answer is never read as the caller's
+// own cancellation (gRPC CANCELED) while the caller still waits.
 func errorOf(o outage) error {
 	err := o.err
 	if err == nil {
 		err = errors.New("circuit open")
 	}
-	if errors.Is(err, limiter.ErrOverloaded) {
+	ctxErr := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+	switch {
+	case errors.Is(err, limiter.ErrOverloaded) && ctxErr:
+		return fmt.Errorf("failure mode error: %w: %v", limiter.ErrOverloaded, err)
+	case errors.Is(err, limiter.ErrOverloaded):
 		return fmt.Errorf("failure mode error: %w", err)
+	case ctxErr:
+		return fmt.Errorf("%w (failure mode error): %v", limiter.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%w (failure mode error): %w", limiter.ErrUnavailable, err)
 }
