@@ -1,0 +1,73 @@
+package failover
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// Margins kept between a call's budget and its caller's deadline, for the
+// failure mode's answer to reach the caller: a twentieth of the time left
+// (1ms of Envoy's 20ms), at most maxMargin; or, on a host where calls
+// come back from the backend later than their budget's end (a busy CPU
+// wakes the timers late), twice that lateness as lately seen (see
+// Store.lateness), up to a quarter of the time left (5ms of 20ms).
+const (
+	marginDivisor    = 20
+	maxMargin        = 5 * time.Millisecond
+	maxMarginDivisor = 4
+)
+
+// budget returns the context a backend call runs under (but a Take of a
+// limiter.DeadlineTaker, see takeBudgeted): ctx, ending a margin (above)
+// before its deadline, or DefaultDeadline from now if it has none.
+func (s *Store) budget(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(ctx, s.budgetEnd(ctx))
+}
+
+// budgetEnd is when the budget of a backend call under ctx ends (see
+// budget).
+func (s *Store) budgetEnd(ctx context.Context) time.Time {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return time.Now().Add(s.opts.DefaultDeadline)
+	}
+	left := max(time.Until(dl), 0)
+	margin := min(maxMargin, left/marginDivisor)
+	if late := 2 * time.Duration(s.lateness.Load()); late > margin {
+		margin = min(late, left/maxMarginDivisor)
+	}
+	return dl.Add(-margin)
+}
+
+// takeBudgeted asks the backend for reqs within the call's budget (see
+// budget): through TakeBy when the backend is a limiter.DeadlineTaker,
+// given the budget's end and the caller's context (the backend bounds its
+// waits as it can), else under a context that ends then. A call whose
+// budget ran out updates the lateness the margins allow for.
+func (s *Store) takeBudgeted(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	end := s.budgetEnd(ctx)
+	d, err := limiter.TakeBy(s.backend, ctx, end, now, reqs)
+	var de *limiter.DeadlineError
+	if err != nil && errors.As(err, &de) {
+		s.noteLateness(max(time.Since(end), 0))
+	}
+	return d, err
+}
+
+// noteLateness adds late, how long past its budget's end a call came
+// back, to the estimate (see Store.lateness).
+func (s *Store) noteLateness(late time.Duration) {
+	for {
+		cur := s.lateness.Load()
+		next := int64(late)
+		if next < cur {
+			next = cur - (cur-next)/16
+		}
+		if s.lateness.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
