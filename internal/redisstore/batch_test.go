@@ -305,14 +305,19 @@ func BenchmarkTakeParallel(b *testing.B) {
 // forBatchModes runs bench on a Store over the standalone server,
 // coalesced (the default) and direct (BatchMax 1).
 func forBatchModes(b *testing.B, bench func(b *testing.B, c *redis.Client, s *redisstore.Store)) {
-	for _, batchMax := range []int{0, 1} {
-		name := "coalesced"
-		if batchMax == 1 {
-			name = "direct"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		opts redisstore.Options
+	}{
+		{"coalesced", redisstore.Options{}},
+		// As ratelimitd runs it: each round trip watched for the backend
+		// timeout (10 ms), on a goroutine of its own.
+		{"coalesced-watched", redisstore.Options{SlowAfter: 10 * time.Millisecond, OnBackend: func(string, time.Duration, error) {}}},
+		{"direct", redisstore.Options{BatchMax: 1}},
+	} {
+		b.Run(mode.name, func(b *testing.B) {
 			c := standalone(b).Client()
-			bench(b, c, newStoreOpts(b, c, redisstore.Options{BatchMax: batchMax}))
+			bench(b, c, newStoreOpts(b, c, mode.opts))
 		})
 	}
 }
