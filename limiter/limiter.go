@@ -360,7 +360,7 @@ type DeadlineError struct {
 	Stalled time.Duration
 	// Pending reports that the store still awaits the backend's answer to
 	// the sent call and reports that outcome itself when it comes (see
-	// redisstore.Options.OnAbandoned).
+	// redisstore.Options.OnBackend).
 	Pending bool
 	// Err is the context's error.
 	Err error

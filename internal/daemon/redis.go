@@ -155,6 +155,7 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 		// One breaker per master: a node's fault is answered per the
 		// failure mode for its slots alone.
 		failure.Shard = store.Shard
+		failure.PoolShard = store.PoolShard
 		failure.ProbeShard = store.ProbeNode
 		failure.OnShardChange = func(node string, healthy bool, err error) {
 			m.NodeHealth(node, healthy)

@@ -34,12 +34,28 @@ func (s *Store) budgetEnd(ctx context.Context) time.Time {
 	if !ok {
 		return time.Now().Add(s.opts.DefaultDeadline)
 	}
-	left := max(time.Until(dl), 0)
+	now := time.Now()
+	left := max(dl.Sub(now), 0)
 	margin := min(maxMargin, left/marginDivisor)
-	if late := 2 * time.Duration(s.lateness.Load()); late > margin {
+	if late := 2 * s.lateNow(now); late > margin {
 		margin = min(late, left/maxMarginDivisor)
 	}
 	return dl.Add(-margin)
+}
+
+// latenessHalfLife is how fast the lateness estimate decays while no
+// call comes back late.
+const latenessHalfLife = time.Second
+
+// lateNow is the lateness estimate at now: as last noted, halved for
+// every latenessHalfLife since.
+func (s *Store) lateNow(now time.Time) time.Duration {
+	late := time.Duration(s.lateness.Load())
+	if late == 0 {
+		return 0
+	}
+	halvings := now.Sub(time.Unix(0, s.lateAt.Load())) / latenessHalfLife
+	return late >> min(max(halvings, 0), 62)
 }
 
 // takeBudgeted asks the backend for reqs within the call's budget (see
@@ -60,13 +76,16 @@ func (s *Store) takeBudgeted(ctx context.Context, now time.Time, reqs []limiter.
 // noteLateness adds late, how long past its budget's end a call came
 // back, to the estimate (see Store.lateness).
 func (s *Store) noteLateness(late time.Duration) {
+	now := time.Now()
 	for {
 		cur := s.lateness.Load()
+		decayed := int64(s.lateNow(now))
 		next := int64(late)
-		if next < cur {
-			next = cur - (cur-next)/16
+		if next < decayed {
+			next = decayed - (decayed-next)/16
 		}
 		if s.lateness.CompareAndSwap(cur, next) {
+			s.lateAt.Store(now.UnixNano())
 			return
 		}
 	}

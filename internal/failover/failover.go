@@ -5,12 +5,15 @@
 // allow, deny, or local buckets).
 //
 // A call's budget is its caller's deadline less a margin for the answer to
-// travel back (a twentieth of the time left, at most 5ms) (Options.DefaultDeadline when it has none): the backend
-// decides whenever it answers within it. Only a call the backend failed
-// (an error, or no answer within Options.Timeout of being sent) counts
-// against the backend; a call whose budget ran out while it waited in this
-// process (a batch queue, a busy CPU) is answered per the failure mode as
-// overloaded, and the breaker does not hear of it.
+// travel back (see budget.go: a twentieth of the time left, at most 5ms,
+// more on a host where calls come back late), or Options.DefaultDeadline
+// when it has none: the backend decides whenever it answers within it.
+// Only what the backend failed (an error, or what it held for
+// Options.Timeout without an answer) counts against the backend, and on a
+// sharded backend against the shard that failed (see shards.go); a call
+// whose budget ran out while it waited in this process (a batch queue, a
+// busy CPU) is answered per the failure mode as overloaded, and the
+// breaker does not hear of it.
 package failover
 
 import (
@@ -95,7 +98,8 @@ type Options struct {
 	// Timeout; negative means no minimum (FailureThreshold alone).
 	FailingFor time.Duration
 	// OpenFor is how long the open breaker answers without the backend
-	// before one call (or Probe) probes it again. Default 500ms.
+	// before one call (or Probe) probes it again. Default
+	// DefaultOpenFor, 250ms.
 	OpenFor time.Duration
 	// ReplicasHint divides every rate, burst and max debt in Local mode, so
 	// that N replicas together stay near the configured limit. Default 1.
@@ -145,6 +149,10 @@ type Options struct {
 	// (Probe itself is for the whole backend's, and for buckets whose
 	// shard was not known).
 	ProbeShard func(ctx context.Context, shard string) error
+	// PoolShard is Shard for a lease pool (limiter.LeaseStore), whose key
+	// is not a bucket's. Nil with Shard set: lease pools count in the
+	// whole backend's breaker.
+	PoolShard func(pool string) string
 	// OnShardChange, when set, is OnChange for one named shard: false when
 	// its breaker opens, true when a call or probe succeeds after that.
 	// OnShardDropped is called when a named shard's breaker is dropped,
@@ -173,6 +181,10 @@ type Store struct {
 	// it is later than the estimate, else the estimate moved a sixteenth
 	// of the way down to it.
 	lateness atomic.Int64
+	// lateAt is when lateness was last noted (Unix ns): the estimate
+	// halves for every latenessHalfLife since, so that one late call
+	// does not widen every margin for good.
+	lateAt atomic.Int64
 }
 
 var _ limiter.Store = (*Store)(nil)
@@ -417,8 +429,10 @@ func (s *Store) judge(err error) error {
 // has asked for in a while; it returns the failed checks' errors joined.
 func (s *Store) Probe(ctx context.Context) error {
 	s.breakers.sweep()
-	var errs []error
-	for _, sb := range s.breakers.due() {
+	due := s.breakers.due()
+	errs := make([]error, len(due))
+	var wg sync.WaitGroup
+	for i, sb := range due {
 		check := s.opts.Probe
 		if sb.name != wholeBackend {
 			check = nil
@@ -430,10 +444,11 @@ func (s *Store) Probe(ctx context.Context) error {
 		if check == nil {
 			continue
 		}
-		if err := s.probe(ctx, sb.breaker, check); err != nil {
-			errs = append(errs, err)
-		}
+		// At once: one shard that does not answer holds its own probe
+		// to the budget, not the others'.
+		wg.Go(func() { errs[i] = s.probe(ctx, sb.breaker, check) })
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

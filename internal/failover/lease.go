@@ -50,7 +50,7 @@ func (l *Leases) Acquire(ctx context.Context, now time.Time, r limiter.LeaseRequ
 		return limiter.LeaseDecision{}, err
 	}
 	var d limiter.LeaseDecision
-	o, cause, err := l.call(ctx, func(ctx context.Context) (err error) {
+	o, cause, err := l.call(ctx, r.Pool, func(ctx context.Context) (err error) {
 		d, err = l.backend.Acquire(ctx, now, r)
 		return err
 	})
@@ -80,7 +80,7 @@ func (l *Leases) Release(ctx context.Context, now time.Time, pool, id string) (l
 		local, _ = l.local.Release(ctx, now, pool, id)
 	}
 	var d limiter.LeaseRelease
-	o, cause, err := l.call(ctx, func(ctx context.Context) (err error) {
+	o, cause, err := l.call(ctx, pool, func(ctx context.Context) (err error) {
 		d, err = l.backend.Release(ctx, now, pool, id)
 		return err
 	})
@@ -103,7 +103,7 @@ func (l *Leases) Release(ctx context.Context, now time.Time, pool, id string) (l
 // fails, the local pools' in Local mode.
 func (l *Leases) InFlight(ctx context.Context, now time.Time, pool string) (limiter.PoolState, error) {
 	var st limiter.PoolState
-	o, cause, err := l.call(ctx, func(ctx context.Context) (err error) {
+	o, cause, err := l.call(ctx, pool, func(ctx context.Context) (err error) {
 		st, err = l.backend.InFlight(ctx, now, pool)
 		return err
 	})
@@ -120,11 +120,14 @@ func (l *Leases) InFlight(ctx context.Context, now time.Time, pool string) (limi
 // budget, judged. It returns the outage and why the failure mode must
 // answer (FallbackNone: the backend answered, or err is to be returned as
 // it is).
-func (l *Leases) call(ctx context.Context, f func(context.Context) error) (outage, limiter.Fallback, error) {
+func (l *Leases) call(ctx context.Context, pool string, f func(context.Context) error) (outage, limiter.Fallback, error) {
 	s := l.s
-	// Lease pools count in the whole backend's breaker (wholeBackend),
-	// beside the shards' of buckets.
-	adm, ok, o := s.breakers.admit(nil)
+	// A pool is one key: its shard's breaker, as a bucket's.
+	var shards []string
+	if s.opts.PoolShard != nil {
+		shards = []string{s.opts.PoolShard(pool)}
+	}
+	adm, ok, o := s.breakers.admit(shards)
 	if !ok {
 		s.noteFallback(limiter.FallbackBreakerOpen)
 		return o, limiter.FallbackBreakerOpen, nil

@@ -56,9 +56,10 @@ func newBreakers(opts Options) *breakers {
 }
 
 // get returns name's breaker, made closed and healthy if there is none.
+// A new named shard (a promoted replica, a master added) makes the
+// backend healthy again if every other had failed, and says so.
 func (bs *breakers) get(name string) *shardBreaker {
 	bs.mu.Lock()
-	defer bs.mu.Unlock()
 	sb, ok := bs.byName[name]
 	if !ok {
 		o := bs.opts
@@ -67,7 +68,24 @@ func (bs *breakers) get(name string) *shardBreaker {
 		sb.lastUsed.Store(bs.opts.Now().UnixNano())
 		bs.byName[name] = sb
 	}
+	bs.mu.Unlock()
+	if !ok && name != wholeBackend {
+		bs.report()
+	}
 	return sb
+}
+
+// report tells OnChange the whole backend's health if it is not what was
+// last reported.
+func (bs *breakers) report() {
+	bs.notifyMu.Lock()
+	defer bs.notifyMu.Unlock()
+	if now, err := bs.health(); now != bs.reported {
+		bs.reported = now
+		if bs.opts.OnChange != nil {
+			bs.opts.OnChange(now, err)
+		}
+	}
 }
 
 // changed reports a shard's health change to Options.OnShardChange, then
@@ -141,14 +159,7 @@ func (bs *breakers) sweep() {
 		}
 	}
 	if len(dropped) > 0 {
-		bs.notifyMu.Lock()
-		if now, err := bs.health(); now != bs.reported {
-			bs.reported = now
-			if bs.opts.OnChange != nil {
-				bs.opts.OnChange(now, err)
-			}
-		}
-		bs.notifyMu.Unlock()
+		bs.report()
 	}
 }
 

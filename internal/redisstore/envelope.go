@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ratelimitd/ratelimitd/limiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -93,10 +94,16 @@ func (e *envelope) answer(deliver func(*call, *redis.Cmd)) {
 // roundTripErr is the outcome of the round trip that answered cmd: nil
 // when Redis answered it, else its error (a timeout, a broken connection,
 // or an error reply such as READONLY or OOM, which say Redis cannot
-// decide).
+// decide). A Cluster's redirect (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) wraps
+// limiter.ErrTryAgain: the node answered, promptly, for a slot it does
+// not serve now, which is no failure of its own.
 func roundTripErr(cmd *redis.Cmd) error {
-	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
-		return err
+	err := cmd.Err()
+	switch {
+	case err == nil || errors.Is(err, redis.Nil):
+		return nil
+	case redirectOf(err).kind != notRedirected:
+		return fmt.Errorf("%w: %w", limiter.ErrTryAgain, err)
 	}
-	return nil
+	return err
 }

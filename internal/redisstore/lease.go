@@ -53,6 +53,14 @@ func (s *Store) LeaseKey(pool string) string {
 	return redisKey(s.prefix+"lease", pool)
 }
 
+// PoolShard is Shard for the lease pool named pool.
+func (s *Store) PoolShard(pool string) string {
+	if s.nodes == nil {
+		return ""
+	}
+	return s.nodes.node(s.LeaseKey(pool))
+}
+
 // leaseWaitingKey is the key of pool's waiting mark, in its slot.
 func (s *Store) leaseWaitingKey(pool string) string {
 	return redisKey(s.prefix+"lease-waiting", pool)

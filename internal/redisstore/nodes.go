@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,9 +37,9 @@ const (
 	// slot moves once at a time, so two or three suffice, and more means
 	// the map is in flux.
 	maxRedirects = 5
-	// maxTryAgain bounds the TRYAGAIN answers one call waits out, for a
-	// caller without a deadline (one with a deadline waits until then):
-	// about a fifth of a second of tryAgainPause.
+	// maxTryAgain bounds the TRYAGAIN answers one call waits out, within
+	// its deadline: about a fifth of a second of tryAgainPause, longer
+	// than Envoy waits, and a bound for a caller without a deadline.
 	maxTryAgain = 200
 	// tryAgainPause is how long a call answered TRYAGAIN (a take of
 	// several keys of a slot that is moving, some of them moved) waits
@@ -75,9 +76,11 @@ type nodes struct {
 	// learned is closed, and replaced, when known gains a node.
 	learned chan struct{}
 
-	failedAt atomic.Int64 // a node's last failure, Unix ns
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	failedAt  atomic.Int64 // a node's last failure, Unix ns
+	stop      chan struct{}
+	closed    atomic.Bool
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 }
 
 // nodeRoute is a node's route and when a call last took it.
@@ -106,11 +109,8 @@ func (n *nodes) learn(c *redis.Client) {
 
 // close stops the topology watcher and every batcher.
 func (n *nodes) close() {
-	select {
-	case <-n.stop:
-	default:
-		close(n.stop)
-	}
+	n.closed.Store(true)
+	n.closeOnce.Do(func() { close(n.stop) })
 	n.wg.Wait()
 	for _, r := range *n.routes.Load() {
 		if r.batch != nil {
@@ -144,11 +144,26 @@ func (n *nodes) watchTopology() {
 	}
 }
 
-// forKey returns the route to the master that serves key's slot.
-func (n *nodes) forKey(ctx context.Context, key string) (*nodeRoute, error) {
-	c, err := n.cluster.MasterForKey(ctx, key)
+// forKey returns the route to the master that serves key's slot, for a
+// caller that waits until ctx ends or, unless zero, until by. With no
+// slot map loaded yet (the first call, or every seed unreachable since
+// the start), it loads one within that time, so that a failure leaves
+// the caller its margin.
+func (n *nodes) forKey(ctx context.Context, by time.Time, key string) (*nodeRoute, error) {
+	if n.closed.Load() {
+		return nil, errClosed
+	}
+	c, err := n.cluster.MasterForKey(doneContext, key)
 	if err != nil {
-		return nil, fmt.Errorf("the cluster's slot map: %w", err)
+		if !by.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, by)
+			defer cancel()
+		}
+		if c, err = n.cluster.MasterForKey(ctx, key); err != nil {
+			n.suspect()
+			return nil, fmt.Errorf("%w: no slot map of the cluster: %w", limiter.ErrUnavailable, err)
+		}
 	}
 	return n.routeTo(c), nil
 }
@@ -186,19 +201,28 @@ func (n *nodes) forAddr(ctx context.Context, by time.Time, addr string) (*nodeRo
 			return n.routeTo(c), nil
 		}
 		n.suspect()
-		var expiry <-chan time.Time
-		if !by.IsZero() {
-			t := time.NewTimer(time.Until(by))
-			defer t.Stop()
-			expiry = t.C
+		if err := awaitLearned(ctx, by, learned); err != nil {
+			return nil, err
 		}
-		select {
-		case <-learned:
-		case <-ctx.Done():
-			return nil, &limiter.DeadlineError{Err: ctx.Err()}
-		case <-expiry:
-			return nil, &limiter.DeadlineError{Err: context.DeadlineExceeded}
-		}
+	}
+}
+
+// awaitLearned waits until learned is closed, or fails when ctx ends or
+// by passes first.
+func awaitLearned(ctx context.Context, by time.Time, learned <-chan struct{}) error {
+	var expiry <-chan time.Time
+	if !by.IsZero() {
+		t := time.NewTimer(time.Until(by))
+		defer t.Stop()
+		expiry = t.C
+	}
+	select {
+	case <-learned:
+		return nil
+	case <-ctx.Done():
+		return &limiter.DeadlineError{Err: ctx.Err()}
+	case <-expiry:
+		return &limiter.DeadlineError{Err: context.DeadlineExceeded}
 	}
 }
 
@@ -281,11 +305,14 @@ func redirectOf(err error) redirect {
 	word, rest, _ := strings.Cut(msg, " ")
 	switch word {
 	case "MOVED", "ASK":
-		// "MOVED 3999 127.0.0.1:6381"
+		// "MOVED 3999 127.0.0.1:6381"; an IPv6 host is not bracketed
+		// ("MOVED 3999 ::1:6381"), as go-redis's node addresses are.
 		_, addr, ok := strings.Cut(rest, " ")
-		if !ok || addr == "" {
+		i := strings.LastIndexByte(addr, ':')
+		if !ok || i <= 0 {
 			return redirect{}
 		}
+		addr = net.JoinHostPort(strings.Trim(addr[:i], "[]"), addr[i+1:])
 		if word == "MOVED" {
 			return redirect{kind: moved, addr: addr}
 		}
@@ -301,9 +328,8 @@ func redirectOf(err error) redirect {
 // clusterScript runs c on the master of its slot (all of c's keys share
 // one), following MOVED, ASK and TRYAGAIN within the caller's deadline.
 func (s *Store) clusterScript(ctx context.Context, by time.Time, c scriptCall) *redis.Cmd {
-	r, err := s.nodes.forKey(ctx, c.keys[0])
+	r, err := s.nodes.forKey(ctx, by, c.keys[0])
 	if err != nil {
-		s.nodes.suspect()
 		return errCmd(ctx, err)
 	}
 	return s.followRedirects(ctx, by, c, r, s.send(&r.route, ctx, by, c))
@@ -327,9 +353,13 @@ func (s *Store) followRedirects(ctx context.Context, by time.Time, c scriptCall,
 		}
 		red := redirectOf(err)
 		switch {
+		case errors.Is(err, errClosed):
+			// The store is closing, or the node's route was swept: no
+			// fault of the node's.
+			return errCmd(ctx, fmt.Errorf("%w: %w", limiter.ErrTryAgain, err))
 		case red.kind == notRedirected:
 			var re redis.Error
-			if !errors.As(err, &re) && !isDeadline(err) && !errors.Is(err, errClosed) {
+			if !errors.As(err, &re) && !isDeadline(err) {
 				s.nodes.suspect()
 			}
 			return errCmd(ctx, &limiter.ShardError{Shard: r.node, Err: err})
@@ -386,29 +416,44 @@ func (s *Store) Shard(bucket string) string {
 	return s.nodes.node(s.Key(bucket))
 }
 
-// ProbeNode asks the Cluster node at addr whether it answers (PING),
-// within ctx, for a failed node's breaker: a master that answers serves
-// its slots, and one that lost them (a failed master back as a replica)
-// redirects the calls that reach it. A failure gets the slot map
+// ProbeNode asks the Cluster master at addr, within ctx, what Probe asks
+// of each master: to take a token from a probe bucket in a slot it
+// serves, so that a master that answers PING but cannot decide (out of
+// memory, scripts refused) keeps its breaker open. It fails for a node
+// that serves no slot (a failed master back as a replica): its breaker
+// stays open until no call asks for it. A failure gets the slot map
 // reloaded. On a server without slots it is Probe.
 func (s *Store) ProbeNode(ctx context.Context, addr string) error {
 	if s.nodes == nil {
 		return s.Probe(ctx)
 	}
-	s.nodes.mu.Lock()
-	c, ok := s.nodes.known[addr]
-	s.nodes.mu.Unlock()
-	if !ok {
+	err := s.probeNode(ctx, addr)
+	if err != nil {
 		s.nodes.suspect()
-		return fmt.Errorf("redis probe of %s: %w: not a node of the cluster", addr, limiter.ErrUnavailable)
 	}
-	sent := time.Now()
-	if err := c.Ping(ctx).Err(); err != nil {
-		s.nodes.suspect()
-		if endedBy(ctx) != nil {
-			return fmt.Errorf("redis probe of %s: %w", addr, &limiter.DeadlineError{InFlight: max(time.Since(sent), 1), Err: err})
+	return err
+}
+
+func (s *Store) probeNode(ctx context.Context, addr string) error {
+	ranges, err := s.clusterSlots(ctx, s.nodes.cluster)
+	if err != nil {
+		return fmt.Errorf("redis probe of %s: %w: cluster slots: %w", addr, limiter.ErrUnavailable, err)
+	}
+	for _, r := range ranges {
+		if len(r.Nodes) > 0 && r.Nodes[0].Addr == addr {
+			return s.probeKey(ctx, fmt.Sprintf("%sprobe{%s}", s.prefix, tagOfSlot(r.Start)))
 		}
-		return fmt.Errorf("redis probe of %s: %w: %w", addr, limiter.ErrUnavailable, err)
 	}
-	return nil
+	return fmt.Errorf("redis probe of %s: %w: it serves no slot", addr, limiter.ErrUnavailable)
+}
+
+// clients returns the node clients the cluster client made.
+func (n *nodes) clients() []*redis.Client {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]*redis.Client, 0, len(n.known))
+	for _, c := range n.known {
+		out = append(out, c)
+	}
+	return out
 }

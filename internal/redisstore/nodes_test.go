@@ -88,10 +88,21 @@ func sameSlotBuckets(t *testing.T, s *redisstore.Store, n int) []string {
 // asked of the target (ASK, with ASKING), one of keys split between them
 // waits for TRYAGAIN to clear, and after the move the stale slot map is
 // corrected by MOVED; every answer is what the bucket's own history says
-// (no take lost, none applied twice), and every error is absent.
+// (no take lost, none applied twice), and every error is absent. It runs
+// coalesced and not (BatchMax 1: each call sent from its caller's
+// goroutine, ASKING in a pipeline of its own).
 func TestClusterFollowsASlotMove(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		batchMax int
+	}{{"coalesced", 0}, {"direct", 1}} {
+		t.Run(tc.name, func(t *testing.T) { testClusterSlotMove(t, redisstore.Options{BatchMax: tc.batchMax}) })
+	}
+}
+
+func testClusterSlotMove(t *testing.T, opts redisstore.Options) {
 	cl := redistest.StartCluster(t, 3)
-	s := clusterStore(t, cl, redisstore.Options{})
+	s := clusterStore(t, cl, opts)
 	ctx := context.Background()
 	buckets := sameSlotBuckets(t, s, 2)
 	one, two := buckets[0], buckets[1]
@@ -221,7 +232,10 @@ func TestClusterNodeFaultStaysOnItsNode(t *testing.T) {
 						break
 					}
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+				// A deadline far above this busy machine's stalls (tens of
+				// milliseconds under the race detector): the test is about
+				// which calls fail and why, not about Envoy's 20 ms.
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				start := time.Now()
 				_, err := s.Take(ctx, time.Now(), []limiter.Request{{Key: b, Limit: l, Hits: 1}})
 				cancel()
@@ -232,7 +246,7 @@ func TestClusterNodeFaultStaysOnItsNode(t *testing.T) {
 					return
 				case node != dead:
 					healthy.Add(1)
-					if time.Since(start) > 100*time.Millisecond {
+					if time.Since(start) > 200*time.Millisecond {
 						slow.Add(1)
 					}
 				case err == nil:
@@ -249,12 +263,12 @@ func TestClusterNodeFaultStaysOnItsNode(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("%d decided on live masters (%d over 100ms), %d failed on the dead one", healthy.Load(), slow.Load(), failed.Load())
+	t.Logf("%d decided on live masters (%d over 200ms), %d failed on the dead one", healthy.Load(), slow.Load(), failed.Load())
 	if healthy.Load() == 0 || failed.Load() == 0 {
 		t.Errorf("decided %d, failed %d: want both", healthy.Load(), failed.Load())
 	}
 	if slow.Load() > 0 {
-		t.Errorf("%d of %d Takes on live masters took over 100ms: the dead one held them back", slow.Load(), healthy.Load())
+		t.Errorf("%d of %d Takes on live masters took over 200ms: the dead one held them back", slow.Load(), healthy.Load())
 	}
 }
 

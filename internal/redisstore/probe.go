@@ -71,7 +71,7 @@ func (s *Store) probeKeys(ctx context.Context) ([]string, error) {
 	if !ok {
 		return []string{s.prefix + "probe"}, nil
 	}
-	ranges, err := cc.ClusterSlots(ctx).Result()
+	ranges, err := s.clusterSlots(ctx, cc)
 	if err != nil {
 		return nil, fmt.Errorf("redis probe: cluster slots: %w", err)
 	}
@@ -84,6 +84,37 @@ func (s *Store) probeKeys(ctx context.Context) ([]string, error) {
 		keys = append(keys, fmt.Sprintf("%sprobe{%s}", s.prefix, tagOfSlot(r.Start)))
 	}
 	return keys, nil
+}
+
+// clusterSlots asks every node the cluster client knows for CLUSTER
+// SLOTS at once and returns the first answer, so that one node that does
+// not answer (a black hole) does not hold the probe until its deadline;
+// with no node known yet, it asks the cluster client (a seed).
+func (s *Store) clusterSlots(ctx context.Context, cc *redis.ClusterClient) ([]redis.ClusterSlot, error) {
+	clients := s.nodes.clients()
+	if len(clients) == 0 {
+		return cc.ClusterSlots(ctx).Result()
+	}
+	type answer struct {
+		slots []redis.ClusterSlot
+		err   error
+	}
+	answers := make(chan answer, len(clients))
+	for _, c := range clients {
+		go func() {
+			slots, err := c.ClusterSlots(ctx).Result()
+			answers <- answer{slots, err}
+		}()
+	}
+	var errs []error
+	for range clients {
+		a := <-answers
+		if a.err == nil {
+			return a.slots, nil
+		}
+		errs = append(errs, a.err)
+	}
+	return nil, errors.Join(errs...)
 }
 
 // probeKey takes a token from the probe bucket at key.
@@ -100,7 +131,25 @@ func (s *Store) probeKey(ctx context.Context, key string) error {
 // opens a connection for each sender of batches and one for direct calls,
 // and ends with a Probe. Call it before reporting the service ready; it
 // returns the first failure.
+//
+// On a Cluster it is ready when some master is (ProbeAny), as /readyz
+// is: each master's faults are its own, and a master that missed the
+// scripts (down at the time) gets each with its first call (EVAL after
+// NOSCRIPT). Loading them gets at most half of ctx's time.
 func (s *Store) Prepare(ctx context.Context) error {
+	if s.nodes != nil {
+		loadCtx, cancel := ctx, context.CancelFunc(func() {})
+		if dl, ok := ctx.Deadline(); ok {
+			loadCtx, cancel = context.WithDeadline(ctx, dl.Add(-time.Until(dl)/2))
+		}
+		for _, sc := range []*redis.Script{s.take, s.takeOne, s.giveBack, s.refund, leaseScript} {
+			if sc.Load(loadCtx, s.client).Err() != nil {
+				break
+			}
+		}
+		cancel()
+		return s.ProbeAny(ctx)
+	}
 	for _, sc := range []*redis.Script{s.take, s.takeOne, s.giveBack, s.refund, leaseScript} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("redis: load scripts: %w", err)

@@ -324,9 +324,8 @@ func (s *Store) scripts(ctx context.Context, calls []scriptCall) []*redis.Cmd {
 		routes := make([]*nodeRoute, len(calls))
 		pending := make([]*call, len(calls))
 		for i, c := range calls {
-			r, err := s.nodes.forKey(ctx, c.keys[0])
+			r, err := s.nodes.forKey(ctx, time.Time{}, c.keys[0])
 			if err != nil {
-				s.nodes.suspect()
 				cmds[i] = errCmd(ctx, err)
 				continue
 			}
@@ -379,10 +378,21 @@ func (s *Store) direct(ctx context.Context, client Client, c scriptCall) *redis.
 	s.stats.calls.Add(1)
 	s.stats.scripts.Add(1)
 	s.stats.roundTrips.Add(1)
-	cmd := c.script.EvalSha(ctx, client, c.keys, c.args...)
+	run := func(send func(redis.Scripter) *redis.Cmd) *redis.Cmd { return send(client) }
+	if p, ok := client.(pipeliner); ok && c.asking {
+		// ASKING must come just before the script, on its connection.
+		run = func(send func(redis.Scripter) *redis.Cmd) *redis.Cmd {
+			pipe := p.Pipeline()
+			_ = pipe.Process(ctx, redis.NewCmd(ctx, "asking"))
+			cmd := send(pipe)
+			_, _ = pipe.Exec(ctx) // cmd carries its own error
+			return cmd
+		}
+	}
+	cmd := run(func(sc redis.Scripter) *redis.Cmd { return c.script.EvalSha(ctx, sc, c.keys, c.args...) })
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		s.stats.roundTrips.Add(1)
-		cmd = c.script.Eval(ctx, client, c.keys, c.args...)
+		cmd = run(func(sc redis.Scripter) *redis.Cmd { return c.script.Eval(ctx, sc, c.keys, c.args...) })
 	}
 	return cmd
 }

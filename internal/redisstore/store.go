@@ -255,12 +255,14 @@ func (s *Store) Stats() Stats {
 	}
 }
 
-// Close stops the two goroutines that coalesce and send calls, once the
-// batches they are sending return. Takes and Refunds waiting for a batch,
-// and those after Close, fail with an error wrapping
-// limiter.ErrUnavailable; a call already sent directly from its caller's
-// goroutine completes. It does not close the client. It is safe to call
-// more than once.
+// Close stops the goroutines that coalesce and send calls (two per
+// server, or per Cluster master), once the batches they are sending
+// return; a round trip a sender went on without (Redis held it past
+// SlowAfter) ends on its own, by the client's read timeout. Takes and
+// Refunds waiting for a batch, and those after Close, fail with an error
+// wrapping limiter.ErrUnavailable; a call already sent directly from its
+// caller's goroutine completes. It does not close the client. It is safe
+// to call more than once, and concurrently.
 func (s *Store) Close() error {
 	if s.server.batch != nil {
 		s.server.batch.close()
