@@ -37,13 +37,13 @@ func TestSizeLimits(t *testing.T) {
 		want       string // a part of the error, "" for none
 	}{
 		{"key of MaxKeyBytes", nested(1, strings.Repeat("k", MaxKeyBytes), "v"), ""},
-		{"key past MaxKeyBytes", nested(1, strings.Repeat("k", MaxKeyBytes+1), "v"), "key: too long: 257 bytes, at most 256"},
+		{"key past MaxKeyBytes", nested(1, strings.Repeat("k", MaxKeyBytes+1), "v"), fmt.Sprintf("key: too long: %d bytes, at most %d", MaxKeyBytes+1, MaxKeyBytes)},
 		{"value of MaxValueBytes", nested(1, "k", strings.Repeat("v", MaxValueBytes)), ""},
 		{"value past MaxValueBytes", nested(1, "k", strings.Repeat("v", MaxValueBytes+1)), "value: too long: 4097 bytes, at most 4096"},
 		{"domain of MaxDomainBytes", strings.Replace(nested(1, "k", "v"), "domain: d", "domain: "+strings.Repeat("d", MaxDomainBytes), 1), ""},
-		{"domain past MaxDomainBytes", strings.Replace(nested(1, "k", "v"), "domain: d", "domain: "+strings.Repeat("d", MaxDomainBytes+1), 1), "domain: too long: 257 bytes, at most 256"},
+		{"domain past MaxDomainBytes", strings.Replace(nested(1, "k", "v"), "domain: d", "domain: "+strings.Repeat("d", MaxDomainBytes+1), 1), fmt.Sprintf("domain: too long: %d bytes, at most %d", MaxDomainBytes+1, MaxDomainBytes)},
 		{"MaxDepth levels", nested(MaxDepth, "k", "v"), ""},
-		{"past MaxDepth", nested(MaxDepth+1, "k", "v"), "nested deeper than 32 levels"},
+		{"past MaxDepth", nested(MaxDepth+1, "k", "v"), fmt.Sprintf("nested deeper than %d levels", MaxDepth)},
 		{"unit_multiplier of 2^32-1", rule("{unit: second, requests_per_unit: 2, burst: 1, unit_multiplier: 4294967295}"), ""},
 		{"unit_multiplier of 2^32", rule("{unit: second, requests_per_unit: 1, unit_multiplier: 4294967296}"), "rate_limit.unit_multiplier: 4294967296 is too large (at most 4294967295)"},
 		{"deny-all for 292 years", rule("{unit: year, requests_per_unit: 0, unit_multiplier: 292}"), ""},
@@ -99,10 +99,14 @@ func TestPathMemory(t *testing.T) {
 		want       string
 	}{
 		// 230 KB: took 204 MB when keys had no limit.
-		{"long parent key", long(strings.Repeat("p", 100_000), 1, 2000, ""), "key: too long: 100000 bytes, at most 256"},
+		{"long parent key", long(strings.Repeat("p", 100_000), 1, 2000, ""), fmt.Sprintf("key: too long: 100000 bytes, at most %d", MaxKeyBytes)},
 		// 185 KB: keys and values within their limits, 31 levels deep,
 		// then 2000 rules whose paths are 136 KB each (269 MB in all).
-		{"long deep paths", long(strings.Repeat("k", MaxKeyBytes), MaxDepth-1, 2000, strings.Repeat("v", MaxValueBytes-100)), "add up to more than 32 MiB"},
+		{"long deep paths", long(strings.Repeat("k", 256), 31, 2000, strings.Repeat("v", MaxValueBytes-100)), "add up to more than 64 MiB"},
+		// 144 KB: 2,040 levels of short keys and values (as Envoy
+		// Gateway's header matches nest, past its 1,157), each level's
+		// path longer by 38 bytes: 79 MB of paths.
+		{"deep short paths", long("rule-0-match-1023", 2040, 1, "rule-0-match-1023"), "add up to more than 64 MiB"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var before, after runtime.MemStats

@@ -22,8 +22,12 @@ type File struct {
 }
 
 // DefaultMaxTotalBytes is the default of LoadOptions.MaxTotalBytes: the
-// largest config accepted, all its files together, in bytes (16 MiB, four
-// files of the largest size, MaxFileSize).
+// largest config accepted, all its files together, in bytes (16 MiB). An
+// xDS push is held to it once converted to descriptor YAML, which takes
+// 1.25 to 2.03 times the bytes of the resources on the wire for Envoy
+// Gateway's shapes: envoyproxy/ratelimit, run as Envoy Gateway runs it,
+// takes pushes of at most gRPC's default 4 MiB (8.1 MiB as YAML), so this
+// admits every push it can receive, with room.
 const DefaultMaxTotalBytes = 16 << 20
 
 // ErrTooLarge marks the error of a config whose files together are larger

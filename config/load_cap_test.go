@@ -89,11 +89,12 @@ func TestTotalCapSingleFile(t *testing.T) {
 }
 
 // TestTotalCapDefault checks that Load and Parse apply the default cap,
-// 16 MiB: five files just under the per-file cap are over it, refused from
-// their sizes, before any is checked.
+// 16 MiB: five files just under 4 MiB are over it, refused from their
+// sizes, before any is checked.
 func TestTotalCapDefault(t *testing.T) {
 	dir := t.TempDir()
-	body := domainFile("x") + "# " + strings.Repeat("x", MaxFileSize-len(domainFile("x"))-10) + "\n"
+	const size = 4 << 20
+	body := domainFile("x") + "# " + strings.Repeat("x", size-len(domainFile("x"))-10) + "\n"
 	var files []File
 	for i := range 5 {
 		name := filepath.Join(dir, fmt.Sprintf("f%d.yaml", i))

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -139,10 +140,15 @@ func TestLoadErrors(t *testing.T) {
 	big := filepath.Join(dir, "big.yaml")
 	writeFile(t, big, domainFile("big")+"# "+strings.Repeat("x", MaxFileSize)+"\n")
 	var ce *Error
-	// Load reads one byte past the limit: the message must not claim that
-	// is the file's size.
-	if _, err := Load(big); !errors.As(err, &ce) || ce.File != big || !strings.Contains(ce.Msg, "more than 4 MiB") || strings.Contains(ce.Msg, "4194305") {
-		t.Errorf("Load(big file) = %v, want a size *Error saying more than 4 MiB", err)
+	// Under a total cap above the file's cap, Load reads one byte past the
+	// file's: the message must not claim that is the file's size.
+	if _, err := LoadWith(big, LoadOptions{MaxTotalBytes: 2 * MaxFileSize}); !errors.As(err, &ce) || ce.File != big ||
+		!strings.Contains(ce.Msg, "more than 16 MiB") || strings.Contains(ce.Msg, strconv.Itoa(MaxFileSize+1)) {
+		t.Errorf("LoadWith(big file) = %v, want a size *Error saying more than 16 MiB", err)
+	}
+	// Under the default cap, which is the file's, it is too large a config.
+	if _, err := Load(big); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("Load(big file) = %v, want ErrTooLarge", err)
 	}
 	bad := filepath.Join(dir, "bad.yaml")
 	writeFile(t, bad, "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: minutes, requests_per_unit: 1}\n")

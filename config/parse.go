@@ -12,32 +12,62 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Limits that protect the loader from hostile files. The size limits on
-// domains, keys, values and depth are the server's default bounds on a
-// request (--max-domain-bytes, --max-key-bytes, --max-value-bytes,
-// --max-entries): a descriptor beyond them could never be matched by a
-// request those defaults admit. They do not follow the flags: raising one
-// does not let a file use longer keys.
+// Limits that protect the loader from hostile files. Each is derived from
+// what the control planes that feed ratelimitd can generate, with room
+// (docs/security.md#bounds-and-where-they-come-from has the table), so
+// that no config they accept is refused here: Envoy Gateway (EG) v1.9.1's
+// translator (internal/xds/translator/ratelimit.go, and the names of
+// internal/gatewayapi/helpers.go), the Gateway API's and Kubernetes' name
+// limits (253 bytes for most names, 63 for namespaces), and Istio and
+// hand-written envoyproxy/ratelimit files, whose keys and domains are
+// chosen by people. The size limits on domains, keys, values and depth are
+// also the server's default bounds on a request (--max-domain-bytes,
+// --max-key-bytes, --max-value-bytes, --max-entries): a descriptor beyond
+// them could never be matched by a request those defaults admit. They do
+// not follow the flags: raising one does not let a file use longer keys.
 const (
-	// MaxFileSize is the largest descriptor file accepted, in bytes.
-	MaxFileSize = 4 << 20
+	// MaxFileSize is the largest descriptor file accepted, in bytes: the
+	// default cap on a whole config (DefaultMaxTotalBytes), since one file
+	// may be all of it. EG writes every non-shared rule of a listener into
+	// one domain, one xDS resource, one file: 8 HTTPRoutes × 16 hostnames ×
+	// 127 matches under one policy are 16,256 descriptors, 5.3 MB of YAML
+	// with short names, 13.3 MB with 253-byte route names.
+	MaxFileSize = DefaultMaxTotalBytes
 	// MaxDepth is the deepest nesting of descriptors accepted: a domain's
 	// top-level descriptors are at depth 1, and a request descriptor of n
-	// entries reaches depth n.
-	MaxDepth = 32
-	// MaxDomainBytes is the longest domain accepted, in bytes.
-	MaxDomainBytes = 256
-	// MaxKeyBytes is the longest descriptor key accepted, in bytes.
-	MaxKeyBytes = 256
+	// entries reaches depth n. EG chains one level per match of a rule
+	// under the route's level: 1 + 8 clientSelectors × 128 header matches
+	// + 1 method + 1 path + 2 sourceCIDR (masked and distinct) + 8 × 16
+	// query parameters = 1,157 levels at most; 2,048 leaves room. Paths
+	// grow with the square of the depth; MaxPathBytes bounds them.
+	MaxDepth = 2048
+	// MaxDomainBytes is the longest domain accepted, in bytes. EG's domain
+	// is a listener's name, "<gateway ns>/<gateway>/<listener>" (63 + 1 +
+	// 253 + 1 + 253 = 571 bytes), or for a ListenerSet's listener
+	// "<ns>/<gateway>/<set ns>/<set>/<listener>" (889 bytes), or for a
+	// shared rule its policy, "<ns>/<policy>" (317 bytes); 2,048 leaves
+	// room.
+	MaxDomainBytes = 2048
+	// MaxKeyBytes is the longest descriptor key accepted, in bytes. EG's
+	// longest key is a route's, "httproute/<ns>/<route>/rule/<0-15>/match/
+	// <0-63>/<hostname with _ for .>" (10 + 63 + 1 + 253 + 6 + 2 + 7 + 2 +
+	// 1 + 253 = 598 bytes); a shared rule's is "<ns>/<policy>/rule/<0-255>"
+	// (326 bytes); 1,024 leaves room.
+	MaxKeyBytes = 1024
 	// MaxValueBytes is the longest descriptor value accepted, in bytes. A
 	// key-only or wildcard descriptor still matches longer request values.
+	// EG's longest value is a route key (598 bytes, above); header and path
+	// values are matched by Envoy, not written into the config.
 	MaxValueBytes = 4096
 	// MaxPathBytes bounds the memory that one file's descriptor paths take:
 	// every descriptor keeps its path ("domain > key=value > key", the
 	// Rule.Path of a rule), so long keys and values above many nested
 	// descriptors would otherwise multiply a small file into a large heap.
-	// It is the sum of the lengths of the paths, in bytes.
-	MaxPathBytes = 32 << 20
+	// It is the sum of the lengths of the paths, in bytes. EG's widest
+	// domain above (16,256 descriptors under 253-byte names) has 21 MB of
+	// paths, and one rule nested MaxDepth's 1,157 levels deep 24 MB; 64
+	// MiB admits either with room, and bounds a hostile file's paths.
+	MaxPathBytes = 64 << 20
 )
 
 // The fields of replaces items; the other lists are in limits.go.
@@ -108,7 +138,7 @@ func parseFile(f File, probs *problems) *fileTree {
 	ft := &fileTree{name: f.Name}
 	if len(f.Data) > MaxFileSize {
 		// Load reads one byte past the limit, so len(f.Data) is no size.
-		p.errorf(nil, "", "file is more than 4 MiB (%d bytes), the largest size accepted", MaxFileSize)
+		p.errorf(nil, "", "file is more than %s (%d bytes), the largest size accepted", mib(MaxFileSize), MaxFileSize)
 		return ft
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(f.Data))
@@ -356,7 +386,7 @@ func (p *parser) newPath(n *yaml.Node, parent, part string) (string, bool) {
 	size := len(parent) + len(" > ") + len(part)
 	if size > MaxPathBytes-p.pathBytes {
 		p.pathsFull = true
-		p.errorf(n, parent, "descriptors: the paths of this file's descriptors (\"domain > key=value > key\", kept for every descriptor) add up to more than %d MiB: use shorter keys and values on descriptors that have many nested descriptors", MaxPathBytes>>20)
+		p.errorf(n, parent, "descriptors: the paths of this file's descriptors (\"domain > key=value > key\", kept for every descriptor) add up to more than %s: use shorter keys and values on descriptors that have many nested descriptors", mib(MaxPathBytes))
 		return "", false
 	}
 	p.pathBytes += size

@@ -47,6 +47,9 @@ type Set struct {
 	list     []*Domain // sorted by name
 	hash     string
 	warnings []*Error
+	// refused are the domains whose config its source refused, with why
+	// (see WithRefused); nil for none.
+	refused map[string]string
 }
 
 // Warnings lists what the set's files mean differently under

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
@@ -505,7 +506,7 @@ descriptors:
 	for _, tt := range []struct {
 		callers, descs int
 	}{
-		{16, 64}, // --max-descriptors' default, 64
+		{16, 64},
 		{64, 8},
 	} {
 		t.Run(fmt.Sprintf("%dx%d", tt.callers, tt.descs), func(t *testing.T) {
@@ -521,7 +522,8 @@ descriptors:
 			cancel()
 			// One descriptor more than --max-descriptors is refused, and
 			// charges nothing.
-			tooMany := callUnique(context.Background(), rls, "too-many", 1, 65, 1, callTimeout)
+			most := server.DefaultRequestLimits().MaxDescriptors
+			tooMany := callUnique(context.Background(), rls, "too-many", 1, most+1, 1, callTimeout)
 			keys := bucketKeys(t, srv, "ratelimitd:")
 			m := scrape(t, p)
 			// What Redis ran beside what ratelimitd sent: more means a
@@ -544,8 +546,8 @@ descriptors:
 				t.Errorf("%d bucket keys in Redis after %d descriptors were answered OK: want one key each (%s)", keys, load.okDescriptors.Load(), scripts)
 			}
 			if tooMany.errs[codes.InvalidArgument] != 1 {
-				t.Errorf("a call of 65 descriptors: OK %d, denied %d, errors %v; want InvalidArgument (--max-descriptors 64)",
-					tooMany.okCalls.Load(), tooMany.denied.Load(), tooMany.errs)
+				t.Errorf("a call of %d descriptors: OK %d, denied %d, errors %v; want InvalidArgument (--max-descriptors %d)",
+					most+1, tooMany.okCalls.Load(), tooMany.denied.Load(), tooMany.errs, most)
 			}
 		})
 	}

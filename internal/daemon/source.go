@@ -146,5 +146,13 @@ func xdsCollectors(c *xdsconfig.Client) []prometheus.Collector {
 			Name: "ratelimitd_xds_nacks_total",
 			Help: "Config pushes from the xDS management server refused (NACKed); the config in force stayed.",
 		}, func() float64 { return float64(c.Status().NACKs) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratelimitd_xds_refused_domains",
+			Help: "Domains of the last xDS push applied that could not be loaded (the rest of the push was): each keeps its last version that loaded, or, if none, its calls are answered UNAVAILABLE.",
+		}, func() float64 { return float64(len(c.Status().Refused)) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimitd_xds_domain_refusals_total",
+			Help: "Domains of xDS pushes that could not be loaded, each content of a domain counted once.",
+		}, func() float64 { return float64(c.Status().Refusals) }),
 	}
 }

@@ -133,20 +133,25 @@ func TestConfigFromXDS(t *testing.T) {
 		t.Fatalf("11th call in the minute = %v, want OVER_LIMIT: the bucket kept across versions", c)
 	}
 
-	// An invalid push is NACKed with the loader's message; version 2 stays.
+	// A push whose EG domain cannot be loaded applies the rest (a new
+	// domain) and is ACKed; the refused domain keeps version 2's config.
 	bad := &rlsconfv3.RateLimitConfig{Name: egDomain, Domain: egDomain, Descriptors: []*rlsconfv3.RateLimitDescriptor{{
 		Key: "route-a", Value: "route-a", Descriptors: []*rlsconfv3.RateLimitDescriptor{{
 			Key: "user", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_UNKNOWN, RequestsPerUnit: 5}}}}}}
-	xs.SetSnapshot(xdstest.EGNodeID, "3", bad)
-	if msg := xs.WaitForNACK(t); !strings.Contains(msg, "xds:"+egDomain) || !strings.Contains(msg, egDomain+" > route-a=route-a > user: rate_limit.unit") {
-		t.Errorf("NACK %q does not name the resource, domain and descriptor path", msg)
-	}
-	eventually(t, "the NACK counted", func() bool { return scrape(t, base+"/metrics")["ratelimitd_xds_nacks_total"] >= 1 })
-	if _, v := limitsSource(t, base); v != "2" {
-		t.Errorf("version after the NACK = %q, want 2", v)
+	xs.SetSnapshot(xdstest.EGNodeID, "3", bad, xdstest.EGConfig("third/eg/http", "route-t", false))
+	xs.WaitForACK(t, "3")
+	eventually(t, "the refusal counted", func() bool {
+		m := scrape(t, base+"/metrics")
+		return m["ratelimitd_xds_refused_domains"] == 1 && m["ratelimitd_xds_domain_refusals_total"] == 1
+	})
+	if _, v := limitsSource(t, base); v != "3" {
+		t.Errorf("version after the partial push = %q, want 3", v)
 	}
 	if c := egCall(t, r, "route-a"); c != rlsv3.RateLimitResponse_OVER_LIMIT {
-		t.Errorf("call after the NACK = %v, want OVER_LIMIT (version 2 in force)", c)
+		t.Errorf("call after its domain was refused = %v, want OVER_LIMIT (version 2 of it in force)", c)
+	}
+	if m := scrape(t, base+"/metrics"); m["ratelimitd_xds_nacks_total"] != 0 {
+		t.Errorf("ratelimitd_xds_nacks_total = %v after a partial push, want 0", m["ratelimitd_xds_nacks_total"])
 	}
 
 	// The server goes away: the config stays, calls are still decided.

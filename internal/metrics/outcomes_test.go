@@ -123,7 +123,7 @@ func TestInvalidRequestsTakeNoDomain(t *testing.T) {
 	ctx := context.Background()
 	invalid := []*rlsv3.RateLimitRequest{
 		request(strings.Repeat("d", 1<<20), []string{"model", "gpt-4o"}),
-		request(strings.Repeat("e", 257), []string{"model", "gpt-4o"}),
+		request(strings.Repeat("e", server.DefaultRequestLimits().MaxDomainBytes+1), []string{"model", "gpt-4o"}),
 		request(""),
 		request("nodescriptors"),
 	}

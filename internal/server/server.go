@@ -146,14 +146,44 @@ const (
 
 // RequestLimits bound what one request may ask, so that no caller can make
 // the server use unbounded memory or time. Zero fields take the defaults.
+//
+// The defaults admit every request Envoy sends for the configs Envoy
+// Gateway (EG) and Istio generate, with room (docs/security.md has the
+// derivations); what bounds memory is the message size (the gRPC server's
+// MaxRecvMsgSize): a request is decoded whole before these are checked, and
+// everything done with it after is in proportion to its bytes. These bound
+// the work per byte: descriptors looked up and buckets taken.
 type RequestLimits struct {
-	MaxDomainBytes int    // default 256
-	MaxDescriptors int    // default 64
-	MaxEntries     int    // per descriptor; default 32
-	MaxKeyBytes    int    // per entry key; default 256
-	MaxValueBytes  int    // per entry value kept as it is; a longer one is matched as it is, then stands as its first bytes, length and SHA-256; default 4096
-	MaxHits        uint64 // per descriptor; default 1e9
+	// MaxDomainBytes: default config.MaxDomainBytes (2,048; EG's longest
+	// domain, a ListenerSet listener's name, is 889 bytes).
+	MaxDomainBytes int
+	// MaxDescriptors: default DefaultMaxDescriptors.
+	MaxDescriptors int
+	// MaxEntries bounds the entries of one descriptor; default
+	// config.MaxDepth (2,048; EG sends one entry per match of a rule, up to
+	// 1,157).
+	MaxEntries int
+	// MaxKeyBytes bounds an entry key; default config.MaxKeyBytes (1,024;
+	// EG's longest, a route's, is 598 bytes).
+	MaxKeyBytes int
+	// MaxValueBytes bounds an entry value kept as it is; a longer one is
+	// matched as it is, then stands as its first bytes, length and SHA-256;
+	// default config.MaxValueBytes (4,096).
+	MaxValueBytes int
+	// MaxHits bounds hits_addend, per descriptor; default 1e9.
+	MaxHits uint64
 }
+
+// DefaultMaxDescriptors is the default of RequestLimits.MaxDescriptors.
+// Envoy sends one descriptor per rate limit of the route (and of its
+// virtual host) whose actions all match, in one call per domain. EG makes
+// one such rate limit per rule of a BackendTrafficPolicy, at most 256 a
+// policy, and a route's policy may be merged with its Gateway's: 512 (a
+// rule that lists methods makes one per method, and a request matches one
+// of them unless they are inverted). Istio's rate limits are written by
+// hand, one per action list. 1,024 leaves room; envoyproxy/ratelimit has no
+// bound of its own.
+const DefaultMaxDescriptors = 1024
 
 // DefaultRequestLimits are the bounds of a zero RequestLimits.
 func DefaultRequestLimits() RequestLimits { return RequestLimits{}.withDefaults() }
@@ -166,7 +196,7 @@ func (l RequestLimits) withDefaults() RequestLimits {
 	}
 	// The config's bounds, so that every rule it accepts can be matched.
 	def(&l.MaxDomainBytes, config.MaxDomainBytes)
-	def(&l.MaxDescriptors, 64)
+	def(&l.MaxDescriptors, DefaultMaxDescriptors)
 	def(&l.MaxEntries, config.MaxDepth)
 	def(&l.MaxKeyBytes, config.MaxKeyBytes)
 	def(&l.MaxValueBytes, config.MaxValueBytes)
@@ -403,6 +433,10 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now ti
 	if cur == nil {
 		return plan{}, nil, nil, answerFor(codes.Unavailable, ErrNoConfig)
 	}
+	if why, refused := cur.set.Refused(req.GetDomain()); refused {
+		s.logThrottled(ctx, now, "call for a domain whose config was refused", "domain", req.GetDomain(), "err", why)
+		return plan{}, nil, nil, answerFor(codes.Unavailable, &RefusedDomainError{Domain: req.GetDomain(), Reason: why})
+	}
 	p, err := planRequest(ctx, cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow, s.quota, s.onInvalid)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
@@ -576,6 +610,24 @@ func (s *Server) logThrottled(ctx context.Context, now time.Time, msg string, at
 // ErrNoConfig is the cause of the UNAVAILABLE answered before any config
 // is loaded.
 var ErrNoConfig = errors.New("no rate limit configuration loaded yet")
+
+// RefusedDomainError is the cause of the UNAVAILABLE answered for a domain
+// whose config its source refused while none of it was ever loaded
+// (config.Set.Refused): not a domain nobody configured, whose calls pass,
+// but one the control plane configured and this server cannot enforce, so
+// Envoy's failure_mode_deny decides, as for a backend failure.
+// errors.Is(err, ErrNoConfig) holds, so it is counted with calls answered
+// before any config (ratelimitd_backend_errors_total{kind="no_config"}).
+type RefusedDomainError struct {
+	Domain, Reason string
+}
+
+func (e *RefusedDomainError) Error() string {
+	return fmt.Sprintf("domain %q: its rate limit configuration was refused: %s", e.Domain, e.Reason)
+}
+
+// Is reports ErrNoConfig: there is no configuration of this domain.
+func (e *RefusedDomainError) Is(target error) bool { return target == ErrNoConfig }
 
 // statusFromError maps a Store error to the gRPC status Envoy sees. A
 // backend failure is UNAVAILABLE, so that Envoy's failure_mode_deny decides.

@@ -61,13 +61,29 @@ type Status struct {
 	// NACKs counts the pushes refused, a push sent again after its NACK
 	// included.
 	NACKs uint64
+	// Refused lists, sorted by domain, the domains of the latest push
+	// applied that could not be loaded (the rest of it was); nil when
+	// every domain loaded.
+	Refused []Refusal
+	// Refusals counts the domains refused, each content of a domain once
+	// (the same resources pushed again do not count again).
+	Refusals uint64
 }
 
 // Client keeps ratelimitd's descriptor config in step with an xDS
 // management server: it holds one ADS stream open, converts each push of
 // RateLimitConfig resources to descriptor files (see File), checks them
-// with config.Parse as a whole and hands the Set to apply before it ACKs;
-// a push that cannot be converted or parsed is NACKed with the reason and
+// with config.Parse and hands the Set to apply before it ACKs.
+//
+// One bad resource never freezes the others: a domain whose resources
+// cannot be converted or loaded is refused on its own, the rest of the
+// push is applied and ACKed, and the refused domain keeps the last config
+// of it that loaded (none if it never did: config.Set.Refused then says
+// so). Each refusal is logged once at warning level (the same content
+// pushed again only at debug level), counted, and listed in
+// Status.Refused. A push that cannot be used at all (a resource of
+// another type or that does not decode, so that its domain is unknown, or
+// a push over Options.Limits' total size) is NACKed with the reason and
 // changes nothing. When the stream breaks or cannot be opened, the client
 // waits (see Options.ConnectRetryInterval) and dials again; the last
 // applied config stays in use, and apply is never called because of a
@@ -86,9 +102,14 @@ type Client struct {
 	random func() float64
 
 	// Used by the goroutine of Run only.
-	acked       string      // version_info of the last ACK
-	appliedHash string      // config.Set.Hash of the last config applied
-	nacked      string      // pushKey of the last push NACKed, "" after an ACK
+	acked       string // version_info of the last ACK
+	appliedHash string // config.Set.Hash and refusals of the last config applied
+	nacked      string // pushKey of the last push NACKed, "" after an ACK
+	// good are the files in force per domain (FileName), for a domain
+	// refused later to keep; refused are the refusals of the last push
+	// applied, by domain key, with the content refused.
+	good        map[string][]config.File
+	refused     map[string]refusalState
 	nackRepeats int         // NACKs of that same push since, for their wait
 	lastTLS     *tls.Config // the last TLS configuration read from the files
 	errLog      repeatLog
@@ -96,6 +117,12 @@ type Client struct {
 	running atomic.Bool
 	mu      sync.Mutex
 	st      Status
+}
+
+// refusalState is a domain refused: the content refused and since when.
+type refusalState struct {
+	sum   string
+	since time.Time
 }
 
 // New checks opts and returns a client that calls apply with every config
@@ -353,7 +380,7 @@ func (c *Client) request(nonce string, detail *status.Status) *discoveryv3.Disco
 // a NACK of the same push as the NACK before.
 func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) (answer *discoveryv3.DiscoveryRequest, again bool) {
 	version := resp.GetVersionInfo()
-	set, err := c.parse(resp)
+	ld, err := c.parse(resp)
 	if err != nil {
 		msg := nackMessage(err)
 		key := pushKey(resp)
@@ -376,22 +403,66 @@ func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) (answer *discoveryv
 		return c.request(resp.GetNonce(), &status.Status{Code: int32(codes.InvalidArgument), Message: msg}), again
 	}
 	c.nacked, c.nackRepeats = "", 0
+	set := ld.set
+	refusals := c.noteRefusals(version, ld.refused)
+	applied := set.Hash()
+	for _, r := range refusals {
+		// What calls for a refused domain are answered depends on these.
+		applied += fmt.Sprintf("\x00%q %v %q", r.Domain, r.Kept, r.Reason)
+	}
 	c.mu.Lock()
-	same := c.st.Applied && c.st.Version == version && c.appliedHash == set.Hash()
+	same := c.st.Applied && c.st.Version == version && c.appliedHash == applied
 	c.mu.Unlock()
 	if !same {
 		c.apply(set, version)
-		c.log.Info("xDS config applied", "version", version, "domains", len(set.Domains()))
+		c.log.Info("xDS config applied", "version", version, "domains", len(set.Domains()), "refused", len(refusals))
 	}
-	c.appliedHash = set.Hash()
+	c.appliedHash = applied
+	c.good = ld.good
 	c.acked = version
 	c.mu.Lock()
 	if !same {
 		c.st.Version, c.st.Applied, c.st.Updated = version, true, time.Now()
 	}
+	c.st.Refused = refusals
 	c.st.LastNACK = ""
 	c.mu.Unlock()
 	return c.request(resp.GetNonce(), nil), false
+}
+
+// noteRefusals records the domains a push applied refused: each logged at
+// warning level and counted when its content is refused for the first
+// time, at debug level when the same content comes again; a domain that
+// loads again is logged once. It returns them for Status.
+func (c *Client) noteRefusals(version string, refused []refusedGroup) []Refusal {
+	now := time.Now()
+	next := make(map[string]refusalState, len(refused))
+	var out []Refusal
+	for _, r := range refused {
+		st, seen := c.refused[r.g.key]
+		if !seen || st.sum != r.g.sum {
+			st = refusalState{sum: r.g.sum, since: now}
+			c.mu.Lock()
+			c.st.Refusals++
+			c.mu.Unlock()
+			c.log.Warn("xDS resource refused; the rest of the push is applied", "domain", r.g.name(), "version", version,
+				"kept_previous", r.kept, "err", r.reason)
+			if c.opts.OnRefused != nil {
+				c.opts.OnRefused(fmt.Errorf("domain %s: %s", r.g.name(), r.reason))
+			}
+		} else {
+			c.log.Debug("xDS resource refused again", "domain", r.g.name(), "version", version, "kept_previous", r.kept)
+		}
+		next[r.g.key] = st
+		out = append(out, Refusal{Domain: r.g.name(), Reason: r.reason, Kept: r.kept, Since: st.since})
+	}
+	for key := range c.refused {
+		if _, still := next[key]; !still {
+			c.log.Info("xDS resource no longer refused", "domain", strings.TrimPrefix(key, "xds:"), "version", version)
+		}
+	}
+	c.refused = next
+	return out
 }
 
 // nackMessage is err as a NACK's error_detail: valid UTF-8 (a proto3
@@ -408,55 +479,59 @@ func nackMessage(err error) string {
 	return msg[:cut] + "…"
 }
 
-// pushKey identifies a push by its type, version and the bytes of its
-// resources, each part length-prefixed.
+// pushKey identifies a push by its type and its resources, whatever
+// their order: go-control-plane builds each response from a map, so the
+// same snapshot sent again comes reordered. A resource that decodes is
+// taken as its deterministic encoding (as contentSum does), one that does
+// not as its type and bytes. The version is left out: the same resources
+// under another version are the same push, refused for the same reason.
 func pushKey(resp *discoveryv3.DiscoveryResponse) string {
+	parts := make([][]byte, 0, len(resp.GetResources())+1)
+	for _, a := range resp.GetResources() {
+		rc := new(rlsconfv3.RateLimitConfig)
+		if a.GetTypeUrl() == TypeURL && proto.Unmarshal(a.GetValue(), rc) == nil {
+			if b, err := (proto.MarshalOptions{Deterministic: true}).Marshal(rc); err == nil {
+				parts = append(parts, append([]byte("r"), b...))
+				continue
+			}
+		}
+		raw := append([]byte("x"), a.GetTypeUrl()...)
+		raw = binary.AppendUvarint(raw, uint64(len(a.GetValue())))
+		parts = append(parts, append(raw, a.GetValue()...))
+	}
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
-	part := func(b []byte) {
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(b)))])
-		h.Write(b)
-	}
-	part([]byte(resp.GetTypeUrl()))
-	part([]byte(resp.GetVersionInfo()))
-	for _, a := range resp.GetResources() {
-		part([]byte(a.GetTypeUrl()))
-		part(a.GetValue())
-	}
-	return string(h.Sum(nil))
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(resp.GetTypeUrl())))])
+	h.Write([]byte(resp.GetTypeUrl()))
+	return sumParts(h, parts)
 }
 
-// parse converts a push to a Set: every resource must be a
-// RateLimitConfig, and all of them must parse together.
-func (c *Client) parse(resp *discoveryv3.DiscoveryResponse) (*config.Set, error) {
+// parse converts a push and loads it (see load): every resource must be
+// a RateLimitConfig that decodes, else the push is refused as a whole.
+func (c *Client) parse(resp *discoveryv3.DiscoveryResponse) (domainLoad, error) {
 	if resp.GetTypeUrl() != TypeURL {
-		return nil, fmt.Errorf("response of type %s, subscribed to %s only", resp.GetTypeUrl(), TypeURL)
+		return domainLoad{}, fmt.Errorf("response of type %s, subscribed to %s only", resp.GetTypeUrl(), TypeURL)
 	}
 	rcs := make([]*rlsconfv3.RateLimitConfig, 0, len(resp.GetResources()))
 	for i, a := range resp.GetResources() {
 		if a.GetTypeUrl() != TypeURL {
-			return nil, fmt.Errorf("resource %d: type %s, want %s", i, a.GetTypeUrl(), TypeURL)
+			return domainLoad{}, fmt.Errorf("resource %d: type %s, want %s", i, a.GetTypeUrl(), TypeURL)
 		}
 		rc := new(rlsconfv3.RateLimitConfig)
 		if err := proto.Unmarshal(a.GetValue(), rc); err != nil {
-			return nil, fmt.Errorf("resource %d: decode RateLimitConfig: %w", i, err)
+			return domainLoad{}, fmt.Errorf("resource %d: decode RateLimitConfig: %w", i, err)
 		}
 		rcs = append(rcs, rc)
 	}
-	files, err := Files(rcs)
-	if err != nil {
-		return nil, err
-	}
-	set, err := config.ParseWith(files, c.opts.Limits)
-	if err != nil {
-		if c.log.Enabled(context.Background(), slog.LevelDebug) {
-			for _, f := range files {
-				c.log.Debug("xDS resource as descriptor YAML", "file", f.Name, "yaml", string(f.Data))
+	ld, err := load(rcs, c.good, c.opts.Limits)
+	if (err != nil || len(ld.refused) > 0) && c.log.Enabled(context.Background(), slog.LevelDebug) {
+		for _, rc := range rcs {
+			if f, ferr := File(rc); ferr == nil {
+				c.log.Debug("xDS resource as descriptor YAML", "file", FileName(rc), "yaml", string(f.Data))
 			}
 		}
-		return nil, err
 	}
-	return set, nil
+	return ld, err
 }
 
 // repeatLog logs connection failures at warning level when they change or

@@ -146,32 +146,85 @@ func TestPushes(t *testing.T) {
 	}
 }
 
-// TestNACK: an invalid push is refused with the loader's message, naming
-// domain and descriptor path; nothing is applied and the next good
-// version is taken.
+// TestNACK: a push that cannot be used at all (here, over the total size
+// cap, which no one domain can be blamed for) is refused with the
+// loader's message; nothing is applied and the next good version is taken.
 func TestNACK(t *testing.T) {
-	bad := []struct {
+	s := xdstest.Start(t, xdstest.Options{})
+	s.SetSnapshot("n", "1", xdstest.EGConfig(egDomain, "route-a", false))
+	var refused atomic.Int64
+	c, a := start(t, Options{Addr: s.Addr(), NodeID: "n", OnRefused: func(error) { refused.Add(1) },
+		Limits: config.LoadOptions{MaxTotalBytes: 4096}})
+	s.WaitForACK(t, "1")
+
+	s.SetSnapshot("n", "2", manyDomains(18)...)
+	msg := s.WaitForNACK(t)
+	if !strings.Contains(msg, "config too large") || !strings.Contains(msg, "more than the cap of 4096 bytes") {
+		t.Errorf("NACK %q, want the total cap named", msg)
+	}
+	nack := s.WaitFor(t, "NACK", func(r xdstest.Request) bool { return r.IsNACK })
+	if nack.Version != "1" || nack.Nonce == "" {
+		t.Errorf("NACK carries version %q nonce %q, want the last ACKed version 1 and the push's nonce", nack.Version, nack.Nonce)
+	}
+	if _, versions := a.calls(); len(versions) != 1 {
+		t.Errorf("apply versions %q after the NACK, want [1]", versions)
+	}
+	if st := c.Status(); st.LastNACK != msg || st.Version != "1" || st.NACKs == 0 {
+		t.Errorf("Status = %+v, want LastNACK %q, version 1 and NACKs counted", st, msg)
+	}
+	if n := refused.Load(); n != 1 {
+		t.Errorf("OnRefused called %d times, want once", n)
+	}
+
+	s.SetSnapshot("n", "3", xdstest.EGConfig(egDomain, "route-c", false))
+	s.WaitForACK(t, "3")
+	sets, versions := a.calls()
+	if len(versions) != 2 || versions[1] != "3" || egLimit(t, sets[1], "route-c") == nil {
+		t.Errorf("apply versions %q, want [1 3] with route-c", versions)
+	}
+	if st := c.Status(); st.LastNACK != "" || st.Version != "3" {
+		t.Errorf("Status = %+v after ACK of 3, want no LastNACK", st)
+	}
+}
+
+// manyDomains are n resources of one small rule each, domains d00, d01, …
+func manyDomains(n int) []*rlsconfv3.RateLimitConfig {
+	var rcs []*rlsconfv3.RateLimitConfig
+	for i := range n {
+		d := fmt.Sprintf("d%02d", i)
+		rcs = append(rcs, &rlsconfv3.RateLimitConfig{Name: d, Domain: d, Descriptors: []*rlsconfv3.RateLimitDescriptor{
+			{Key: "k", Value: strings.Repeat("v", 200), RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, uint32(i+1))}}})
+	}
+	return rcs
+}
+
+// TestRefusedDomain: a push with a domain that cannot be loaded applies
+// the others and is ACKed; the refused domain is reported (Status,
+// OnRefused, once per content) with the loader's message naming it and the
+// descriptor path, and answered per config.Set.Refused while it never
+// loaded; once it has loaded, a later refusal keeps that version in force.
+func TestRefusedDomain(t *testing.T) {
+	for _, tt := range []struct {
 		name string
-		rcs  []*rlsconfv3.RateLimitConfig
+		bad  []*rlsconfv3.RateLimitConfig
 		want []string
 	}{
 		{
 			name: "unknown unit",
-			rcs: []*rlsconfv3.RateLimitConfig{one(&rlsconfv3.RateLimitDescriptor{Key: "route", Value: "r1", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+			bad: []*rlsconfv3.RateLimitConfig{one(&rlsconfv3.RateLimitDescriptor{Key: "route", Value: "r1", Descriptors: []*rlsconfv3.RateLimitDescriptor{
 				{Key: "user", RateLimit: policy0(rlsconfv3.RateLimitUnit_UNKNOWN, 5)},
 			}})},
 			want: []string{"xds:api:", "api > route=r1 > user: rate_limit.unit: unknown unit"},
 		},
 		{
 			name: "two rules that conflict",
-			rcs: []*rlsconfv3.RateLimitConfig{
+			bad: []*rlsconfv3.RateLimitConfig{
 				one(&rlsconfv3.RateLimitDescriptor{Key: "k", Value: "v", RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, 1)}),
 				{Name: "api-2", Domain: "api", Descriptors: []*rlsconfv3.RateLimitDescriptor{{Key: "k", Value: "v", RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, 2)}}},
 			},
 			want: []string{"xds:api#2:", "api > k=v: rate_limit: this descriptor already has one"},
 		},
-	}
-	for _, tt := range bad {
+	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := xdstest.Start(t, xdstest.Options{})
 			s.SetSnapshot("n", "1", xdstest.EGConfig(egDomain, "route-a", false))
@@ -179,37 +232,104 @@ func TestNACK(t *testing.T) {
 			c, a := start(t, Options{Addr: s.Addr(), NodeID: "n", OnRefused: func(error) { refused.Add(1) }})
 			s.WaitForACK(t, "1")
 
-			s.SetSnapshot("n", "2", tt.rcs...)
-			msg := s.WaitForNACK(t)
+			// Version 2: the EG domain changes and api is refused.
+			s.SetSnapshot("n", "2", append([]*rlsconfv3.RateLimitConfig{xdstest.EGConfig(egDomain, "route-b", false)}, tt.bad...)...)
+			s.WaitForACK(t, "2")
+			sets, versions := a.calls()
+			if len(versions) != 2 || egLimit(t, sets[1], "route-b") == nil {
+				t.Fatalf("apply versions %q, want [1 2] with route-b applied beside the refused domain", versions)
+			}
+			why, ok := sets[1].Refused("api")
+			st := c.Status()
+			if !ok || len(st.Refused) != 1 || st.Refused[0].Domain != "api" || st.Refused[0].Kept || st.Refusals != 1 {
+				t.Fatalf("Refused(api) = %q, %v; Status.Refused %+v, Refusals %d: want api refused, nothing kept", why, ok, st.Refused, st.Refusals)
+			}
 			for _, w := range tt.want {
-				if !strings.Contains(msg, w) {
-					t.Errorf("NACK %q does not contain %q", msg, w)
+				if !strings.Contains(st.Refused[0].Reason, w) {
+					t.Errorf("refusal %q does not contain %q", st.Refused[0].Reason, w)
 				}
 			}
-			nack := s.WaitFor(t, "NACK", func(r xdstest.Request) bool { return r.IsNACK })
-			if nack.Version != "1" || nack.Nonce == "" {
-				t.Errorf("NACK carries version %q nonce %q, want the last ACKed version 1 and the push's nonce", nack.Version, nack.Nonce)
-			}
-			if _, versions := a.calls(); len(versions) != 1 {
-				t.Errorf("apply versions %q after the NACK, want [1]", versions)
-			}
-			if st := c.Status(); st.LastNACK != msg || st.Version != "1" || st.NACKs == 0 {
-				t.Errorf("Status = %+v, want LastNACK %q, version 1 and NACKs counted", st, msg)
+			if st.LastNACK != "" || st.NACKs != 0 || len(s.Requests()) == 0 {
+				t.Errorf("Status = %+v: want no NACK", st)
 			}
 			if n := refused.Load(); n != 1 {
 				t.Errorf("OnRefused called %d times, want once", n)
 			}
 
-			s.SetSnapshot("n", "3", xdstest.EGConfig(egDomain, "route-c", false))
+			// Version 3: the same refused content beside another change is
+			// not reported again.
+			s.SetSnapshot("n", "3", append([]*rlsconfv3.RateLimitConfig{xdstest.EGConfig(egDomain, "route-c", false)}, tt.bad...)...)
 			s.WaitForACK(t, "3")
-			sets, versions := a.calls()
-			if len(versions) != 2 || versions[1] != "3" || egLimit(t, sets[1], "route-c") == nil {
-				t.Errorf("apply versions %q, want [1 3] with route-c", versions)
+			if n, st := refused.Load(), c.Status(); n != 1 || st.Refusals != 1 || len(st.Refused) != 1 {
+				t.Errorf("after the same refused content again: OnRefused %d times, Status %+v; want once, one refusal", n, st)
 			}
-			if st := c.Status(); st.LastNACK != "" || st.Version != "3" {
-				t.Errorf("Status = %+v after ACK of 3, want no LastNACK", st)
+
+			// Version 4: api fixed; version 5: api broken again, its
+			// version 4 stays in force.
+			fixed := one(&rlsconfv3.RateLimitDescriptor{Key: "k", Value: "v", RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, 7)})
+			s.SetSnapshot("n", "4", xdstest.EGConfig(egDomain, "route-c", false), fixed)
+			s.WaitForACK(t, "4")
+			if st := c.Status(); len(st.Refused) != 0 {
+				t.Errorf("Status.Refused = %+v once api loads, want none", st.Refused)
+			}
+			s.SetSnapshot("n", "5", append([]*rlsconfv3.RateLimitConfig{xdstest.EGConfig(egDomain, "route-d", false)}, tt.bad...)...)
+			s.WaitForACK(t, "5")
+			sets, _ = a.calls()
+			last := sets[len(sets)-1]
+			if r := last.Lookup("api", []config.Entry{{Key: "k", Value: "v"}}); r == nil || r.Limits[0].Limit.Count != 7 || egLimit(t, last, "route-d") == nil {
+				t.Errorf("after api is refused again: its rule %+v, want version 4's 7 per second kept, and route-d applied", r)
+			}
+			if _, ok := last.Refused("api"); ok {
+				t.Errorf("Refused(api) with a version of it in force, want false")
+			}
+			if st := c.Status(); len(st.Refused) != 1 || !st.Refused[0].Kept || st.Refusals != 2 || refused.Load() != 2 {
+				t.Errorf("Status = %+v, OnRefused %d: want api refused with its last version kept, counted again", st, refused.Load())
 			}
 		})
+	}
+}
+
+// warnCounter counts the warnings logged whose message starts with prefix.
+type warnCounter struct {
+	prefix string
+	n      *atomic.Int64
+}
+
+func (w warnCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (w warnCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn && strings.HasPrefix(r.Message, w.prefix) {
+		w.n.Add(1)
+	}
+	return nil
+}
+func (w warnCounter) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w warnCounter) WithGroup(string) slog.Handler      { return w }
+
+// TestReorderedResend: go-control-plane's snapshot cache answers a NACK
+// by sending the snapshot again at once, built from a map, so in another
+// order each time; the client recognises it by content: ten resends or
+// more give one warning, and NACKs at a growing pace.
+func TestReorderedResend(t *testing.T) {
+	s := xdstest.Start(t, xdstest.Options{})
+	// 18 resources over the total cap: refused as a whole, every time.
+	s.SetSnapshot("n", "1", manyDomains(18)...)
+	var warnings atomic.Int64
+	c, err := New(Options{Addr: s.Addr(), NodeID: "n", ConnectRetryInterval: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
+		Limits: config.LoadOptions{MaxTotalBytes: 4096}}, func(*config.Set, string) {},
+		slog.New(warnCounter{prefix: "xDS config refused", n: &warnings}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	st := waitStatus(t, c, "11 NACKs", func(st Status) bool { return st.NACKs >= 11 })
+	if n := warnings.Load(); n != 1 {
+		t.Errorf("%d NACKs of one snapshot resent in any order: %d warnings, want 1", st.NACKs, n)
 	}
 }
 
@@ -374,5 +494,26 @@ func TestAIGatewayPush(t *testing.T) {
 	r := sets[0].Lookup(xdstest.AIGatewayDomain, []config.Entry{{Key: "backend_name", Value: "default/openai"}, {Key: "model_name_override", Value: "gpt-4o"}})
 	if r == nil || r.Limits[0].Limit.Count != 1000 || r.Limits[0].Unit != config.Minute {
 		t.Errorf("rule of default/openai gpt-4o = %+v, want 1000 per minute", r)
+	}
+}
+
+// TestEGListenerOf16256Descriptors: the push the bounds of before refused
+// (8 HTTPRoutes × 16 hostnames × 127 matches under one policy, 16,256
+// descriptors in one resource) is applied and ACKed.
+func TestEGListenerOf16256Descriptors(t *testing.T) {
+	s := xdstest.Start(t, xdstest.Options{})
+	s.SetSnapshot("n", "1", xdstest.EGRoutes(egDomain, 8, 16, 127, 0))
+	c, a := start(t, Options{Addr: s.Addr(), NodeID: "n"})
+	s.WaitForACK(t, "1")
+	sets, _ := a.calls()
+	if len(sets) != 1 || len(sets[0].Domains()) != 1 || len(sets[0].Domains()[0].Rules) != 16256 {
+		t.Fatalf("applied %d sets, want one with 16,256 rules", len(sets))
+	}
+	key := xdstest.EGRouteKey("default", "route-7", 0, 126, "h15.example.com")
+	if r := sets[0].Lookup(egDomain, []config.Entry{{Key: key, Value: key}, {Key: "rule-0-match--1", Value: "rule-0-match--1"}}); r == nil {
+		t.Errorf("no rule for the last route's last match")
+	}
+	if st := c.Status(); len(st.Refused) != 0 || st.NACKs != 0 {
+		t.Errorf("Status = %+v, want nothing refused", st)
 	}
 }

@@ -42,8 +42,15 @@ func FileName(rc *rlsconfv3.RateLimitConfig) string {
 //     contradiction as the incumbent does.
 //
 // The text is produced by yaml.v3 from a node tree, so keys and values
-// holding any bytes are quoted correctly, and every field is on its own
-// line: the line and column of a config error point at the field.
+// holding any bytes are quoted correctly. Down to BlockDepth levels of
+// descriptors every field is on its own line; deeper levels are written
+// in flow style, {key: …, value: …, descriptors: [{…}]}, one line for
+// each descriptor at BlockDepth and all below it: block style indents each
+// level further, which makes the text of a chain of n levels grow as n²
+// (Envoy Gateway nests one level per header match, up to 1,157; see
+// config.MaxDepth), and flow style keeps it in proportion to the
+// resource. Either way the line and column of a config error point at
+// the field.
 // Resources with the same domain become separate files of that domain
 // (config.Parse merges them; conflicting descriptors are errors), so
 // name several files of one domain apart with index (see Files).
@@ -51,7 +58,7 @@ func File(rc *rlsconfv3.RateLimitConfig) (config.File, error) {
 	root := mapping()
 	add(root, "domain", str(rc.GetDomain()))
 	if ds := rc.GetDescriptors(); len(ds) > 0 {
-		seq, err := descriptors(ds)
+		seq, err := descriptors(ds, 1)
 		if err != nil {
 			return config.File{}, err
 		}
@@ -69,32 +76,51 @@ func File(rc *rlsconfv3.RateLimitConfig) (config.File, error) {
 // first (skipping names another resource already has), so that
 // config.Parse sees them as separate files of one domain.
 func Files(rcs []*rlsconfv3.RateLimitConfig) ([]config.File, error) {
+	names := fileNames(rcs)
 	files := make([]config.File, 0, len(rcs))
+	for i, rc := range rcs {
+		f, err := File(rc)
+		if err != nil {
+			return nil, err
+		}
+		f.Name = names[i]
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// fileNames are the names Files gives the files of rcs.
+func fileNames(rcs []*rlsconfv3.RateLimitConfig) []string {
+	names := make([]string, 0, len(rcs))
 	reserved := make(map[string]bool, len(rcs)) // every resource's own name
 	for _, rc := range rcs {
 		reserved[FileName(rc)] = true
 	}
 	taken := make(map[string]bool, len(rcs))
 	for _, rc := range rcs {
-		f, err := File(rc)
-		if err != nil {
-			return nil, err
-		}
-		name := f.Name
+		base := FileName(rc)
+		name := base
 		for n := 2; taken[name]; n++ {
-			if name = f.Name + "#" + strconv.Itoa(n); reserved[name] {
-				name = f.Name // taken by that resource: try the next n
+			if name = base + "#" + strconv.Itoa(n); reserved[name] {
+				name = base // taken by that resource: try the next n
 			}
 		}
 		taken[name] = true
-		f.Name = name
-		files = append(files, f)
+		names = append(names, name)
 	}
-	return files, nil
+	return names
 }
 
-func descriptors(ds []*rlsconfv3.RateLimitDescriptor) (*yaml.Node, error) {
+// BlockDepth is the deepest level of descriptors that File writes in
+// block style, one field a line; the levels below are in flow style.
+const BlockDepth = 8
+
+// descriptors writes ds, the descriptors at depth (1 for a domain's own).
+func descriptors(ds []*rlsconfv3.RateLimitDescriptor, depth int) (*yaml.Node, error) {
 	seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+	if depth > BlockDepth {
+		seq.Style = yaml.FlowStyle // and so is everything inside it
+	}
 	for _, d := range ds {
 		m := mapping()
 		add(m, "key", str(d.GetKey()))
@@ -121,7 +147,7 @@ func descriptors(ds []*rlsconfv3.RateLimitDescriptor) (*yaml.Node, error) {
 			add(m, "metadata", n)
 		}
 		if sub := d.GetDescriptors(); len(sub) > 0 {
-			n, err := descriptors(sub)
+			n, err := descriptors(sub, depth+1)
 			if err != nil {
 				return nil, err
 			}

@@ -3,9 +3,11 @@
 // GRPC_XDS_SOTW: a State-of-the-World ADS stream of RateLimitConfig
 // resources (type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig),
 // one per domain, subscribed to by wildcard. Each push is converted to
-// descriptor files, validated by config.Parse and applied as a whole, then
-// ACKed; a push that fails validation is NACKed with the loader's message
-// and changes nothing. docs/xds.md is the operator's page.
+// descriptor files, validated by config.Parse and applied, then ACKed; a
+// domain that fails validation is refused alone, keeping its last version
+// that loaded, and reported (see Client); a push that cannot be used at
+// all is NACKed with the reason and changes nothing. docs/xds.md is the
+// operator's page.
 package xdsconfig
 
 import (

@@ -250,7 +250,8 @@ func TestHandle(t *testing.T) {
 	}
 }
 
-// TestNACKBounded: a NACK message is cut at maxNACKBytes.
+// TestNACKBounded: a refusal's message is cut at maxNACKBytes, as a NACK's
+// is.
 func TestNACKBounded(t *testing.T) {
 	var ds []*rlsconfv3.RateLimitDescriptor
 	for i := range 30 { // 30 problems of about 4 KB each
@@ -266,11 +267,12 @@ func TestNACKBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	req, _ := c.handle(&discoveryv3.DiscoveryResponse{TypeUrl: TypeURL, Resources: []*anypb.Any{a}, Nonce: "1"})
-	if msg := req.GetErrorDetail().GetMessage(); len(msg) != maxNACKBytes+len("…") || !strings.HasSuffix(msg, "…") {
-		t.Errorf("NACK of %d bytes, want it cut at %d and marked", len(msg), maxNACKBytes)
+	st := c.Status()
+	if req.GetErrorDetail() != nil || len(st.Refused) != 1 {
+		t.Fatalf("answer %v, Status.Refused %+v: want an ACK and api refused", req.GetErrorDetail(), st.Refused)
 	}
-	if _, err := proto.Marshal(req); err != nil {
-		t.Errorf("the NACK does not marshal: %v", err)
+	if msg := st.Refused[0].Reason; len(msg) != maxNACKBytes+len("…") || !strings.HasSuffix(msg, "…") {
+		t.Errorf("refusal of %d bytes, want it cut at %d and marked", len(msg), maxNACKBytes)
 	}
 	// A cut never splits a character.
 	long := errors.New("x" + strings.Repeat("é", maxNACKBytes)) // odd: a cut at maxNACKBytes lands inside a character
@@ -360,11 +362,7 @@ func TestRepeatedNACK(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.random = func() float64 { return 0.5 }
-		badRC := one(&rlsconfv3.RateLimitDescriptor{Key: "k", RateLimit: policy0(rlsconfv3.RateLimitUnit_UNKNOWN, 1)})
-		bad, err := anypb.New(badRC)
-		if err != nil {
-			t.Fatal(err)
-		}
+		bad := &anypb.Any{TypeUrl: TypeURL, Value: []byte{0x0a, 0xff}} // does not decode
 		good, err := anypb.New(xdstest.EGConfig(egDomain, "r", false))
 		if err != nil {
 			t.Fatal(err)
@@ -413,4 +411,39 @@ func TestRepeatedNACK(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPushKeyIsContent: a push is the same push whatever the order of its
+// resources and its version, and another push if one resource differs.
+func TestPushKeyIsContent(t *testing.T) {
+	var anys []*anypb.Any
+	for _, rc := range manyDomains(5) {
+		a, err := anypb.New(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		anys = append(anys, a)
+	}
+	bad := &anypb.Any{TypeUrl: TypeURL, Value: []byte{0x0a, 0xff}}
+	push := func(version string, order ...int) *discoveryv3.DiscoveryResponse {
+		r := &discoveryv3.DiscoveryResponse{TypeUrl: TypeURL, VersionInfo: version}
+		for _, i := range order {
+			if i < 0 {
+				r.Resources = append(r.Resources, bad)
+			} else {
+				r.Resources = append(r.Resources, anys[i])
+			}
+		}
+		return r
+	}
+	first := pushKey(push("1", 0, 1, 2, 3, 4, -1))
+	if got := pushKey(push("2", -1, 4, 2, 0, 3, 1)); got != first {
+		t.Errorf("the same resources reordered under another version make another key")
+	}
+	if got := pushKey(push("1", 0, 1, 2, 3, -1)); got == first {
+		t.Errorf("a push without one resource makes the same key")
+	}
+	if got := pushKey(push("1", 0, 1, 2, 3, 3, -1)); got == first {
+		t.Errorf("a push with one resource in place of another makes the same key")
+	}
 }

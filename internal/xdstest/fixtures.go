@@ -1,6 +1,9 @@
 package xdstest
 
 import (
+	"fmt"
+	"strings"
+
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -99,4 +102,72 @@ func AIGatewayConfig() *rlsconfv3.RateLimitConfig {
 			backend("default/azure", 2, "gpt-4o", 500, rlsconfv3.RateLimitUnit_HOUR, nil),
 		},
 	}
+}
+
+// EGRouteKey is the descriptor key (and value) Envoy Gateway v1.9.1 gives
+// the non-shared rules of one route match on one hostname: the IR route's
+// name, "httproute/<ns>/<route>/rule/<r>/match/<m>/<hostname with '_' for
+// '.'>" (internal/gatewayapi/helpers.go irRouteName and route.go, both at
+// v1.9.1).
+func EGRouteKey(namespace, route string, rule, match int, hostname string) string {
+	return fmt.Sprintf("httproute/%s/%s/rule/%d/match/%d/%s", namespace, route, rule, match, strings.ReplaceAll(hostname, ".", "_"))
+}
+
+// EGRoutes is the RateLimitConfig Envoy Gateway's translator makes for a
+// listener (the domain) with routes HTTPRoutes in namespace "default",
+// named route-0, route-1, … (each padded with 'x' to nameLen bytes when
+// longer), each with hosts hostnames and matches matches in its one rule,
+// under one policy whose one rule matches all traffic, 10 per minute:
+// routes × hosts × matches descriptors, each
+//
+//	<EGRouteKey>=<EGRouteKey> > rule-0-match--1=rule-0-match--1
+//
+// (internal/xds/translator/ratelimit.go@v1.9.1,
+// buildRateLimitServiceDescriptors and addRateLimitDescriptor).
+func EGRoutes(domain string, routes, hosts, matches, nameLen int) *rlsconfv3.RateLimitConfig {
+	rc := &rlsconfv3.RateLimitConfig{Name: domain, Domain: domain}
+	for r := range routes {
+		name := fmt.Sprintf("route-%d", r)
+		if len(name) < nameLen {
+			name += strings.Repeat("x", nameLen-len(name))
+		}
+		for h := range hosts {
+			for m := range matches {
+				key := EGRouteKey("default", name, 0, m, fmt.Sprintf("h%d.example.com", h))
+				rc.Descriptors = append(rc.Descriptors, &rlsconfv3.RateLimitDescriptor{Key: key, Value: key,
+					Descriptors: []*rlsconfv3.RateLimitDescriptor{{Key: "rule-0-match--1", Value: "rule-0-match--1",
+						RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_MINUTE, RequestsPerUnit: 10}}}})
+			}
+		}
+	}
+	return rc
+}
+
+// EGHeaderChain is the RateLimitConfig Envoy Gateway makes for one route
+// key whose one rule has headers exact header matches: a chain of headers
+// levels, rule-0-match-0 … rule-0-match-<headers-1>, under the route's,
+// the last with 5 per second. Envoy sends the descriptor EGHeaderEntries.
+func EGHeaderChain(domain, routeKey string, headers int) *rlsconfv3.RateLimitConfig {
+	top := &rlsconfv3.RateLimitDescriptor{Key: routeKey, Value: routeKey}
+	cur := top
+	for i := range headers {
+		k := fmt.Sprintf("rule-0-match-%d", i)
+		d := &rlsconfv3.RateLimitDescriptor{Key: k, Value: k}
+		cur.Descriptors = []*rlsconfv3.RateLimitDescriptor{d}
+		cur = d
+	}
+	cur.RateLimit = &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 5}
+	return &rlsconfv3.RateLimitConfig{Name: domain, Domain: domain, Descriptors: []*rlsconfv3.RateLimitDescriptor{top}}
+}
+
+// EGHeaderEntries are the entries, as key and value pairs, of the
+// descriptor Envoy sends for EGHeaderChain's rule when every header
+// matches.
+func EGHeaderEntries(routeKey string, headers int) []string {
+	kv := []string{routeKey, routeKey}
+	for i := range headers {
+		k := fmt.Sprintf("rule-0-match-%d", i)
+		kv = append(kv, k, k)
+	}
+	return kv
 }
