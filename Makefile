@@ -3,18 +3,30 @@ GO ?= go
 BIN := bin
 CONFIG ?= examples/envoy/ratelimit
 
-.PHONY: all build run test vet check fuzz bench clean test-browser image
+.PHONY: all build run test test-deps vet check fuzz bench clean test-browser image release
 
 all: build
 
+# The commit the tree is at, whether the tree differs from it (untracked
+# files count), and its time: what image and release stamp into the
+# binaries (internal/buildinfo) and the image. Outside a git checkout: no
+# revision, and the epoch.
+REVISION = $(shell git rev-parse HEAD 2>/dev/null)
+MODIFIED = $(shell test -z "$$(git status --porcelain 2>/dev/null)" && echo false || echo true)
+COMMIT_EPOCH = $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+## build: bin/ratelimitd. -buildvcs=auto, whatever GOFLAGS says, so that
+## `ratelimitd version` and ratelimitd_build_info name the commit and a
+## changed tree (the Go command's VCS stamp; see internal/buildinfo).
 build:
-	$(GO) build -o $(BIN)/ratelimitd ./cmd/ratelimitd
+	$(GO) build -buildvcs=auto -o $(BIN)/ratelimitd ./cmd/ratelimitd
 
 ## run: ratelimitd on the in-memory backend with the example descriptors.
 run: build
 	$(BIN)/ratelimitd --config $(CONFIG)
 
-## test: vet, the layering check, every test with the race detector, then
+## test: what the tests need, installed when it is missing (test-deps),
+## vet, the layering check, every test with the race detector, then
 ## each fuzz target for FUZZ_BRIEF executions (default 5000x). A count, not a
 ## duration: Go 1.26's fuzz coordinator can report a spurious "context
 ## deadline exceeded" failure when a -fuzztime duration expires on a busy
@@ -23,7 +35,7 @@ run: build
 ## binary the image ships; building it once first, with image.GoBuild's
 ## flags, lets both find its packages compiled instead of compiling them
 ## twice at once on a cold cache.
-test: vet check
+test: test-deps vet check
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -o /dev/null ./cmd/ratelimitd
 	RATELIMITD_HEAVY_TESTS=1 $(GO) test -race -count=1 -timeout 8m ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_BRIEF)
@@ -39,9 +51,16 @@ fuzz:
 		$(GO) test -run='^$$' -fuzz="^$${t%%:*}\$$" -fuzztime=$(FUZZTIME) $${t#*:} || exit 1; \
 	done
 
+## test-deps: redis-server and redis-cli, which the Redis tests start and
+## ask, installed with apt-get when missing (scripts/test-deps says when it
+## may, and what to run when it may not).
+test-deps:
+	@sh scripts/test-deps redis
+
 ## test-browser: load the /limits page in a real headless Chromium (Debian's
-## chromium package: apt-get install -y chromium); fails if it is missing.
+## chromium package), installed as test-deps installs Redis.
 test-browser:
+	@sh scripts/test-deps browser
 	$(GO) vet -tags browser ./internal/limitspage
 	$(GO) test -tags browser -count=1 -timeout 3m -run Browser -v ./internal/limitspage
 
@@ -81,13 +100,41 @@ bench: build
 ## (SOURCE_DATE_EPOCH), so a rebuild gives the same digests. Push it with
 ## `crane push bin/image/oci REF` or
 ## `skopeo copy --all oci:bin/image/oci:$(IMAGE) docker://REF`.
-IMAGE ?= ghcr.io/ratelimitd/ratelimitd:dev
+IMAGE_REPO ?= ghcr.io/ratelimitd/ratelimitd
+IMAGE ?= $(IMAGE_REPO):dev
 IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 image:
 	rm -rf $(BIN)/image
-	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 0)} \
+	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$(COMMIT_EPOCH)} \
 		$(GO) run ./internal/image/cmd/ratelimitd-image --out $(BIN)/image --tag $(IMAGE) \
-		--platforms $(IMAGE_PLATFORMS) --go $(GO) --revision=$$(git rev-parse HEAD 2>/dev/null)
+		--platforms $(IMAGE_PLATFORMS) --go $(GO) --revision=$(REVISION) --modified=$(MODIFIED)
+
+## release: what release VERSION (vX.Y.Z, required) ships, in RELEASE_DIR
+## (default bin/release/VERSION): a static ratelimitd per platform of
+## RELEASE_PLATFORMS (ratelimitd-OS-ARCH), the multi-platform image as an
+## OCI layout tagged IMAGE_REPO:VERSION (oci/) and per platform as a
+## `docker load` tarball (ratelimitd-OS-ARCH.tar), and SHA256SUMS of the
+## binaries and tarballs. It is `make image` with the version: the
+## binaries are stamped with VERSION, the commit, whether the tree differs
+## from it and the commit's time, the image labelled with VERSION and the
+## commit, and every timestamp is SOURCE_DATE_EPOCH (default the commit's),
+## so two runs at one commit give the same bytes. Release from a clean
+## checkout of the tag: a changed tree is released, but says modified=true.
+VERSION ?=
+RELEASE_DIR ?= $(BIN)/release/$(VERSION)
+RELEASE_PLATFORMS ?= linux/amd64,linux/arm64
+release:
+	@case '$(VERSION)' in v[0-9]*.[0-9]*.[0-9]*) ;; *) echo 'make release: want VERSION=vX.Y.Z (got "$(VERSION)")' >&2; exit 2;; esac
+	@test -n '$(REVISION)' || { echo 'make release: not a git checkout: the release names its commit' >&2; exit 1; }
+	@test '$(MODIFIED)' = false || echo 'make release: the work tree differs from $(REVISION): the binaries say modified=true' >&2
+	@case '$(RELEASE_DIR)' in $(BIN)/release/*) ;; *) test ! -e '$(RELEASE_DIR)/index.json' && test -z "$$(ls -A '$(RELEASE_DIR)' 2>/dev/null | grep -v -x -e SHA256SUMS -e 'ratelimitd-.*' -e oci)" || \
+		{ echo 'make release: $(RELEASE_DIR) holds files a release does not: give an empty or new RELEASE_DIR' >&2; exit 1; };; esac
+	rm -rf '$(RELEASE_DIR)'
+	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$(COMMIT_EPOCH)} \
+		$(GO) run ./internal/image/cmd/ratelimitd-image --out '$(RELEASE_DIR)' --tag '$(IMAGE_REPO):$(VERSION)' \
+		--platforms '$(RELEASE_PLATFORMS)' --go '$(GO)' --version '$(VERSION)' --revision=$(REVISION) --modified=$(MODIFIED)
+	cd '$(RELEASE_DIR)' && LC_ALL=C sha256sum ratelimitd-* > SHA256SUMS
+	@echo '$(RELEASE_DIR)/SHA256SUMS:' && cat '$(RELEASE_DIR)/SHA256SUMS'
 
 clean:
 	rm -rf $(BIN)

@@ -84,6 +84,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tlsKey := fs.String("tls-key", "", "key (PEM) of --tls-cert")
 	var rf requestFlags
 	rf.register(fs)
+	var showVersion bool
+	addVersionFlag(fs, &showVersion)
 	hits := fs.Uint("hits", 0, "the request's hits_addend (0: Envoy's default, 1)")
 	release := fs.Bool("release", false, "send the descriptors as Envoy's stream-done call does (hits_addend 1, is_negative_hits): give back tokens, or release a concurrency lease")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
@@ -94,6 +96,9 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
+	}
+	if showVersion {
+		return printVersion(stdout)
 	}
 	if err := rf.check("check", fs); err != nil {
 		return err

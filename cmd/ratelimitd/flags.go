@@ -40,6 +40,8 @@ type serveConfig struct {
 	// foreignVars are envoyproxy/ratelimit's settings found in the
 	// environment but not read (envCompatNative): serve warns of them.
 	foreignVars []string
+	// showVersion is --version: print the version line, serve nothing.
+	showVersion bool
 }
 
 // redisFlags select and tune the Redis backend; all empty means in-memory.
@@ -85,6 +87,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	finishDropIn := addDropInFlags(fs, &c)
 	finishGuards := addGuardFlags(fs, &c)
 	addTestFlags(fs, &c)
+	addVersionFlag(fs, &c.showVersion)
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", daemon.DefaultGRPCAddr, "gRPC listen address (RateLimitService v3 and grpc.health.v1)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", daemon.DefaultHTTPAddr, "HTTP listen address (/healthz, /readyz, /metrics, /limits, /limits.json, and /debug/pprof/ with --pprof)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
@@ -144,6 +147,9 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 
 	if err := fs.Parse(args); err != nil {
 		return c, usageError{err} // flag.ErrHelp for --help: run treats it as success
+	}
+	if c.showVersion {
+		return c, nil // nothing else is read, so nothing else can fail
 	}
 	if fs.NArg() > 0 {
 		return c, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
@@ -305,7 +311,7 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, inc incumbentEnv) (m
 	fromEnv := map[string]string{}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
+		if given[f.Name] || f.Name == versionFlag {
 			return
 		}
 		name := envName(f.Name)

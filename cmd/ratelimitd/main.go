@@ -7,6 +7,10 @@
 //	ratelimitd validate PATH                  check descriptor files
 //	ratelimitd check --domain D -d k=v ...    ask a running server
 //	ratelimitd explain --config P --domain D -d k=v ...   which rule matches, and why
+//	ratelimitd version [--output json]        which build this is
+//
+// Every command also takes --version, which prints the version line
+// instead of running.
 //
 // Every flag can also be set from the environment as RATELIMITD_<FLAG>, with
 // dashes as underscores (--grpc-addr is RATELIMITD_GRPC_ADDR); a flag on the
@@ -95,6 +99,8 @@ func runCommand(ctx context.Context, args []string, getenv func(string) string, 
 			return runCheck(ctx, args[1:], stdout, stderr)
 		case "explain":
 			return runExplain(args[1:], stdout, stderr)
+		case "version":
+			return runVersion(args[1:], stdout, stderr)
 		case "serve":
 			args = args[1:]
 		case "help", "-h", "--help", "-help":
@@ -105,6 +111,9 @@ func runCommand(ctx context.Context, args []string, getenv func(string) string, 
 	cfg, err := parseServeFlags(args, getenv, stderr)
 	if err != nil {
 		return err
+	}
+	if cfg.showVersion {
+		return printVersion(stdout)
 	}
 	if useLogger != nil {
 		// serve builds its own from the same flags and writer: the same
@@ -123,7 +132,10 @@ Usage:
                                                     ask a running server, print its answer
   ratelimitd explain --config PATH --domain D -d k=v[,k=v]
                                                     show which rule each descriptor matches, and why
+  ratelimitd version [--output json]                print the version, revision, build time, Go version and platform
   ratelimitd serve --help                           list the flags
+
+Every command takes --version: it prints the version line and exits.
 
 Every flag can also be given as an environment variable RATELIMITD_<FLAG>,
 e.g. RATELIMITD_GRPC_ADDR for --grpc-addr; the command line wins.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 )
 
@@ -33,6 +34,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Ignore(syscall.SIGHUP)
 	log := newLogger(c, logw)
+	logBuild(log, buildinfo.Get())
 	if c.ConfigPath != "" {
 		warnings, err := checkConfigLayout(c.ConfigPath, c.envCompat == envCompatEnvoyproxy)
 		if err != nil {
@@ -77,4 +79,11 @@ func warnEnvironment(log *slog.Logger, c serveConfig) {
 		log.Warn("envoyproxy/ratelimit's variables are set but not read: under its own name ratelimitd reads only RATELIMITD_* variables; run it as ratelimit, or with RATELIMITD_ENV_COMPAT=envoyproxy (--env-compat=envoyproxy), to read them",
 			"variables", strings.Join(c.foreignVars, ","))
 	}
+}
+
+// logBuild logs the first line of serve: which build starts, so that a
+// fleet's logs say which replica ran which build before anything it did.
+func logBuild(log *slog.Logger, b buildinfo.Info) {
+	log.Info("ratelimitd starting", "version", b.Version, "revision", b.Revision, "modified", b.Modified,
+		"build_time", b.BuildTime, "go_version", b.GoVersion, "platform", b.Platform)
 }

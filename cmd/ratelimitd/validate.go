@@ -22,11 +22,16 @@ var errInvalidConfig = errors.New("invalid configuration")
 func runValidate(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ratelimitd validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	var showVersion bool
+	addVersionFlag(fs, &showVersion)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: ratelimitd validate PATH (a descriptor file or a directory of them)")
 	}
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
+	}
+	if showVersion {
+		return printVersion(stdout)
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 )
 
 // DefaultMetricsPath is where the metrics listener (Config.MetricsAddr)
@@ -183,20 +184,21 @@ func (d *Daemon) debugHandler() http.Handler {
 	return mux
 }
 
-// writeConfig writes set as text for /rlconfig: where it came from and
-// its hash, then config.Set.WriteText's line per rule; nil (no config
-// yet) says so.
+// writeConfig writes set as text for /rlconfig: where it came from, its
+// hash and the build serving it (buildinfo.Info.String), then
+// config.Set.WriteText's line per rule; nil (no config yet) says so, and
+// which build.
 func (d *Daemon) writeConfig(w io.Writer, set *config.Set) {
 	kind, version := d.configSource()
 	if set == nil {
-		fmt.Fprintf(w, "no config loaded (source %s %s)\n", kind, d.source.where())
+		fmt.Fprintf(w, "no config loaded (source %s %s)\n# build: %s\n", kind, d.source.where(), buildinfo.Get())
 		return
 	}
 	fmt.Fprintf(w, "# source: %s %s", kind, d.source.where())
 	if version != "" {
 		fmt.Fprintf(w, " version %s", version)
 	}
-	fmt.Fprintf(w, "\n# config_hash: %s\n", set.Hash())
+	fmt.Fprintf(w, "\n# config_hash: %s\n# build: %s\n", set.Hash(), buildinfo.Get())
 	set.WriteText(w)
 }
 

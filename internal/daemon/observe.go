@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
+	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 	"github.com/ratelimitd/ratelimitd/internal/limitspage"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/server"
@@ -97,7 +98,7 @@ func (o *observability) handler(next http.Handler, srv *server.Server, source fu
 	mux := http.NewServeMux()
 	mux.Handle("/", next)
 	mux.Handle("GET /metrics", o.metricsHandler())
-	page, err := limitspage.NewHandler(limitspage.Options{Config: srv.Config, Tracker: o.tracker, Source: source, Pools: srv.LeasePools})
+	page, err := limitspage.NewHandler(limitspage.Options{Config: srv.Config, Tracker: o.tracker, Source: source, Pools: srv.LeasePools, Build: buildinfo.Get()})
 	if err == nil { // it fails only without Config or Tracker
 		mux.Handle("GET /limits", o.flushing(page))
 		mux.Handle("GET /limits.json", o.flushing(page))

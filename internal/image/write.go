@@ -28,10 +28,18 @@ func GoBuildFlags() []string {
 
 // GoBuild runs `goCmd build` in dir (the module root) for MainPackage and
 // platform p, static (CGO_ENABLED=0) with GoBuildFlags, writing the binary
-// to out. The rest of the environment is the process's (GOCACHE, GOPATH,
-// GOFLAGS, GOTOOLCHAIN).
-func GoBuild(ctx context.Context, goCmd, dir string, p v1.Platform, out string) error {
-	args := append([]string{"build"}, GoBuildFlags()...)
+// to out. ldflags, if any, are added to GoBuildFlags' -ldflags (a
+// release's buildinfo.Stamp.LinkerFlags); none may hold a blank. The rest
+// of the environment is the process's (GOCACHE, GOPATH, GOFLAGS,
+// GOTOOLCHAIN).
+func GoBuild(ctx context.Context, goCmd, dir string, p v1.Platform, out string, ldflags ...string) error {
+	flags := GoBuildFlags()
+	for i, f := range flags {
+		if strings.HasPrefix(f, "-ldflags=") && len(ldflags) > 0 {
+			flags[i] = f + " " + strings.Join(ldflags, " ")
+		}
+	}
+	args := append([]string{"build"}, flags...)
 	args = append(args, "-o", out, MainPackage)
 	cmd := exec.CommandContext(ctx, goCmd, args...)
 	cmd.Dir = dir

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 )
 
@@ -38,6 +39,9 @@ type Options struct {
 	// fullest first, at most n (server.Server.LeasePools): the page
 	// shows the TopBuckets fullest.
 	Pools func(n int) []server.PoolInFlight
+	// Build is the ratelimitd serving the page (buildinfo.Get()), whose
+	// version and revision it shows; the zero value shows none.
+	Build buildinfo.Info
 }
 
 // Handler serves GET /limits (HTML) and GET /limits.json. Mount it on both
@@ -62,6 +66,10 @@ func NewHandler(opts Options) (*Handler, error) {
 
 // Page is what /limits shows and /limits.json returns.
 type Page struct {
+	// Version and Revision are the build of ratelimitd that computed the
+	// page (buildinfo.Info's); "" when not known.
+	Version  string `json:"version,omitempty"`
+	Revision string `json:"revision,omitempty"`
 	// GeneratedAt is when the page was computed.
 	GeneratedAt time.Time `json:"generated_at"`
 	// ConfigHash identifies the config in force ("" when none is).
@@ -120,7 +128,7 @@ type RulePage struct {
 // Build computes the page at now.
 func (h *Handler) Build(now time.Time) Page {
 	set := h.opts.Config()
-	p := Page{GeneratedAt: now, ConfigHash: set.Hash(), WindowSeconds: int(Window / time.Second),
+	p := Page{Version: h.opts.Build.Version, Revision: h.opts.Build.Revision, GeneratedAt: now, ConfigHash: set.Hash(), WindowSeconds: int(Window / time.Second),
 		Domains: []DomainPage{}, Busiest: h.opts.Tracker.Busiest(h.opts.TopBuckets, now), InFlight: h.pools(h.opts.TopBuckets)}
 	if h.opts.Source != nil {
 		p.ConfigSource, p.ConfigVersion = h.opts.Source()

@@ -30,6 +30,7 @@
 //	ratelimitd_request_duration_seconds        ratelimit_server.ShouldRateLimit.response_time
 //	ratelimitd_backend_errors_total            ratelimit.service.call.should_rate_limit.redis_error
 //	ratelimitd_config_reloads_total            ratelimit.service.config_load_success / config_load_error
+//	ratelimitd_build_info                      (none: the build's version, revision and Go version)
 //	ratelimitd_config_info                     (none: the loaded config's hash)
 //	ratelimitd_failure_mode_activations_total  (none)
 //	ratelimitd_failure_mode_answers_total      (none: calls answered per the failure mode, by cause)
@@ -60,6 +61,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 	"github.com/ratelimitd/ratelimitd/internal/redact"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
@@ -269,7 +271,8 @@ func New(opts Options) (*Metrics, error) {
 	m.domains.max = opts.MaxDomains
 	m.rules.Store(&ruleCache{})
 	cs := []prometheus.Collector{m.hits, m.within, m.near, m.over, m.shadow, m.requests, m.unmatched,
-		m.calls, m.latency, m.backendErrors, m.nodeUp, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.valuesEvicted, m.guards, m.ruleInfo, m.refunds}
+		m.calls, m.latency, m.backendErrors, m.nodeUp, m.fallbacks, m.reloads, m.configInfo, m.configSource, m.failureMode, m.valuesEvicted, m.guards, m.ruleInfo, m.refunds,
+		newBuildInfo(buildinfo.Get())}
 	if opts.IncumbentNames {
 		m.inc = newIncumbent(opts.NearLimitRatio, opts.MaxValuesPerRule, opts.Redact)
 		cs = append(cs, m.inc)

@@ -12,6 +12,10 @@
 //
 // SOURCE_DATE_EPOCH (seconds), when set, is every timestamp in the image, so
 // that a rebuild from the same commit gives the same digests.
+//
+// --version, --revision (with --modified) and SOURCE_DATE_EPOCH are also
+// stamped into the binaries (internal/buildinfo), so that `ratelimitd
+// version` and ratelimitd_build_info say what the image's labels say.
 package main
 
 import (
@@ -26,6 +30,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 	"github.com/ratelimitd/ratelimitd/internal/image"
 )
 
@@ -49,6 +54,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	goCmd := fs.String("go", "go", "the go command that builds the binaries")
 	version := fs.String("version", "", "org.opencontainers.image.version label (none if empty)")
 	revision := fs.String("revision", "", "org.opencontainers.image.revision label (none if empty)")
+	modified := fs.Bool("modified", false, "the work tree differs from --revision (stamped in the binaries with it)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -67,13 +73,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		opts.Created = time.Unix(secs, 0)
 	}
+	stamp := buildinfo.Stamp{Version: *version, Revision: *revision, Modified: *modified, Time: opts.Created}
+	if err := stamp.Validate(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
 	}
 	for _, p := range ps {
 		bin := filepath.Join(*out, "ratelimitd-"+p.OS+"-"+p.Architecture+p.Variant)
 		fmt.Fprintf(stdout, "go build %s → %s\n", p, bin)
-		if err := image.GoBuild(ctx, *goCmd, ".", p, bin); err != nil {
+		if err := image.GoBuild(ctx, *goCmd, ".", p, bin, stamp.LinkerFlags()...); err != nil {
 			return err
 		}
 		opts.Binaries = append(opts.Binaries, image.Binary{Platform: p, Path: bin})

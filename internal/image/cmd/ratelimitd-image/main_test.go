@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -13,6 +14,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 )
 
 // TestRun runs the command as `make image` does, for the host's platform,
@@ -31,7 +34,7 @@ func TestRun(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	if err := run(ctx, []string{"--out", out, "--platforms", platform, "--tag", tag, "--revision", "abc"}, func(k string) string { return env[k] }, &stdout, &stderr); err != nil {
+	if err := run(ctx, []string{"--out", out, "--platforms", platform, "--tag", tag, "--version", "v0.0.0-t1", "--revision", "abc", "--modified"}, func(k string) string { return env[k] }, &stdout, &stderr); err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
 	outer, err := layout.ImageIndexFromPath(filepath.Join(out, "oci"))
@@ -114,6 +117,22 @@ func TestRun(t *testing.T) {
 	}
 	if r := cf.Config.Labels["org.opencontainers.image.revision"]; r != "abc" {
 		t.Errorf("revision label %q, want abc", r)
+	}
+	if v := cf.Config.Labels["org.opencontainers.image.version"]; v != "v0.0.0-t1" {
+		t.Errorf("version label %q, want v0.0.0-t1", v)
+	}
+	// The binary says what the labels say, dated SOURCE_DATE_EPOCH.
+	bin := filepath.Join(out, "ratelimitd-linux-"+runtime.GOARCH)
+	printed, err := exec.Command(bin, "version", "--output", "json").Output()
+	if err != nil {
+		t.Fatalf("%s version: %v", bin, err)
+	}
+	var info buildinfo.Info
+	if err := json.Unmarshal(printed, &info); err != nil {
+		t.Fatalf("%s version --output json: %v\n%s", bin, err, printed)
+	}
+	if want := (buildinfo.Info{Version: "v0.0.0-t1", Revision: "abc", Modified: true, BuildTime: "2025-12-01T12:00:00Z", GoVersion: info.GoVersion, Platform: platform}); info != want {
+		t.Errorf("%s version:\n %+v\nwant\n %+v", bin, info, want)
 	}
 	if !strings.Contains(stdout.String(), "docker load -i ") {
 		t.Errorf("stdout does not say how to load the tarball:\n%s", stdout.String())
