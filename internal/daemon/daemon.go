@@ -27,6 +27,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/reload"
 	"github.com/ratelimitd/ratelimitd/internal/runtimetune"
@@ -231,7 +232,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for _, dom := range domains {
 		rules += len(dom.Rules)
 	}
-	d.log.Info("ratelimitd started",
+	d.log.Info("ratelimitd started", "version", buildinfo.Get().Version,
 		"config_source", d.source.kind(), "config", d.source.where(), "config_hash", set.Hash(), "domains", len(domains), "rules", rules,
 		"backend", d.backend.Name(), "grpc_addr", d.grpcLis.Addr().String(), "http_addr", d.httpLis.Addr().String(),
 		"grpc_tls", d.tlsMode, "watch", d.cfg.WatchConfig, "shadow_mode", d.cfg.ShadowMode)
