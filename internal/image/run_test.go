@@ -152,55 +152,76 @@ func runImage(t *testing.T, r imageRun) {
 	if !root.chroot {
 		t.Log("not root: running the binary from the unpacked root without chroot or user 65534")
 	}
-	l := r.start(t, root)
-	before := snapshot(t, root.dir)
+	// A port freeAddr found free may be taken by another test before the
+	// process binds it: start again, with new ports, a few times.
+	var (
+		l       launch
+		before  string
+		cmd     *exec.Cmd
+		stopped bool
+		exited  chan error
+		logs    *proctest.Buffer
+		conn    *grpc.ClientConn
+	)
+	for attempt := 1; ; attempt++ {
+		l = r.start(t, root)
+		before = snapshot(t, root.dir)
 
-	cmd := exec.Command(root.path(l.path), l.args...)
-	cmd.Env = l.env
-	if cmd.Env == nil {
-		cmd.Env = []string{}
-	}
-	cmd.Dir = root.path("/")
-	if root.chroot {
-		cmd.SysProcAttr = &syscall.SysProcAttr{
-			Chroot:     root.dir,
-			Credential: &syscall.Credential{Uid: image.UID, Gid: image.GID},
+		cmd = exec.Command(root.path(l.path), l.args...)
+		cmd.Env = l.env
+		if cmd.Env == nil {
+			cmd.Env = []string{}
 		}
-	}
-	logs := &proctest.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", l.path, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			cmd.Process.Kill()
-			<-exited
+		cmd.Dir = root.path("/")
+		if root.chroot {
+			cmd.SysProcAttr = &syscall.SysProcAttr{
+				Chroot:     root.dir,
+				Credential: &syscall.Credential{Uid: image.UID, Gid: image.GID},
+			}
 		}
-	})
-	if root.chroot {
-		checkUser(t, cmd.Process.Pid)
-	}
+		logs = &proctest.Buffer{}
+		cmd.Stdout, cmd.Stderr = logs, logs
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start %s: %v", l.path, err)
+		}
+		proc, done := cmd, make(chan error, 1)
+		exited = done
+		go func() { done <- proc.Wait() }()
+		t.Cleanup(func() {
+			if proc != cmd || !stopped {
+				proc.Process.Kill()
+				<-done
+			}
+		})
+		if root.chroot {
+			checkUser(t, cmd.Process.Pid)
+		}
 
-	creds := insecure.NewCredentials()
-	if l.grpcCA != "" {
-		pem, err := os.ReadFile(l.grpcCA)
-		if err != nil {
+		creds := insecure.NewCredentials()
+		if l.grpcCA != "" {
+			pem, err := os.ReadFile(l.grpcCA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			roots := x509.NewCertPool()
+			roots.AppendCertsFromPEM(pem)
+			creds = credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13})
+		}
+		var err error
+		if conn, err = grpc.NewClient(l.grpcAddr, grpc.WithTransportCredentials(creds)); err != nil {
 			t.Fatal(err)
 		}
-		roots := x509.NewCertPool()
-		roots.AppendCertsFromPEM(pem)
-		creds = credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13})
-	}
-	conn, err := grpc.NewClient(l.grpcAddr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		t.Fatal(err)
+		if err = awaitServing(conn, exited); err == nil {
+			break
+		}
+		if attempt < 3 && strings.Contains(logs.String(), "address already in use") {
+			t.Logf("attempt %d: a port was taken meanwhile; starting again: %v", attempt, err)
+			conn.Close()
+			continue
+		}
+		t.Fatalf("%v\n%s", err, logs)
 	}
 	defer conn.Close()
-	awaitServing(t, conn, exited, logs)
 	for _, p := range l.httpOK {
 		resp, err := http.Get(p)
 		if err != nil {
@@ -245,9 +266,8 @@ func runImage(t *testing.T, r imageRun) {
 }
 
 // awaitServing polls gRPC health (the empty service: the whole server)
-// until SERVING, for at most 20 s, failing at once if the process exits.
-func awaitServing(t *testing.T, conn *grpc.ClientConn, exited chan error, logs *proctest.Buffer) {
-	t.Helper()
+// until SERVING, for at most 20 s, and fails at once if the process exits.
+func awaitServing(conn *grpc.ClientConn, exited chan error) error {
 	health := healthpb.NewHealthClient(conn)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -255,16 +275,16 @@ func awaitServing(t *testing.T, conn *grpc.ClientConn, exited chan error, logs *
 		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
 		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
-			return
+			return nil
 		}
 		select {
 		case err := <-exited:
 			exited <- err
-			t.Fatalf("exited before serving: %v\n%s", err, logs)
+			return fmt.Errorf("exited before serving: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not SERVING after 20s (last: %v, %v)\n%s", resp, err, logs)
+			return fmt.Errorf("not SERVING after 20s (last: %v, %v)", resp, err)
 		}
 	}
 }

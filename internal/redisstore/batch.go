@@ -125,8 +125,8 @@ type batcher struct {
 	late func(*call)
 	// report, when set, learns what Redis did with the calls no caller
 	// waits for (see Options.OnBackend): each abandoned call's outcome
-	// when it comes, and, every slowAfter, each round trip still
-	// unanswered.
+	// when it comes, and, once, each round trip still unanswered after
+	// its allowance (see exchange).
 	report func(node string, held time.Duration, err error)
 	// slowAfter, when positive, is how long a round trip may go
 	// unanswered before it is reported (report) and its sender goes on

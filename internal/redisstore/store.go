@@ -156,11 +156,12 @@ type Options struct {
 	//     while Redis had it, once the answer comes: held is how long
 	//     Redis took, err nil when it answered, else the error (the caller
 	//     got a *limiter.DeadlineError with Pending set);
-	//   - with SlowAfter set, for every round trip still unanswered each
-	//     SlowAfter after it was sent: held is how long Redis has had it,
-	//     err a *limiter.DeadlineError with Pending set, so that a server
-	//     that stopped answering is found failing within a few SlowAfter,
-	//     whatever its callers' deadlines.
+	//   - with SlowAfter set, once for every round trip still unanswered
+	//     SlowAfter (and 25 µs a bucket it carries) after it was sent:
+	//     held is how long Redis has had it, err a *limiter.DeadlineError
+	//     with Pending set, so that a server that stopped answering is
+	//     found failing within a few SlowAfter under load, whatever its
+	//     callers' deadlines.
 	// node is the server's name: the Cluster node's address, "" for a
 	// server without slots. It is called on a sending or timer goroutine
 	// and must be quick.
