@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin
 CONFIG ?= examples/envoy/ratelimit
 
-.PHONY: all build run test test-deps vet check fuzz bench clean test-browser image release
+.PHONY: all build run test test-deps test-faults vet check fuzz bench clean test-browser image release
 
 all: build
 
@@ -56,6 +56,13 @@ fuzz:
 ## may, and what to run when it may not).
 test-deps:
 	@sh scripts/test-deps redis
+
+## test-faults: the Redis fault suite that is not in test (see
+## CONTRIBUTING.md, "The fault suite"): network faults through a TCP fault
+## proxy on one Cluster master and on a standalone Redis, scale-out.
+test-faults: test-deps
+	RATELIMITD_HEAVY_TESTS=1 RATELIMITD_FAULT_TESTS=1 $(GO) test -race -count=1 -timeout 10m -v \
+		-run 'TestCluster(ScaleOutThenFullCoverageFailover|NodeFaults|FaultsStandaloneBlackhole)' ./cmd/ratelimitd
 
 ## test-browser: load the /limits page in a real headless Chromium (Debian's
 ## chromium package), installed as test-deps installs Redis.

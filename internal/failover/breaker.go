@@ -30,7 +30,8 @@ type breaker struct {
 	outageStart time.Time // when the first of the failures failed; zero after a success
 	open        bool      // the breaker has opened since the last success (healthy false)
 	lastErr     error
-	notified    bool // the health onChange last reported (initially true)
+	lastSuccess time.Time // the last success, on now
+	notified    bool      // the health onChange last reported (initially true)
 	notifying   bool // a goroutine is calling onChange
 }
 
@@ -89,6 +90,7 @@ func (b *breaker) succeeded(probe bool) {
 	b.mu.Lock()
 	recovered := b.open
 	b.failures, b.openUntil, b.outageStart, b.open, b.lastErr = 0, time.Time{}, time.Time{}, false, nil
+	b.lastSuccess = b.now()
 	if probe {
 		b.probing = false
 	}
@@ -126,6 +128,22 @@ func (b *breaker) failed(probe bool, err error) outage {
 		b.notify()
 	}
 	return o
+}
+
+// failedSent records the failure of something sent to the backend at
+// sent, as failed does, unless the backend has answered a call since:
+// a round trip that a network black hole swallowed fails at the read
+// timeout, long after the fault ended and the backend answered again, and
+// must not open the breaker then. It reports whether it counted.
+func (b *breaker) failedSent(sent time.Time, err error) bool {
+	b.mu.Lock()
+	stale := !b.lastSuccess.IsZero() && sent.Before(b.lastSuccess)
+	b.mu.Unlock()
+	if stale {
+		return false
+	}
+	b.failed(false, err)
+	return true
 }
 
 // notify calls onChange until it has reported the current health. One

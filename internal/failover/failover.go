@@ -5,7 +5,7 @@
 // allow, deny, or local buckets).
 //
 // A call's budget is its caller's deadline less a margin for the answer to
-// travel back (see budget.go: a twentieth of the time left, at most 5ms,
+// travel back (see budget.go: a tenth of the time left, at most 5ms,
 // more on a host where calls come back late), or Options.DefaultDeadline
 // when it has none: the backend decides whenever it answers within it.
 // Only what the backend failed (an error, or what it held for
@@ -369,7 +369,7 @@ func (s *Store) Observe(shard string, held time.Duration, err error) {
 		shard = shardOf(shard, err)
 	}
 	if err = s.judge(err); !errors.Is(err, limiter.ErrOverloaded) && !errors.Is(err, limiter.ErrTryAgain) {
-		s.breakers.get(shard).failed(false, err)
+		s.breakers.get(shard).failedSent(s.opts.Now().Add(-held), err)
 	}
 }
 

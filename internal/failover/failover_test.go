@@ -349,7 +349,7 @@ func (b *deadlineBackend) TakeBy(ctx context.Context, by, now time.Time, reqs []
 
 // TestTheBudgetBoundsAHungBackend: a call to a backend that never answers
 // is answered per the failure mode when its budget runs out: a margin
-// before the caller's deadline (a twentieth of the time left, at most 5ms), or
+// before the caller's deadline (a tenth of the time left, at most 5ms), or
 // DefaultDeadline after it came without one; the backend had it for its
 // whole Timeout, so it failed. A backend that is a limiter.DeadlineTaker
 // is given the budget's end as by, with the caller's own context (none is
@@ -360,7 +360,7 @@ func TestTheBudgetBoundsAHungBackend(t *testing.T) {
 		deadline time.Duration // 0: none
 		want     time.Duration
 	}{
-		{"Envoy's 20ms", 20 * time.Millisecond, 19 * time.Millisecond},
+		{"Envoy's 20ms", 20 * time.Millisecond, 18 * time.Millisecond},
 		{"2s", 2 * time.Second, 2*time.Second - 5*time.Millisecond},
 		{"none", 0, 300 * time.Millisecond},
 	} {
@@ -477,8 +477,8 @@ func TestCallerDeadline(t *testing.T) {
 		{"cancelled after 15ms (Envoy's timeout resets the stream)", "hung", -15 * time.Millisecond, context.Canceled, 0, true},
 		{"deadline passed already", "hung", -time.Nanosecond, context.DeadlineExceeded, 0, false},
 		{"5ms left, under Timeout", "hung", 5 * time.Millisecond, nil, limiter.FallbackOverloaded, false},
-		{"10.5ms left: a budget of 9.975ms, under Timeout", "hung", 10500 * time.Microsecond, nil, limiter.FallbackOverloaded, false},
-		{"11ms left: a budget of 10.45ms, over Timeout", "hung", 11 * time.Millisecond, nil, limiter.FallbackBackendFailed, true},
+		{"11ms left: a budget of 9.9ms, under Timeout", "hung", 11 * time.Millisecond, nil, limiter.FallbackOverloaded, false},
+		{"11.5ms left: a budget of 10.35ms, over Timeout", "hung", 11500 * time.Microsecond, nil, limiter.FallbackBackendFailed, true},
 		{"20ms left", "hung", 20 * time.Millisecond, nil, limiter.FallbackBackendFailed, true},
 		{"20ms left, queued all along", "queued", 20 * time.Millisecond, nil, limiter.FallbackOverloaded, false},
 		{"2s left, queued all along", "queued", 2 * time.Second, nil, limiter.FallbackOverloaded, false},

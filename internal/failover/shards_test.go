@@ -157,9 +157,21 @@ func newShardRig(t *testing.T, opts failover.Options) *shardRig {
 		}
 		r.changes = append(r.changes, healthy)
 	}
-	opts.OnShardDropped = func(shard string) { r.dropped = append(r.dropped, shard) }
-	opts.OnBackendFailure = func(err error) { r.failures = append(r.failures, err) }
-	opts.OnFallback = func(cause limiter.Fallback) { r.fallbacks = append(r.fallbacks, cause) }
+	opts.OnShardDropped = func(shard string) {
+		r.probeMu.Lock()
+		defer r.probeMu.Unlock()
+		r.dropped = append(r.dropped, shard)
+	}
+	opts.OnBackendFailure = func(err error) {
+		r.probeMu.Lock()
+		defer r.probeMu.Unlock()
+		r.failures = append(r.failures, err)
+	}
+	opts.OnFallback = func(cause limiter.Fallback) {
+		r.probeMu.Lock()
+		defer r.probeMu.Unlock()
+		r.fallbacks = append(r.fallbacks, cause)
+	}
 	opts.ProbeShard = func(ctx context.Context, shard string) error {
 		r.probeMu.Lock()
 		defer r.probeMu.Unlock()
@@ -478,6 +490,9 @@ func TestObserve(t *testing.T) {
 			&limiter.DeadlineError{Stalled: timeout, Err: context.DeadlineExceeded}, "n1", 1, "[n1:false]"},
 		{"an error", false, "n1", time.Millisecond, unavailable, "n1", 1, "[n1:false]"},
 		{"an error naming n2", false, "n1", time.Millisecond, &limiter.ShardError{Shard: "n2", Err: unavailable}, "n2", 1, "[n2:false]"},
+		// Sent 200ms ago, before n2 last answered (the setup's Take, 100ms
+		// ago): a black hole's round trip failing at the read timeout.
+		{"an error of a round trip sent before the last success", false, "n2", 200 * time.Millisecond, unavailable, "", 1, "[]"},
 		{"try again", false, "n1", time.Millisecond, &limiter.ShardError{Shard: "n1", Err: fmt.Errorf("%w: TRYAGAIN", limiter.ErrTryAgain)}, "", 0, "[]"},
 		{"an invalid request", false, "n1", time.Millisecond, fmt.Errorf("%w: hits", limiter.ErrInvalidRequest), "", 0, "[]"},
 	}
@@ -491,6 +506,7 @@ func TestObserve(t *testing.T) {
 				r.b.set(nil)
 			}
 			before := len(r.failures)
+			r.at(100 * time.Millisecond) // the setup's calls were at t0
 			r.s.Observe(tt.shard, tt.held, tt.err)
 			call := fmt.Sprintf("Observe(%q, %v, %v)", tt.shard, tt.held, tt.err)
 			if got := len(r.failures) - before; got != tt.wantFailures {

@@ -52,14 +52,19 @@ func (s *Store) ProbeAny(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	errs := make([]error, len(keys))
-	var wg sync.WaitGroup
-	for i, key := range keys {
-		wg.Go(func() { errs[i] = s.probeKey(ctx, key) })
+	// The first master that decides answers: one in a black hole does
+	// not hold the check to its deadline. The others' probes end by ctx.
+	results := make(chan error, len(keys))
+	for _, key := range keys {
+		go func() { results <- s.probeKey(ctx, key) }()
 	}
-	wg.Wait()
-	if slices.Contains(errs, nil) {
-		return nil
+	var errs []error
+	for range keys {
+		err := <-results
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
