@@ -32,7 +32,7 @@ type breaker struct {
 	lastErr     error
 	lastSuccess time.Time // the last success, on now
 	notified    bool      // the health onChange last reported (initially true)
-	notifying   bool // a goroutine is calling onChange
+	notifying   bool      // a goroutine is calling onChange
 }
 
 // newBreaker returns a closed, healthy breaker with the options' (already
