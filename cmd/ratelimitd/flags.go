@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
+	"github.com/ratelimitd/ratelimitd/internal/envcompat"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/runtimetune"
@@ -30,15 +31,15 @@ type serveConfig struct {
 	// ignoredFlags are flags given (as given spells them) that only the
 	// Redis backend reads, while the memory backend is in use: serve warns.
 	ignoredFlags []string
-	// envCompat is the environment read: envCompatNative (RATELIMITD_*
-	// only) or envCompatEnvoyproxy (envoyproxy/ratelimit's names too).
+	// envCompat is the environment read: envcompat.Native (RATELIMITD_*
+	// only) or envcompat.Envoyproxy (envoyproxy/ratelimit's names too).
 	envCompat string
 	// unhonoured are the envoyproxy/ratelimit settings given that are not
-	// honoured (with envCompatEnvoyproxy), each "NAME=value: why"; serve
+	// honoured (with envcompat.Envoyproxy), each "NAME=value: why"; serve
 	// names them all in one warning.
 	unhonoured []string
 	// foreignVars are envoyproxy/ratelimit's settings found in the
-	// environment but not read (envCompatNative): serve warns of them.
+	// environment but not read (envcompat.Native): serve warns of them.
 	foreignVars []string
 	// showVersion is --version: print the version line, serve nothing.
 	showVersion bool
@@ -83,7 +84,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.ConfigPath, "config", "", "descriptor file, or directory of *.yaml files (required, unless --config-xds-addr)")
-	fs.StringVar(&c.envCompat, "env-compat", envCompatNative, "also read envoyproxy/ratelimit's environment variables (REDIS_URL, GRPC_PORT, ...) with its defaults: envoyproxy; the default when the binary runs as \"ratelimit\"")
+	fs.StringVar(&c.envCompat, "env-compat", envcompat.Native, "also read envoyproxy/ratelimit's environment variables (REDIS_URL, GRPC_PORT, ...) with its defaults: envoyproxy; the default when the binary runs as \"ratelimit\"")
 	finishDropIn := addDropInFlags(fs, &c)
 	finishGuards := addGuardFlags(fs, &c)
 	addTestFlags(fs, &c)
@@ -157,16 +158,16 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if !flagGiven(fs, "env-compat") {
 		c.envCompat = getenv(envName("env-compat"))
 	}
-	var inc incumbentEnv
+	var inc envcompat.Env
 	switch c.envCompat {
-	case envCompatNative:
-		c.foreignVars = incumbentVarsIn(getenv)
-	case envCompatEnvoyproxy:
+	case envcompat.Native:
+		c.foreignVars = envcompat.VarsIn(getenv)
+	case envcompat.Envoyproxy:
 		var err error
-		if inc, err = readIncumbentEnv(getenv); err != nil {
+		if inc, err = envcompat.Read(getenv); err != nil {
 			return c, usageError{fmt.Errorf("envoyproxy/ratelimit's environment:\n%w", err)}
 		}
-		c.unhonoured = inc.unhonoured
+		c.unhonoured = inc.Unhonoured
 	default:
 		return c, usageError{fmt.Errorf("--env-compat %q: want envoyproxy, or nothing for ratelimitd's own variables only", c.envCompat)}
 	}
@@ -175,8 +176,8 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return c, usageError{err}
 	}
 	given := givenFlags(fs, fromEnv)
-	if c.envCompat == envCompatEnvoyproxy {
-		c.Tracing = inc.tracing
+	if c.envCompat == envcompat.Envoyproxy {
+		c.Tracing = inc.Tracing
 	} else {
 		tc, terr := tracing.ConfigFromEnv(getenv)
 		if terr != nil {
@@ -231,7 +232,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 			if err := c.RateLimitHeaderNames.Validate(); err != nil {
 				return c, usageError{fmt.Errorf("%s: %w", spelt, err)}
 			}
-		case spelt == inc.spelt["ratelimit-header-names"]:
+		case spelt == inc.Spelt["ratelimit-header-names"]:
 			// The incumbent's names, while the operator chose another
 			// mode over its LIMIT_RESPONSE_HEADERS_ENABLED: not read.
 		default:
@@ -305,7 +306,7 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 // RATELIMITD_ variable, when that is set, or else from inc (what
 // envoyproxy/ratelimit's variables say, when they are read). It returns
 // the flags it set, each mapped to the variables it was set from.
-func applyEnv(fs *flag.FlagSet, getenv func(string) string, inc incumbentEnv) (map[string]string, error) {
+func applyEnv(fs *flag.FlagSet, getenv func(string) string, inc envcompat.Env) (map[string]string, error) {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	fromEnv := map[string]string{}
@@ -318,10 +319,10 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, inc incumbentEnv) (m
 		v := getenv(name)
 		if v == "" {
 			var ok bool
-			if v, ok = inc.flags[f.Name]; !ok {
+			if v, ok = inc.Flags[f.Name]; !ok {
 				return
 			}
-			name = inc.spelt[f.Name]
+			name = inc.Spelt[f.Name]
 		}
 		if err := fs.Set(f.Name, v); err != nil {
 			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))

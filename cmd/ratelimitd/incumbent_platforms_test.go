@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/envcompat"
 	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
 )
 
@@ -233,7 +234,7 @@ func TestEnvCompatSwitch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := parseServeFlags(tt.args, programGetenv(tt.prog, tt.getenv), io.Discard)
+			c, err := parseServeFlags(tt.args, envcompat.ProgramGetenv(tt.prog, tt.getenv), io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}

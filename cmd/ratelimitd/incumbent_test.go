@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/envcompat"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 	"github.com/ratelimitd/ratelimitd/internal/xdsconfig"
@@ -19,7 +20,7 @@ import (
 // incumbentParse parses the serve configuration from env alone, as the
 // binary run as "ratelimit" does.
 func incumbentParse(env map[string]string, args ...string) (serveConfig, error) {
-	getenv := programGetenv("/bin/ratelimit", func(k string) string { return env[k] })
+	getenv := envcompat.ProgramGetenv("/bin/ratelimit", func(k string) string { return env[k] })
 	return parseServeFlags(args, getenv, io.Discard)
 }
 
@@ -50,7 +51,7 @@ const (
 // top of baseEnv) and checks what ratelimitd does with it: read (the
 // field of the Config it lands in), warned about (named in the startup
 // warning), or refused (named in the error). Every setting in
-// incumbentVars has at least one case (TestIncumbentVariablesAllCovered),
+// envcompat's table has at least one case (TestIncumbentVariablesAllCovered),
 // and docs/replacing-envoyproxy-ratelimit.md one row
 // (TestReplacingDocListsEveryVariable).
 func TestIncumbentVariables(t *testing.T) {
@@ -282,9 +283,9 @@ func TestIncumbentVariables(t *testing.T) {
 		for _, tt := range tests {
 			cased[tt.name] = true
 		}
-		for _, v := range incumbentVars {
-			if !cased[v.name] {
-				t.Errorf("%s: no case in TestIncumbentVariables", v.name)
+		for _, name := range envcompat.Names() {
+			if !cased[name] {
+				t.Errorf("%s: no case in TestIncumbentVariables", name)
 			}
 		}
 	})
@@ -299,7 +300,7 @@ func boolStr(b bool) string {
 
 // TestReplacingDocListsEveryVariable checks that the settings table of
 // docs/replacing-envoyproxy-ratelimit.md has exactly one row per setting
-// in incumbentVars (which TestIncumbentVariables covers).
+// in envcompat's table (which TestIncumbentVariables covers).
 func TestReplacingDocListsEveryVariable(t *testing.T) {
 	doc, err := os.ReadFile("../../docs/replacing-envoyproxy-ratelimit.md")
 	if err != nil {
@@ -309,15 +310,15 @@ func TestReplacingDocListsEveryVariable(t *testing.T) {
 	for _, m := range regexp.MustCompile("(?m)^\\| `([A-Z0-9_]+)` \\|").FindAllStringSubmatch(string(doc), -1) {
 		rows[m[1]]++
 	}
-	for _, v := range incumbentVars {
-		switch rows[v.name] {
+	for _, name := range envcompat.Names() {
+		switch rows[name] {
 		case 1:
 		case 0:
-			t.Errorf("%s: no row in the doc's table", v.name)
+			t.Errorf("%s: no row in the doc's table", name)
 		default:
-			t.Errorf("%s: %d rows in the doc's table, want 1", v.name, rows[v.name])
+			t.Errorf("%s: %d rows in the doc's table, want 1", name, rows[name])
 		}
-		delete(rows, v.name)
+		delete(rows, name)
 	}
 	for name := range rows {
 		t.Errorf("%s: a row in the doc's table, but not a setting ratelimitd reads", name)
@@ -377,5 +378,13 @@ func TestRateLimitHeaderNames(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEnvCompatVariable: the variable envcompat defaults under the
+// incumbent's program name is --env-compat's own.
+func TestEnvCompatVariable(t *testing.T) {
+	if got := envName("env-compat"); got != envcompat.CompatVar {
+		t.Errorf("envName(env-compat) = %s, envcompat.CompatVar = %s: want the same", got, envcompat.CompatVar)
 	}
 }

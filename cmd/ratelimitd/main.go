@@ -34,6 +34,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/envcompat"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 )
 
@@ -44,7 +45,7 @@ func main() {
 	// command's logger (at debug level) rather than straight to stderr.
 	redisLog := &redisstore.Logger{}
 	redis.SetLogger(redisLog)
-	err := runWith(ctx, os.Args[1:], programGetenv(os.Args[0], os.Getenv), os.Stdout, os.Stderr, redisLog.Use)
+	err := runWith(ctx, os.Args[1:], envcompat.ProgramGetenv(os.Args[0], os.Getenv), os.Stdout, os.Stderr, redisLog.Use)
 	stop()
 	var usage usageError
 	switch {

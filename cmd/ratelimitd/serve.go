@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/envcompat"
 )
 
 func newLogger(c serveConfig, w io.Writer) *slog.Logger {
@@ -36,7 +37,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	log := newLogger(c, logw)
 	logBuild(log, buildinfo.Get())
 	if c.ConfigPath != "" {
-		warnings, err := checkConfigLayout(c.ConfigPath, c.envCompat == envCompatEnvoyproxy)
+		warnings, err := checkConfigLayout(c.ConfigPath, c.envCompat == envcompat.Envoyproxy)
 		if err != nil {
 			return usageError{err}
 		}

@@ -1,4 +1,12 @@
-package main
+// Package envcompat maps envoyproxy/ratelimit's environment (its
+// settings.go variables, with its defaults) onto ratelimitd's own flags,
+// so that ratelimitd runs unchanged where that project ran: Envoy Gateway's
+// and Istio's Deployments. Each setting is honoured (mapped to a flag),
+// warned of (set, but not what ratelimitd does), or refused (set to a
+// value that would matter and cannot be honoured); the table is in
+// vars.go and docs/replacing-envoyproxy-ratelimit.md lists every row.
+// It reads the environment only through the getenv it is given.
+package envcompat
 
 import (
 	"errors"
@@ -16,45 +24,45 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
 
-// The values of --env-compat (RATELIMITD_ENV_COMPAT). Running the binary
-// under the name "ratelimit" (the image's /bin/ratelimit, which Envoy
-// Gateway's and Istio's Deployments run) defaults it to envoyproxy.
+// The values of --env-compat (CompatVar). Running the binary under the
+// name "ratelimit" (the image's /bin/ratelimit, which Envoy Gateway's and
+// Istio's Deployments run) defaults it to envoyproxy.
 const (
-	envCompatNative     = ""
-	envCompatEnvoyproxy = "envoyproxy"
-	// incumbentProgram is the binary name that selects envCompatEnvoyproxy.
-	incumbentProgram = "ratelimit"
+	// CompatVar is the variable of --env-compat.
+	CompatVar  = "RATELIMITD_ENV_COMPAT"
+	Native     = ""
+	Envoyproxy = "envoyproxy"
+	// Program is the binary name that selects Envoyproxy.
+	Program = "ratelimit"
 )
 
-// incumbentEnv is what ratelimitd makes of envoyproxy/ratelimit's
-// environment: values for its own flags, as if they were RATELIMITD_*
-// variables of lower precedence (a flag on the command line, or its
-// RATELIMITD_ variable, wins), and what it does not honour.
-type incumbentEnv struct {
-	// flags maps flag names to values.
-	flags map[string]string
-	// spelt maps each flag in flags to the variables it came from, for
+// Env is what ratelimitd makes of envoyproxy/ratelimit's environment:
+// values for its own flags, as if they were RATELIMITD_* variables of
+// lower precedence (a flag on the command line, or its RATELIMITD_
+// variable, wins), and what it does not honour.
+type Env struct {
+	// Flags maps flag names to values.
+	Flags map[string]string
+	// Spelt maps each flag in Flags to the variables it came from, for
 	// messages ("REDIS_URL", "HOST and PORT").
-	spelt map[string]string
-	// tracing is the exporter of the TRACING_* settings.
-	tracing tracing.Config
-	// unhonoured are the settings given that ratelimitd does not honour,
+	Spelt map[string]string
+	// Tracing is the exporter of the TRACING_* settings.
+	Tracing tracing.Config
+	// Unhonoured are the settings given that ratelimitd does not honour,
 	// each "NAME=value: why", for the one startup warning.
-	unhonoured []string
-	// configDir is the file config directory RUNTIME_* name; "" under xDS.
-	configDir string
+	Unhonoured []string
 }
 
 // set gives flag the value v, from the variables spelt.
-func (e *incumbentEnv) set(flag, v, spelt string) {
-	e.flags[flag] = v
-	e.spelt[flag] = spelt
+func (e *Env) set(flag, v, spelt string) {
+	e.Flags[flag] = v
+	e.Spelt[flag] = spelt
 }
 
-// readIncumbentEnv reads envoyproxy/ratelimit's settings through getenv,
+// Read reads envoyproxy/ratelimit's settings through getenv,
 // with its defaults (src/settings/settings.go@f2fb157), and maps them onto
 // ratelimitd's flags. Every problem is returned, each naming its variable.
-func readIncumbentEnv(getenv func(string) string) (incumbentEnv, error) {
+func Read(getenv func(string) string) (Env, error) {
 	s := incumbentSettings{set: map[string]bool{}}
 	var errs []error
 	for _, v := range incumbentVars {
@@ -70,7 +78,7 @@ func readIncumbentEnv(getenv func(string) string) (incumbentEnv, error) {
 			}
 		}
 	}
-	e := incumbentEnv{flags: map[string]string{}, spelt: map[string]string{}}
+	e := Env{Flags: map[string]string{}, Spelt: map[string]string{}}
 	if len(errs) == 0 {
 		errs = append(errs, e.mapListeners(&s)...)
 		errs = append(errs, e.mapConfigSource(&s)...)
@@ -81,7 +89,7 @@ func readIncumbentEnv(getenv func(string) string) (incumbentEnv, error) {
 	for _, r := range s.refusals {
 		errs = append(errs, errors.New(r))
 	}
-	e.unhonoured = s.unhonoured
+	e.Unhonoured = s.unhonoured
 	return e, errors.Join(errs...)
 }
 
@@ -97,7 +105,7 @@ func hostPort(host string, port int64, portVar string) (string, error) {
 // Prometheus listener; settings that only matter with another one unset
 // (the TLS files without GRPC_SERVER_USE_TLS) are unhonoured, as they are
 // ignored by envoyproxy/ratelimit too.
-func (e *incumbentEnv) mapListeners(s *incumbentSettings) []error {
+func (e *Env) mapListeners(s *incumbentSettings) []error {
 	var errs []error
 	for _, l := range []struct {
 		flag, hostVar, portVar string
@@ -174,7 +182,7 @@ func (s *incumbentSettings) notUsedWithout(on, rest string, names ...string) {
 
 // mapConfigSource maps CONFIG_TYPE: the file directory of the RUNTIME_*
 // settings, or the xDS client of the CONFIG_GRPC_XDS_* ones.
-func (e *incumbentEnv) mapConfigSource(s *incumbentSettings) []error {
+func (e *Env) mapConfigSource(s *incumbentSettings) []error {
 	var errs []error
 	switch strings.ToUpper(s.configType) {
 	case "FILE":
@@ -187,8 +195,7 @@ func (e *incumbentEnv) mapConfigSource(s *incumbentSettings) []error {
 			errs = append(errs, errors.New("RUNTIME_SUBDIRECTORY is empty with RUNTIME_WATCH_ROOT=true: envoyproxy/ratelimit loads no config at all then; set RUNTIME_SUBDIRECTORY (the config is read from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY)"))
 			break
 		}
-		e.configDir = filepath.Join(s.runtimeRoot, s.runtimeSub, s.runtimeApp)
-		e.set("config", e.configDir, "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY")
+		e.set("config", filepath.Join(s.runtimeRoot, s.runtimeSub, s.runtimeApp), "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY")
 		// Both of envoyproxy/ratelimit's watches are ratelimitd's one: the
 		// directory, a ConfigMap's ..data swap in it, and any link above it
 		// (RUNTIME_ROOT) being swapped.
@@ -219,7 +226,7 @@ var xdsVarNames = []string{
 
 // mapXDS maps the CONFIG_GRPC_XDS_* and XDS_CLIENT_* settings onto the
 // --config-xds-* flags.
-func (e *incumbentEnv) mapXDS(s *incumbentSettings) []error {
+func (e *Env) mapXDS(s *incumbentSettings) []error {
 	var errs []error
 	e.set("config-xds-addr", s.xdsURL, "CONFIG_GRPC_XDS_SERVER_URL")
 	e.set("config-xds-node-id", s.xdsNodeID, "CONFIG_GRPC_XDS_NODE_ID")
@@ -285,7 +292,7 @@ func (e *incumbentEnv) mapXDS(s *incumbentSettings) []error {
 // envoyproxy/ratelimit's syntax (bare host:port, comma lists, REDIS_AUTH
 // as pass or user:pass), onto the --redis-* flags, and
 // LOCAL_CACHE_SIZE_IN_BYTES onto the denial cache.
-func (e *incumbentEnv) mapBackend(s *incumbentSettings) []error {
+func (e *Env) mapBackend(s *incumbentSettings) []error {
 	var errs []error
 	switch strings.ToLower(s.backendType) {
 	case "redis":
@@ -419,7 +426,7 @@ var redisVarNames = []string{
 
 // mapAnswers maps the settings that shape answers: near limit, shadow
 // mode, headers, dynamic metadata, and refuses those not yet built.
-func (e *incumbentEnv) mapAnswers(s *incumbentSettings) []error {
+func (e *Env) mapAnswers(s *incumbentSettings) []error {
 	var errs []error
 	if s.nearLimitRatio <= 0 || s.nearLimitRatio > 1 {
 		errs = append(errs, fmt.Errorf("NEAR_LIMIT_RATIO=%v: want more than 0 and at most 1", s.nearLimitRatio))
@@ -474,9 +481,9 @@ const (
 
 // mapTracing maps TRACING_* and OTEL_EXPORTER_OTLP_ENDPOINT onto a
 // tracing.Config, with the OpenTelemetry SDK's default endpoints.
-func (e *incumbentEnv) mapTracing(s *incumbentSettings) []error {
+func (e *Env) mapTracing(s *incumbentSettings) []error {
 	if !s.tracingEnabled {
-		e.tracing = tracing.Config{SampleRatio: 1} // off, as tracing.ConfigFromEnv's
+		e.Tracing = tracing.Config{SampleRatio: 1} // off, as tracing.ConfigFromEnv's
 		s.notUsedWithout("TRACING_ENABLED=true", "", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID", "TRACING_EXPORTER_PROTOCOL", "TRACING_SAMPLING_RATE", "OTEL_EXPORTER_OTLP_ENDPOINT")
 		return nil
 	}
@@ -505,14 +512,14 @@ func (e *incumbentEnv) mapTracing(s *incumbentSettings) []error {
 	if _, err := tracing.TracesURL(c.Endpoint); err != nil {
 		errs = append(errs, fmt.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT=%q: want an http:// or https:// URL", c.Endpoint))
 	}
-	e.tracing = c
+	e.Tracing = c
 	return errs
 }
 
-// incumbentVarsIn returns the names of envoyproxy/ratelimit's settings
+// VarsIn returns the names of envoyproxy/ratelimit's settings
 // set in the environment, sorted; OTEL_EXPORTER_OTLP_ENDPOINT, which
 // ratelimitd reads under its own name too, is left out.
-func incumbentVarsIn(getenv func(string) string) []string {
+func VarsIn(getenv func(string) string) []string {
 	var names []string
 	for _, v := range incumbentVars {
 		if v.name != "OTEL_EXPORTER_OTLP_ENDPOINT" && getenv(v.name) != "" {
@@ -523,16 +530,38 @@ func incumbentVarsIn(getenv func(string) string) []string {
 	return names
 }
 
-// programGetenv is getenv for the program named prog (os.Args[0]): under
+// ProgramGetenv is getenv for the program named prog (os.Args[0]): under
 // the name "ratelimit" RATELIMITD_ENV_COMPAT defaults to envoyproxy.
-func programGetenv(prog string, getenv func(string) string) func(string) string {
-	if strings.TrimSuffix(filepath.Base(prog), ".exe") != incumbentProgram {
+func ProgramGetenv(prog string, getenv func(string) string) func(string) string {
+	if strings.TrimSuffix(filepath.Base(prog), ".exe") != Program {
 		return getenv
 	}
 	return func(name string) string {
-		if v := getenv(name); v != "" || name != envName("env-compat") {
+		if v := getenv(name); v != "" || name != CompatVar {
 			return v
 		}
-		return envCompatEnvoyproxy
+		return Envoyproxy
 	}
+}
+
+// Names returns the names of every envoyproxy/ratelimit setting Read
+// knows, in its table's order.
+func Names() []string {
+	names := make([]string, len(incumbentVars))
+	for i, v := range incumbentVars {
+		names[i] = v.name
+	}
+	return names
+}
+
+// splitList splits a comma-separated list, dropping empty items and the
+// spaces around each.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }
