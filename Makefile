@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin
 CONFIG ?= examples/envoy/ratelimit
 
-.PHONY: all build run test test-deps test-faults vet check fuzz bench clean test-browser image release
+.PHONY: all build run test test-deps test-faults test-eg vet check fuzz bench clean test-browser image release
 
 all: build
 
@@ -63,6 +63,22 @@ test-deps:
 test-faults: test-deps
 	RATELIMITD_HEAVY_TESTS=1 RATELIMITD_FAULT_TESTS=1 $(GO) test -race -count=1 -timeout 10m -v \
 		-run 'TestCluster(ScaleOutThenFullCoverageFailover|NodeFaults|FaultsStandaloneBlackhole)' ./cmd/ratelimitd
+
+## test-eg: the conformance test against the real Envoy Gateway control
+## plane (conformance/envoygateway, a module of its own; CONTRIBUTING.md, "The
+## Envoy Gateway conformance test"), not part of test. envoy-gateway
+## EG_VERSION is built from the Go module proxy into bin/ once (minutes on 2
+## cores; kept there), then run standalone with ratelimitd, run as
+## ratelimit, as its rate-limit service on a real redis-server.
+EG_VERSION ?= v1.9.1
+EG_BIN := $(BIN)/envoy-gateway-$(EG_VERSION)
+test-eg: test-deps $(EG_BIN)
+	cd conformance/envoygateway && RATELIMITD_EG_BIN=$(abspath $(EG_BIN)) \
+		$(GO) test -count=1 -timeout 20m -v -run '^TestEnvoyGateway$$' .
+
+$(EG_BIN):
+	GOBIN=$(abspath $(BIN))/.envoy-gateway-$(EG_VERSION) $(GO) install github.com/envoyproxy/gateway/cmd/envoy-gateway@$(EG_VERSION)
+	mv $(BIN)/.envoy-gateway-$(EG_VERSION)/envoy-gateway $@ && rmdir $(BIN)/.envoy-gateway-$(EG_VERSION)
 
 ## test-browser: load the /limits page in a real headless Chromium (Debian's
 ## chromium package), installed as test-deps installs Redis.
