@@ -91,11 +91,14 @@ type Options struct {
 	// have gone on for FailingFor. Default 3.
 	FailureThreshold int
 	// FailingFor is how long failures must go on, with no call succeeding
-	// in between, before the breaker opens: one slow batch (a GC pause, a
-	// CPU-starved moment) fails many concurrent calls at once, and must not
-	// turn into OpenFor of failure-mode answers, while a Redis that is down
-	// or stalled keeps failing and opens it after this. Default twice
-	// Timeout; negative means no minimum (FailureThreshold alone).
+	// in between, before the breaker opens, counted from when the first of
+	// them began (a call the backend held for Timeout from when it was
+	// sent): one slow batch (a GC pause, a CPU-starved moment) fails many
+	// concurrent calls at once, and must not turn into OpenFor of
+	// failure-mode answers, while a Redis that is down or stalled keeps
+	// failing and opens it after this (a black hole, FailingFor after the
+	// first round trip it swallowed). Default twice Timeout; negative
+	// means no minimum (FailureThreshold alone).
 	FailingFor time.Duration
 	// OpenFor is how long the open breaker answers without the backend
 	// before one call (or Probe) probes it again. Default
@@ -307,7 +310,7 @@ func (s *Store) settle(adm admission, err error) (limiter.Fallback, outage, erro
 			adm.release()
 			return limiter.FallbackTryAgain, outage{err: err}, err
 		}
-		return limiter.FallbackBackendFailed, adm.failedAll(err), err
+		return limiter.FallbackBackendFailed, adm.failedAll(s.began(err), err), err
 	}
 	cause, o := limiter.FallbackOverloaded, outage{}
 	var failed []string
@@ -322,7 +325,7 @@ func (s *Store) settle(adm admission, err error) (limiter.Fallback, outage, erro
 				cause, o = limiter.FallbackTryAgain, outage{err: judged}
 			}
 		default:
-			so := adm.failedOne(p.Shard, judged)
+			so := adm.failedOne(p.Shard, s.began(p), judged)
 			if cause != limiter.FallbackBackendFailed {
 				cause, o = limiter.FallbackBackendFailed, so
 			}
@@ -469,8 +472,23 @@ func (s *Store) probe(ctx context.Context, b *breaker, check func(context.Contex
 		b.release(true)
 		return fmt.Errorf("probe: %w", err)
 	}
-	b.failed(true, err)
+	b.failed(true, s.began(err), err)
 	return fmt.Errorf("probe: %w", err)
+}
+
+// began is when the backend began failing a call that fails now with
+// err: when it was sent, for one the backend held (now less
+// limiter.DeadlineError.Held: a black hole fails what it holds from the
+// moment it is sent, and the backend timeout only tells of it later),
+// else now. It is what the breaker counts FailingFor from (see
+// breaker.failed).
+func (s *Store) began(err error) time.Time {
+	now := s.opts.Now()
+	var de *limiter.DeadlineError
+	if errors.As(err, &de) {
+		return now.Add(-de.Held())
+	}
+	return now
 }
 
 // succeeded records a backend success on the shards of a, closing their

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -243,6 +244,52 @@ func TestBreakerNeedsFailuresThatLast(t *testing.T) {
 			if got := b.Calls(); got != st.wantCalls {
 				t.Errorf("%s, call %d: backend called %d times in all, want %d", tc.name, i+1, got, st.wantCalls)
 			}
+		}
+	}
+}
+
+// heldBackend fails every Take at once as a backend that held it for
+// held (a *limiter.DeadlineError), and counts the calls.
+type heldBackend struct {
+	limiter.Store
+	held  time.Duration
+	calls atomic.Int64
+}
+
+func (b *heldBackend) Take(context.Context, time.Time, []limiter.Request) ([]limiter.Decision, error) {
+	b.calls.Add(1)
+	return nil, &limiter.DeadlineError{InFlight: b.held, Pending: true, Err: context.DeadlineExceeded}
+}
+
+// TestHeldFailuresCountFromTheirSend: a call the backend held for the
+// timeout began failing when it was sent, so FailingFor (20ms by default,
+// twice Timeout) counts from there: the backend of a black hole, whose
+// first held call tells at 10ms, is found failing at 20ms, not 30ms.
+func TestHeldFailuresCountFromTheirSend(t *testing.T) {
+	b := &heldBackend{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), held: 10 * time.Millisecond}
+	clk := clocktest.New()
+	clk.Set(t0)
+	s, err := failover.New(b, failover.Options{Mode: failover.Error, Timeout: 10 * time.Millisecond, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range []struct {
+		at        time.Duration // since the first call was sent
+		wantCalls int64
+	}{
+		{10 * time.Millisecond, 1}, // held since 0
+		{15 * time.Millisecond, 2},
+		{19 * time.Millisecond, 3}, // 3 failures, 19ms since the first began
+		{20 * time.Millisecond, 4}, // 20ms: opens
+		{21 * time.Millisecond, 4},
+	} {
+		clk.Set(t0.Add(st.at))
+		_, err := s.Take(context.Background(), t0, oneReq)
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, unavail) {
+			t.Errorf("call %d at %v: %v, want the failure mode's error", i+1, st.at, err)
+		}
+		if got := b.calls.Load(); got != st.wantCalls {
+			t.Errorf("call %d at %v: backend called %d times in all, want %d", i+1, st.at, got, st.wantCalls)
 		}
 	}
 }
