@@ -7,15 +7,15 @@ import (
 
 // breaker is the Store's circuit breaker. Closed, it lets every call
 // through. It opens on a failed probe, or once threshold consecutive
-// failures have gone on for failingFor since the first of them began (a
-// call the backend held past its timeout began failing when it was sent,
-// not when the timeout told: see failed); a success in between starts
-// the count again. Open, it refuses calls for openFor, then lets exactly
-// one call (or Probe) through as the probe: a success closes it, a
-// failure opens it for another openFor, and a probe released untried
-// (see release) lets the next call probe instead. The failure of a call
-// sent before it opened leaves it as it is: only the probe tells anything
-// new of an open breaker's backend.
+// failures have gone on for failingFor since the first of them (as they
+// are reported: failures that land at once, one slow batch or a stall of
+// this process, do not open it however many they are); a success in
+// between starts the count again. Open, it refuses calls for openFor,
+// then lets exactly one call (or Probe) through as the probe: a success
+// closes it, a failure opens it for another openFor, and a probe released
+// untried (see release) lets the next call probe instead. The failure of
+// a call sent before it opened leaves it as it is: only the probe tells
+// anything new of an open breaker's backend.
 //
 // Health is whether the breaker has opened since the last success; its
 // changes are reported to onChange (see Options.OnChange). Time is read from
@@ -31,7 +31,7 @@ type breaker struct {
 	failures    int       // consecutive
 	openUntil   time.Time // zero when closed
 	probing     bool      // a half-open probe is in flight
-	outageStart time.Time // when the first of the failures began; zero after a success
+	outageStart time.Time // when the first of the failures failed; zero after a success
 	open        bool      // the breaker has opened since the last success (healthy false)
 	lastErr     error
 	lastSuccess time.Time // the last success, on now
@@ -104,32 +104,21 @@ func (b *breaker) succeeded(probe bool) {
 	}
 }
 
-// failed records a backend failure that began at began: when what
-// failed was sent, for a call the backend held past its timeout (the
-// timeout tells of the failure, but the backend had been failing since
-// the send), else when it failed. The outage starts at the first
-// failure's beginning (but no earlier than the last success), and the
-// breaker opens on a failed probe, or, closed, once threshold consecutive
-// failures have gone on for failingFor since the outage started. An open
-// breaker stays as it is on any other failure: the call was sent before
-// it opened (while open, only the probe is), and its failure, coming
-// late (a black hole holds a round trip until the read timeout, long
-// after the backend may have come back), must not hold the breaker open
-// past the probe that would find the backend answering again. The first
-// opening after a success is reported to onChange. It returns the outage
-// as this failure left it.
-func (b *breaker) failed(probe bool, began time.Time, err error) outage {
+// failed records a backend failure: the outage starts at the first, and
+// the breaker opens on a failed probe, or, closed, once threshold
+// consecutive failures have gone on for failingFor since it started. An
+// open breaker stays as it is on any other failure: the call was sent
+// before it opened (while open, only the probe is), and its failure,
+// coming late (a black hole holds a round trip until the read timeout,
+// long after the backend may have come back), must not hold the breaker
+// open past the probe that would find the backend answering again. The
+// first opening after a success is reported to onChange. It returns the
+// outage as this failure left it.
+func (b *breaker) failed(probe bool, err error) outage {
 	now := b.now()
 	b.mu.Lock()
-	// Within [the last success, now], whichever way the clock stepped.
-	if began.Before(b.lastSuccess) {
-		began = b.lastSuccess
-	}
-	if began.After(now) {
-		began = now
-	}
-	if b.outageStart.IsZero() || began.Before(b.outageStart) {
-		b.outageStart = began
+	if b.outageStart.IsZero() {
+		b.outageStart = now
 	}
 	b.failures++
 	b.lastErr = err
@@ -151,11 +140,10 @@ func (b *breaker) failed(probe bool, began time.Time, err error) outage {
 }
 
 // failedSent records the failure of something sent to the backend at
-// sent, as failed does (it began then), unless the backend has answered
-// a call since: a round trip that a network black hole swallowed fails
-// at the read timeout, long after the fault ended and the backend
-// answered again, and must not open the breaker then. It reports whether
-// it counted.
+// sent, as failed does, unless the backend has answered a call since:
+// a round trip that a network black hole swallowed fails at the read
+// timeout, long after the fault ended and the backend answered again, and
+// must not open the breaker then. It reports whether it counted.
 func (b *breaker) failedSent(sent time.Time, err error) bool {
 	b.mu.Lock()
 	stale := !b.lastSuccess.IsZero() && sent.Before(b.lastSuccess)
@@ -163,7 +151,7 @@ func (b *breaker) failedSent(sent time.Time, err error) bool {
 	if stale {
 		return false
 	}
-	b.failed(false, sent, err)
+	b.failed(false, err)
 	return true
 }
 

@@ -90,15 +90,16 @@ type Options struct {
 	// FailureThreshold consecutive failures open the breaker, once they
 	// have gone on for FailingFor. Default 3.
 	FailureThreshold int
-	// FailingFor is how long failures must go on, with no call succeeding
-	// in between, before the breaker opens, counted from when the first of
-	// them began (a call the backend held for Timeout from when it was
-	// sent): one slow batch (a GC pause, a CPU-starved moment) fails many
-	// concurrent calls at once, and must not turn into OpenFor of
-	// failure-mode answers, while a Redis that is down or stalled keeps
-	// failing and opens it after this (a black hole, FailingFor after the
-	// first round trip it swallowed). Default twice Timeout; negative
-	// means no minimum (FailureThreshold alone).
+	// FailingFor is how long failures must go on, as they are reported,
+	// with no call succeeding in between, before the breaker opens: one
+	// slow batch (a GC pause, a CPU-starved moment) fails many concurrent
+	// calls at once, and must not turn into OpenFor of failure-mode
+	// answers, while a Redis that is down or stalled keeps failing and
+	// opens it after this. A round trip Redis holds is reported Timeout
+	// after it was sent, so a black hole or a latency spike opens it
+	// Timeout + FailingFor after it began: with the default, two Timeouts
+	// (20ms), leaving a Timeout of room under three. Default Timeout;
+	// negative means no minimum (FailureThreshold alone).
 	FailingFor time.Duration
 	// OpenFor is how long the open breaker answers without the backend
 	// before one call (or Probe) probes it again. Default
@@ -211,7 +212,7 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 	}
 	switch {
 	case opts.FailingFor == 0:
-		opts.FailingFor = 2 * opts.Timeout
+		opts.FailingFor = opts.Timeout
 	case opts.FailingFor < 0:
 		opts.FailingFor = 0
 	}
@@ -310,7 +311,7 @@ func (s *Store) settle(adm admission, err error) (limiter.Fallback, outage, erro
 			adm.release()
 			return limiter.FallbackTryAgain, outage{err: err}, err
 		}
-		return limiter.FallbackBackendFailed, adm.failedAll(s.began(err), err), err
+		return limiter.FallbackBackendFailed, adm.failedAll(err), err
 	}
 	cause, o := limiter.FallbackOverloaded, outage{}
 	var failed []string
@@ -325,7 +326,7 @@ func (s *Store) settle(adm admission, err error) (limiter.Fallback, outage, erro
 				cause, o = limiter.FallbackTryAgain, outage{err: judged}
 			}
 		default:
-			so := adm.failedOne(p.Shard, s.began(p), judged)
+			so := adm.failedOne(p.Shard, judged)
 			if cause != limiter.FallbackBackendFailed {
 				cause, o = limiter.FallbackBackendFailed, so
 			}
@@ -472,23 +473,8 @@ func (s *Store) probe(ctx context.Context, b *breaker, check func(context.Contex
 		b.release(true)
 		return fmt.Errorf("probe: %w", err)
 	}
-	b.failed(true, s.began(err), err)
+	b.failed(true, err)
 	return fmt.Errorf("probe: %w", err)
-}
-
-// began is when the backend began failing a call that fails now with
-// err: when it was sent, for one the backend held (now less
-// limiter.DeadlineError.Held: a black hole fails what it holds from the
-// moment it is sent, and the backend timeout only tells of it later),
-// else now. It is what the breaker counts FailingFor from (see
-// breaker.failed).
-func (s *Store) began(err error) time.Time {
-	now := s.opts.Now()
-	var de *limiter.DeadlineError
-	if errors.As(err, &de) {
-		return now.Add(-de.Held())
-	}
-	return now
 }
 
 // succeeded records a backend success on the shards of a, closing their

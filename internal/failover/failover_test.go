@@ -226,9 +226,9 @@ func TestBreakerNeedsFailuresThatLast(t *testing.T) {
 		opts  failover.Options
 		calls []call
 	}{
-		// FailingFor unset: twice Timeout, open from 20ms on.
-		{"default FailingFor (2 × 10ms)", failover.Options{FailureThreshold: 1, Timeout: 10 * time.Millisecond},
-			[]call{{0, 1}, {15 * time.Millisecond, 2}, {5 * time.Millisecond, 3}, {0, 3}}},
+		// FailingFor unset: Timeout, open from 10ms on.
+		{"default FailingFor (Timeout, 10ms)", failover.Options{FailureThreshold: 1, Timeout: 10 * time.Millisecond},
+			[]call{{0, 1}, {5 * time.Millisecond, 2}, {5 * time.Millisecond, 3}, {0, 3}}},
 		// Failures that last are not enough alone: FailureThreshold of them
 		// must fail (the second, 30ms on, is below it; the third opens).
 		{"threshold 3", failover.Options{FailureThreshold: 3, FailingFor: 20 * time.Millisecond},
@@ -261,11 +261,11 @@ func (b *heldBackend) Take(context.Context, time.Time, []limiter.Request) ([]lim
 	return nil, &limiter.DeadlineError{InFlight: b.held, Pending: true, Err: context.DeadlineExceeded}
 }
 
-// TestHeldFailuresCountFromTheirSend: a call the backend held for the
-// timeout began failing when it was sent, so FailingFor (20ms by default,
-// twice Timeout) counts from there: the backend of a black hole, whose
-// first held call tells at 10ms, is found failing at 20ms, not 30ms.
-func TestHeldFailuresCountFromTheirSend(t *testing.T) {
+// TestHeldFailuresOpenWithinTwoTimeouts: a backend that holds every call
+// (a black hole) has its first held call reported a Timeout after it was
+// sent, and the breaker, with the default FailingFor (Timeout), opens a
+// Timeout after that: 20ms after the fault began, within three Timeouts.
+func TestHeldFailuresOpenWithinTwoTimeouts(t *testing.T) {
 	b := &heldBackend{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), held: 10 * time.Millisecond}
 	clk := clocktest.New()
 	clk.Set(t0)
@@ -277,10 +277,10 @@ func TestHeldFailuresCountFromTheirSend(t *testing.T) {
 		at        time.Duration // since the first call was sent
 		wantCalls int64
 	}{
-		{10 * time.Millisecond, 1}, // held since 0
+		{10 * time.Millisecond, 1}, // held since 0, reported now
 		{15 * time.Millisecond, 2},
-		{19 * time.Millisecond, 3}, // 3 failures, 19ms since the first began
-		{20 * time.Millisecond, 4}, // 20ms: opens
+		{19 * time.Millisecond, 3}, // 3 failures over 9ms
+		{20 * time.Millisecond, 4}, // over 10ms (20ms since the fault began): opens
 		{21 * time.Millisecond, 4},
 	} {
 		clk.Set(t0.Add(st.at))

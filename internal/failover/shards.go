@@ -240,27 +240,26 @@ func (a admission) succeeded() {
 	}
 }
 
-// failedAll records err, a backend failure that began at began (see
-// breaker.failed), against every shard of the call, and returns the first
-// one's outage.
-func (a admission) failedAll(began time.Time, err error) outage {
+// failedAll records err, a backend failure, against every shard of the
+// call, and returns the first one's outage.
+func (a admission) failedAll(err error) outage {
 	var o outage
 	for i, s := range a.shards {
-		if so := s.sb.failed(s.probe, began, err); i == 0 {
+		if so := s.sb.failed(s.probe, err); i == 0 {
 			o = so
 		}
 	}
 	return o
 }
 
-// failedOne records err, a backend failure that began at began (see
-// breaker.failed), against the shard name: one of the call's, or one it
-// was redirected to (its slot moved), and returns that shard's outage.
-func (a admission) failedOne(name string, began time.Time, err error) outage {
+// failedOne records err, a backend failure, against the shard name: one
+// of the call's, or one it was redirected to (its slot moved), and
+// returns that shard's outage.
+func (a admission) failedOne(name string, err error) outage {
 	if j := slices.IndexFunc(a.shards, func(s admitted) bool { return s.sb.name == name }); j >= 0 {
-		return a.shards[j].sb.failed(a.shards[j].probe, began, err)
+		return a.shards[j].sb.failed(a.shards[j].probe, err)
 	}
-	return a.bs.get(name).failed(false, began, err)
+	return a.bs.get(name).failed(false, err)
 }
 
 // releaseExcept releases the shards of the call not in names.

@@ -538,10 +538,10 @@ func TestObserveFailuresOpenAShard(t *testing.T) {
 		err       error
 		wantShard string
 	}{
-		{0, ms, unavailable, "[]"},               // sent at -1ms
-		{10 * ms, 12 * ms, nil, "[]"},            // answered past Timeout: failing since it was sent, at -2ms
-		{17 * ms, ms, unavailable, "[]"},         // 3 over 19ms
-		{18 * ms, ms, unavailable, "[n1:false]"}, // 4 over 20ms since the first was sent
+		{0, ms, unavailable, "[]"},
+		{10 * ms, 50 * ms, nil, "[]"}, // answered past Timeout
+		{19 * ms, ms, unavailable, "[]"},
+		{20 * ms, ms, unavailable, "[n1:false]"}, // 4 over 20ms
 		{30 * ms, ms, unavailable, "[n1:false]"},
 	}
 	r := newShardRig(t, failover.Options{Mode: failover.Allow, Shard: nodeOf, Timeout: 10 * ms, FailureThreshold: 3, FailingFor: 20 * ms, OpenFor: time.Second})
