@@ -195,7 +195,7 @@ func TestLocalQueueingIsNoRedisFailure(t *testing.T) {
 		readTimeout  = 250 * time.Millisecond
 		writeTimeout = 100 * time.Millisecond // redisstore.DefaultWriteTimeout
 		failures     = 3                      // --breaker-failures' default
-		failingFor   = 2 * timeout            // --breaker-failing-for's default
+		failingFor   = timeout                // --breaker-failing-for's default
 	)
 	srv := redistest.Start(t)
 	dir := writeConfig(t, map[string]string{"mesh.yaml": wideConfig})

@@ -672,14 +672,14 @@ func TestHealthFollowsTheFailureMode(t *testing.T) {
 	}
 	srv.Stop()
 	// Health turns when the breaker opens: once calls have failed for
-	// --breaker-failing-for (twice the backend timeout, 100 ms), not at the
+	// --breaker-failing-for (the backend timeout, 50 ms), not at the
 	// first failure.
 	down := time.Now()
 	for {
 		h, code, _ := state(strict)
 		if h == healthpb.HealthCheckResponse_NOT_SERVING && code == http.StatusServiceUnavailable {
-			if took := time.Since(down); took < 100*time.Millisecond {
-				t.Errorf("NOT_SERVING %v after Redis stopped, before the breaker could open (100 ms)", took)
+			if took := time.Since(down); took < 50*time.Millisecond {
+				t.Errorf("NOT_SERVING %v after Redis stopped, before the breaker could open (50 ms)", took)
 			}
 			break
 		}
