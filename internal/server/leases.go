@@ -28,6 +28,13 @@ import (
 // fails. So a request denied by a rate limit holds no slot, and one denied
 // for a slot spends no tokens: its buckets are only checked.
 
+// leasePlan is the leases stage's part of a plan.
+type leasePlan struct {
+	// leases are the concurrency descriptors' leases, each item's at
+	// item.lease-1.
+	leases []leaseTake
+}
+
 // leaseOp is what a lease descriptor asks. The zero value is invalid.
 type leaseOp int
 
@@ -75,10 +82,16 @@ func (lt *leaseTake) status(st *rlsv3.RateLimitResponse_DescriptorStatus) (bool,
 	}
 }
 
+// admitted reports whether lt lets its request through: a release always
+// does, an acquire or a check when the store allowed it (as status says).
+func (lt *leaseTake) admitted() bool {
+	return lt.op == leaseRelease || lt.decision.Allowed
+}
+
 // planLeases lists the leases of p's concurrency descriptors: the pool is
 // the rule's (config.Rule.AppendPool), the lease id the descriptor's last
 // value (a value longer than limiter.MaxLeaseID stands as longValue).
-func planLeases(p *plan, req *rlsv3.RateLimitRequest) {
+func planLeases(p *plan) {
 	var entries []config.Entry
 	for i := range p.items {
 		it := &p.items[i]
@@ -98,7 +111,7 @@ func planLeases(p *plan, req *rlsv3.RateLimitRequest) {
 		switch {
 		case d.GetIsNegativeHits():
 			lt.op = leaseRelease
-		case hitsOf(req, d) == 0:
+		case it.hits == 0:
 			lt.op = leaseCheck
 		}
 		if it.quota {
@@ -111,10 +124,19 @@ func planLeases(p *plan, req *rlsv3.RateLimitRequest) {
 	}
 }
 
-// decideLeases answers a request with concurrency descriptors: releases,
-// then acquires (waiting for a slot where the rule allows), then the rest
-// of the plan, all or nothing (see the top of this file).
-func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, now time.Time, cur *loaded, p plan) (plan, []limiter.Decision, *rlsv3.RateLimitResponse, error) {
+// acquireLeases is the leases stage: for a request with concurrency
+// descriptors it makes p's releases, then its checks, then its acquires
+// (waiting for a slot where the rule allows), all or nothing (see the top
+// of this file): when a lease is denied, it gives back the leases it
+// acquired and turns p's takes into checks. It returns the leases newly
+// acquired (not those renewed), which the caller gives back (giveBackAll)
+// unless the request is admitted, and the time the stages after it decide
+// at: now, or the time it stopped waiting for a slot. On an error it has
+// given back what it acquired.
+func (s *Server) acquireLeases(ctx context.Context, now time.Time, p *plan) ([]*leaseTake, time.Time, error) {
+	if len(p.leases) == 0 {
+		return nil, now, nil
+	}
 	ls := &s.leases
 	checkDenied := false // a check of a pool over its limit (see checkLease)
 	for k := range p.leases {
@@ -123,8 +145,8 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 		case leaseRelease:
 			rel, err := ls.store.Release(ctx, now, lt.pool, lt.id)
 			if err != nil {
-				s.logFailure(ctx, now, req.GetDomain(), err)
-				return p, nil, nil, statusFromError(err)
+				s.logFailure(ctx, now, p.domain, err)
+				return nil, now, statusFromError(err)
 			}
 			lt.release, lt.asked = rel, true
 			if rel.Released {
@@ -137,18 +159,13 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 			ls.observe(lt, op, rel.InFlight, rel.Expired)
 		case leaseCheck:
 			if err := s.checkLease(ctx, now, lt); err != nil {
-				s.logFailure(ctx, now, req.GetDomain(), err)
-				return p, nil, nil, statusFromError(err)
+				s.logFailure(ctx, now, p.domain, err)
+				return nil, now, statusFromError(err)
 			}
 			checkDenied = checkDenied || !lt.decision.Allowed && !p.items[lt.item].shadow
 		}
 	}
 	var held []*leaseTake // newly acquired: given back unless admitted
-	giveBack := func() {
-		for _, lt := range held {
-			ls.giveBack(lt)
-		}
-	}
 	denied, waited := checkDenied, false
 	for k := range p.leases {
 		lt := &p.leases[k]
@@ -160,9 +177,9 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 			// as a denied request's buckets are checked.
 			lt.op = leaseCheck
 			if err := s.checkLease(ctx, now, lt); err != nil {
-				giveBack()
-				s.logFailure(ctx, now, req.GetDomain(), err)
-				return p, nil, nil, statusFromError(err)
+				ls.giveBackAll(held)
+				s.logFailure(ctx, now, p.domain, err)
+				return nil, now, statusFromError(err)
 			}
 			continue
 		}
@@ -173,12 +190,12 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 			// request still running (releasing that would admit one more
 			// than max_in_flight). A slot so taken by a call whose answer
 			// was lost frees itself when its lease ends.
-			giveBack()
+			ls.giveBackAll(held)
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return p, nil, nil, status.FromContextError(err).Err()
+				return nil, now, status.FromContextError(err).Err()
 			}
-			s.logFailure(ctx, now, req.GetDomain(), err)
-			return p, nil, nil, statusFromError(err)
+			s.logFailure(ctx, now, p.domain, err)
+			return nil, now, statusFromError(err)
 		}
 		waited = waited || lt.waited
 		switch {
@@ -192,7 +209,7 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 		now = s.now() // the buckets are asked now, not when the call came
 	}
 	if denied {
-		giveBack()
+		ls.giveBackAll(held)
 		held = nil
 		// Denied for a slot: the buckets are only checked, and spend
 		// nothing (post-paid charges are recorded all the same).
@@ -204,11 +221,7 @@ func (s *Server) decideLeases(ctx context.Context, req *rlsv3.RateLimitRequest, 
 			p.takes[k].MaxWait = 0
 		}
 	}
-	p, decisions, resp, err := s.decidePlan(ctx, req, now, cur, p)
-	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-		giveBack()
-	}
-	return p, decisions, resp, err
+	return held, now, nil
 }
 
 // checkLease reads lt's pool, as hits 0 checks a bucket: admitted unless
@@ -368,6 +381,13 @@ func (ls *leaseState) giveBack(lt *leaseTake) {
 		ls.observe(lt, LeaseGivenBack, rel.InFlight, rel.Expired)
 	} else if rel.Expired > 0 {
 		ls.observe(lt, LeaseChecked, rel.InFlight, rel.Expired)
+	}
+}
+
+// giveBackAll gives back each of held (see giveBack).
+func (ls *leaseState) giveBackAll(held []*leaseTake) {
+	for _, lt := range held {
+		ls.giveBack(lt)
 	}
 }
 

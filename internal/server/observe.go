@@ -155,9 +155,7 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 	call := Call{Domain: req.GetDomain(), Checked: true, Start: start, Duration: s.now().Sub(start), Code: codes.OK, Err: err, Refunds: p.refunded, Guard: s.guardOf(p, err)}
 	if err != nil {
 		call.Code = status.Code(err)
-		// Checking again costs only calls answered InvalidArgument, which
-		// were checked once already.
-		call.Checked = call.Code != codes.InvalidArgument || s.limits.check(req) == nil
+		call.Checked = !malformed(err)
 		s.observer.ObserveCall(call)
 		return
 	}
@@ -169,7 +167,7 @@ func (s *Server) observe(req *rlsv3.RateLimitRequest, start time.Time, p plan, d
 		// The tokens asked, whether or not a bucket was asked for them
 		// (deny-all and unlimited rules have none), and although a request
 		// that a deny-all rule denies only checks its other buckets.
-		o := DescriptorOutcome{Descriptor: d, Rule: it.rule, Outcome: WithinLimit, Hits: hitsOf(req, d)}
+		o := DescriptorOutcome{Descriptor: d, Rule: it.rule, Outcome: WithinLimit, Hits: it.hits}
 		if d.GetIsNegativeHits() {
 			o.Hits = -o.Hits
 		}

@@ -66,16 +66,23 @@ func takeDenied(takes []limiter.Request, decisions []limiter.Decision) bool {
 	return false
 }
 
-// countDenied records, under the default overdraft, the hits of the takes
-// of p that decisions left unspent: every take with hits of a denied
-// request (with limiter.CountWhereDenied, only the takes that denied it),
-// and a denied shadow take of an admitted one. Limits that declare their
-// own overdraft were charged by the store already. The takes recorded are
-// replaced in p by the charges made, so that observers count them. It returns the
-// decisions with the Retry-After of each recorded denial moved to when its
-// tokens are there again, and whether it changed any. A failed charge is
+// countDenied is the post-paid counting stage: when Options.Overdraft
+// covers p's domain, it records the hits of the takes of p that decisions
+// left unspent: every take with hits of a denied request (the store
+// denied the Take, or, in a tolerant quota-mode plan, the verdict is not
+// admitted and settle gave the takes back; with limiter.CountWhereDenied,
+// only the takes that denied it), and a denied shadow take of an admitted
+// one. Limits that declare their own overdraft were charged by the store
+// already. The takes recorded are replaced in p by the charges made, so
+// that observers count them. It returns the decisions with the
+// Retry-After of each recorded denial moved to when its tokens are there
+// again (never its Allowed: the verdict stands). A failed charge is
 // logged and leaves the decisions as they are: the request was answered.
-func (s *Server) countDenied(ctx context.Context, now time.Time, domain string, p *plan, decisions []limiter.Decision, denied bool) ([]limiter.Decision, bool) {
+func (s *Server) countDenied(ctx context.Context, now time.Time, p *plan, decisions []limiter.Decision, admitted bool) []limiter.Decision {
+	if len(decisions) == 0 || !s.overdraft.covers(p.domain) {
+		return decisions
+	}
+	denied := takeDenied(p.takes, decisions) || p.tolerant() && !admitted
 	o := s.overdraft
 	bursts := o.Bursts
 	if bursts <= 0 {
@@ -96,12 +103,12 @@ func (s *Server) countDenied(ctx context.Context, now time.Time, domain string, 
 		which = append(which, i)
 	}
 	if len(charges) == 0 {
-		return decisions, false
+		return decisions
 	}
 	charged, err := s.store.Take(ctx, now, charges)
 	if err != nil {
-		s.logFailure(ctx, now, domain, fmt.Errorf("recording denied hits: %w", err))
-		return decisions, false
+		s.logFailure(ctx, now, p.domain, fmt.Errorf("recording denied hits: %w", err))
+		return decisions
 	}
 	out := slices.Clone(decisions)
 	for j, i := range which {
@@ -118,5 +125,5 @@ func (s *Server) countDenied(ctx context.Context, now time.Time, domain string, 
 		out[i].ResetAfter = max(out[i].ResetAfter, charged[j].ResetAfter)
 		out[i].Remaining = 0
 	}
-	return out, true
+	return out
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,81 +14,32 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
-// check returns what is wrong with req, or nil.
-func (l RequestLimits) check(req *rlsv3.RateLimitRequest) error {
-	domain := req.GetDomain()
-	switch {
-	case domain == "":
-		return fmt.Errorf("domain is empty")
-	case len(domain) > l.MaxDomainBytes:
-		return fmt.Errorf("domain is %d bytes, more than the %d allowed", len(domain), l.MaxDomainBytes)
-	case len(req.GetDescriptors()) == 0:
-		return fmt.Errorf("no descriptors: a request needs at least one")
-	case len(req.GetDescriptors()) > l.MaxDescriptors:
-		return fmt.Errorf("%d descriptors, more than the %d allowed", len(req.GetDescriptors()), l.MaxDescriptors)
-	}
-	for i, d := range req.GetDescriptors() {
-		entries := d.GetEntries()
-		switch {
-		case len(entries) > l.MaxEntries:
-			return fmt.Errorf("descriptors[%d] has %d entries, more than the %d allowed", i, len(entries), l.MaxEntries)
-		case d.GetHitsAddend() != nil && d.GetHitsAddend().GetValue() > l.MaxHits:
-			return fmt.Errorf("descriptors[%d].hits_addend %d is more than the %d allowed", i, d.GetHitsAddend().GetValue(), l.MaxHits)
-		}
-		for j, e := range entries {
-			switch {
-			case e.GetKey() == "":
-				return fmt.Errorf("descriptors[%d].entries[%d] has an empty key", i, j)
-			case len(e.GetKey()) > l.MaxKeyBytes:
-				return fmt.Errorf("descriptors[%d].entries[%d].key is %d bytes, more than the %d allowed", i, j, len(e.GetKey()), l.MaxKeyBytes)
-			}
-		}
-	}
-	if uint64(req.GetHitsAddend()) > l.MaxHits {
-		return fmt.Errorf("hits_addend %d is more than the %d allowed", req.GetHitsAddend(), l.MaxHits)
-	}
-	return nil
-}
-
-// plan is what a request asks of the store, descriptor by descriptor.
+// plan is what a request asks of the store, descriptor by descriptor. The
+// plan stage makes it; the stages after it add what they own, in the
+// parts embedded here, each defined beside its stage.
 type plan struct {
-	items []item
+	// domain is the request's.
+	domain string
+	items  []item
 	// descs are the request's descriptors as planned: the request's own,
 	// but for those with a value longer than RequestLimits.MaxValueBytes,
 	// copies with that value replaced by its stand-in (see longValue).
 	descs []*ratelimitv3.RateLimitDescriptor
 	// takes are the buckets to take from, each item's in a run starting at
 	// item.first, one per limit of item.limits.
-	takes []limiter.Request
-	// refunds give back the hits of descriptors with is_negative_hits
-	// before the takes (which then only check them).
-	refunds []limiter.Request
-	// refundable has one flag per refund: its limit counts tokens, so
-	// that RefundsTaken may give back to it (see giveBack).
-	refundable []bool
-	// refunded is what the refunds asked and were given, once made.
-	refunded RefundOutcome
-	// quotas counts the quota-mode items (see item.quota). When there are
-	// two or more, the request's verdict is not the store's (see
-	// quotaVerdict): their takes are Shadow, no take waits, and settle
-	// gives back what the verdict does not let the request spend, marked
-	// in spentBack (one per take; nil when nothing was given back).
-	quotas    int
-	spentBack []bool
-	// leases are the concurrency descriptors' leases (see concurrency.go),
-	// each item's at item.lease-1.
-	leases []leaseTake
+	takes      []limiter.Request
+	leasePlan  // leases.go
+	refundPlan // refund.go
+	quotaPlan  // quota.go
 }
-
-// tolerant reports whether some quota-mode descriptor may be over its
-// limit in a request that is admitted.
-func (p *plan) tolerant() bool { return p.quotas >= 2 }
 
 // item is one request descriptor and the limits that apply to it.
 type item struct {
@@ -126,6 +78,25 @@ type item struct {
 	// lease, when positive, says the descriptor holds or gives back a
 	// lease of a concurrency rule: plan.leases[lease-1].
 	lease int
+	// hits is how many tokens the descriptor asks (see hitsOf).
+	hits int64
+}
+
+// plan is the second stage: it matches each descriptor of the checked
+// req to its rule under set, lists the buckets to take from and the
+// leases to hold (planRequest, planLeases). A bad limit override (per
+// Options.OnInvalidOverride) is INVALID_ARGUMENT; a caller gone while it
+// matched gets its context's error.
+func (s *Server) plan(ctx context.Context, set *config.Set, req *rlsv3.RateLimitRequest, now time.Time) (plan, error) {
+	p, err := planRequest(ctx, set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow, s.quota, s.onInvalid)
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return plan{}, status.FromContextError(err).Err()
+		}
+		return plan{}, answerFor(codes.InvalidArgument, err)
+	}
+	planLeases(&p)
+	return p, nil
 }
 
 // planRequest matches each descriptor of a checked request to its rule and
@@ -141,7 +112,7 @@ type item struct {
 func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitRequest, maxWait time.Duration, maxValue int, shadowAll bool, quotaMode QuotaMode, onInvalid InvalidOverride) (plan, error) {
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
-	p := plan{items: make([]item, len(descs)), descs: descs}
+	p := plan{domain: domain, items: make([]item, len(descs)), descs: descs}
 	var eb [8]config.Entry // most descriptors have few entries: no allocation
 	entries := eb[:0]
 	replacing, copied := false, false
@@ -150,7 +121,7 @@ func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitReque
 			return plan{}, err
 		}
 		entries = toEntries(entries[:0], d)
-		it := item{rule: set.Lookup(domain, entries)}
+		it := item{rule: set.Lookup(domain, entries), hits: hitsOf(req, d)}
 		if long := shortenValues(d, maxValue); long != nil {
 			if !copied {
 				p.descs, copied = slices.Clone(descs), true
@@ -207,7 +178,7 @@ func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitReque
 	}
 	checkOnly = checkOnly || p.quotas > 0 && quotaDenied == p.quotas
 	if p.tolerant() {
-		maxWait = 0 // see plan.quotas
+		maxWait = 0 // see quotaPlan
 	}
 	var kb [256]byte // keys are built here, then copied into their string
 	key := kb[:0]
@@ -222,7 +193,6 @@ func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitReque
 			p.takes = make([]limiter.Request, 0, n)
 		}
 		it.first = len(p.takes)
-		hits := hitsOf(req, d)
 		for j, l := range it.limits {
 			if it.overridden {
 				key = it.rule.AppendOverrideKey(key[:0], entries, l.Limit)
@@ -231,7 +201,7 @@ func planRequest(ctx context.Context, set *config.Set, req *rlsv3.RateLimitReque
 			}
 			// In a tolerant plan, a quota-mode take that is denied must not
 			// deny the others: quotaVerdict decides.
-			r := limiter.Request{Key: string(key), Limit: l.Limit, Hits: hits, Shadow: it.shadow || it.quota && p.tolerant()}
+			r := limiter.Request{Key: string(key), Limit: l.Limit, Hits: it.hits, Shadow: it.shadow || it.quota && p.tolerant()}
 			if d.GetIsNegativeHits() {
 				refund := r
 				p.refunds = append(p.refunds, refund)

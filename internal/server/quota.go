@@ -25,49 +25,46 @@ import (
 // the Take nor is charged), no take of the request waits, and settle gives
 // back, after the Take, what the verdict does not let the request spend.
 
-// itemOver reports whether item it, of a plan whose takes got decisions,
-// is over its limit: a deny-all rule, or a bucket that denied.
-func itemOver(it item, decisions []limiter.Decision) bool {
-	if it.denyAll {
-		return true
-	}
-	if !it.limited || decisions == nil {
-		return false
-	}
-	for _, d := range decisions[it.first : it.first+len(it.limits)] {
-		if !d.Allowed {
-			return true
-		}
-	}
-	return false
+// quotaPlan is the quota stage's part of a plan.
+type quotaPlan struct {
+	// quotas counts the quota-mode items (see item.quota). When there are
+	// two or more, the request's verdict is not the store's (see
+	// quotaVerdict): their takes are Shadow, no take waits, and settle
+	// gives back what the verdict does not let the request spend, marked
+	// in spentBack (one per take; nil when nothing was given back).
+	quotas    int
+	spentBack []bool
 }
+
+// tolerant reports whether some quota-mode descriptor may be over its
+// limit in a request that is admitted.
+func (q *quotaPlan) tolerant() bool { return q.quotas >= 2 }
 
 // quotaVerdict reports whether the request of plan p is denied, given the
 // store's decisions: a descriptor not in quota mode is over, or every
 // quota-mode one is. Shadow rules (Options.ShadowMode too) are never over.
 func quotaVerdict(p plan, decisions []limiter.Decision) bool {
-	failed := 0
-	for _, it := range p.items {
-		if it.rule == nil || it.shadow || !itemOver(it, decisions) {
-			continue
-		}
-		if !it.quota {
+	for i := range p.items {
+		if it := &p.items[i]; it.rule != nil && !it.shadow && !it.quota && it.over(decisions) {
 			return true
 		}
-		failed++
 	}
-	return p.quotas > 0 && failed == p.quotas
+	return quotaDenied(&p, decisions)
 }
 
-// settle gives back, for a tolerant plan (see plan.quotas) whose Take the
-// store admitted, the tokens the verdict does not let the request spend:
-// all of them when quotaVerdict denies it, else those that the over
-// quota-mode descriptors took from their other buckets. It returns the
+// settle is the quota stage: for a tolerant plan (see quotaPlan) whose
+// Take the store admitted, it gives back the tokens the verdict does not
+// let the request spend: all of them when quotaVerdict denies it, else
+// those that the over quota-mode descriptors took from their other
+// buckets. Any other plan's decisions it returns as they are. It returns the
 // decisions the answer reports: a take given back reports its bucket as
 // a check would (the tokens back in Remaining and ResetAfter). If the
 // store cannot give tokens back, or fails to, they stay spent: later
 // requests may be denied early, never admitted beyond a limit.
-func (s *Server) settle(ctx context.Context, p *plan, decisions []limiter.Decision, now time.Time) []limiter.Decision {
+func (s *Server) settle(ctx context.Context, now time.Time, p *plan, decisions []limiter.Decision) []limiter.Decision {
+	if !p.tolerant() || len(decisions) == 0 {
+		return decisions
+	}
 	for k, r := range p.takes {
 		if !r.Shadow && !decisions[k].Allowed {
 			return decisions // denied by the store: nothing was taken
@@ -76,8 +73,9 @@ func (s *Server) settle(ctx context.Context, p *plan, decisions []limiter.Decisi
 	over := quotaVerdict(*p, decisions)
 	var back []limiter.Request
 	var at []int
-	for _, it := range p.items {
-		if !it.limited || !(over || it.quota && !it.shadow && itemOver(it, decisions)) {
+	for i := range p.items {
+		it := &p.items[i]
+		if !it.limited || !(over || it.quota && !it.shadow && it.over(decisions)) {
 			continue
 		}
 		for k := it.first; k < it.first+len(it.limits); k++ {

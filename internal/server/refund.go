@@ -7,7 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/config"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -38,16 +40,6 @@ const (
 	RefundsUnbounded
 )
 
-// RefundLedgerWindow is how long a refund ledger takes to forget all it
-// can hold (a bucket's burst and overdraft), unless the bucket itself takes
-// longer to fill, when it is that fill time. A ledger forgets linearly, at
-// capacity/window: a 100,000-a-minute bucket's ledger forgets about 1.2
-// tokens a second, so a stream that lasts a minute loses at most about 70
-// tokens of the estimate it gives back. An idle ledger is dropped once it
-// has forgotten everything, so ledgers are held about this long after
-// their bucket's last reservation.
-const RefundLedgerWindow = 24 * time.Hour
-
 // RefundOutcome is what a call's refunds asked and were given, in tokens
 // summed over the limits of every descriptor with is_negative_hits.
 type RefundOutcome struct {
@@ -59,82 +51,37 @@ type RefundOutcome struct {
 	Given int64
 }
 
-// ledgerLimit is the shape of the refund ledger of a bucket of limit l:
-// it holds up to the bucket's burst and overdraft and forgets it in
-// RefundLedgerWindow, or in the bucket's own fill time if longer (at most
-// limiter.MaxFill). The ledger's tokens are the credit not held: a
-// missing (full) ledger holds no credit, a take from it adds credit, a
-// refund to it spends credit, and refilling forgets credit.
-func ledgerLimit(l limiter.Limit) limiter.Limit {
-	burst := min(l.Burst+l.MaxDebt, limiter.MaxTokens)
-	window := min(max(RefundLedgerWindow, l.TimeFor(l.Burst+l.MaxDebt)), limiter.MaxFill)
-	// Period = window·Count/burst, so that burst tokens take window; in
-	// floating point, since the product may not fit an int64 (the rate is
-	// a forgetting rate: rounding is harmless, and both stores are given
-	// the same Limit).
-	period := float64(window) * float64(l.Count) / float64(burst)
-	if period <= float64(limiter.MaxFill) {
-		ll := limiter.Limit{Count: l.Count, Period: max(time.Duration(period).Truncate(time.Microsecond), time.Microsecond), Burst: burst}
-		if ll.Validate() == nil {
-			return ll
-		}
-	}
-	return limiter.Limit{Count: l.Count, Period: l.Period, Burst: burst}
+// refundPlan is the refunds stage's part of a plan.
+type refundPlan struct {
+	// refunds give back the hits of descriptors with is_negative_hits
+	// before the takes (which then only check them).
+	refunds []limiter.Request
+	// refundable has one flag per refund: its limit counts tokens, so
+	// that RefundsTaken may give back to it (see giveBack).
+	refundable []bool
+	// refunded is what the refunds asked and were given, once made.
+	refunded RefundOutcome
 }
 
-func ledgerKey(bucket string) string {
-	return string(config.AppendLedgerKey(make([]byte, 0, len(bucket)+8), []byte(bucket)))
-}
-
-// credits are the ledger takes that record, with RefundsTaken, what the
-// takes of an admitted p spent on limits that count tokens, so that a
-// later refund may give it back; they are Shadow, so that a full ledger
-// denies nothing. A call that carries a refund earns none, nor a tolerant
-// quota-mode plan (whose settle may give spending back), nor a shadow
-// take. The credit is what the take recorded: its hits, except a post-paid
-// charge that stopped at its floor (MaxDebt below empty), which recorded
-// less; admitted, its bucket was not in debt, so it recorded at least
-// MaxDebt, which is then the credit.
-func (s *Server) credits(p *plan, decisions []limiter.Decision) []limiter.Request {
-	if s.refunds != RefundsTaken || len(p.refunds) > 0 || p.tolerant() {
+// refund is the refunds stage: it makes p's refunds (giveBack), before
+// its takes, and records what they asked and were given in p.refunded. A
+// backend that cannot give tokens back answers INVALID_ARGUMENT.
+func (s *Server) refund(ctx context.Context, now time.Time, p *plan) error {
+	if len(p.refunds) == 0 {
 		return nil
 	}
-	var out []limiter.Request
-	for i := range p.items {
-		it := &p.items[i]
-		if !it.limited {
-			continue
-		}
-		for j, l := range it.limits {
-			r := p.takes[it.first+j]
-			if l.Counts != config.Tokens || r.Hits == 0 || r.Shadow {
-				continue
-			}
-			hits := r.Hits
-			if r.Charge() && decisions[it.first+j].ResetAfter >= r.Limit.TimeFor(r.Limit.Burst+r.Limit.MaxDebt) {
-				hits = min(hits, r.Limit.MaxDebt) // at its floor: see above
-			}
-			ll := ledgerLimit(r.Limit)
-			out = append(out, limiter.Request{Key: ledgerKey(r.Key), Limit: ll, Hits: min(hits, ll.Burst), Shadow: true})
-		}
+	refunder, ok := s.store.(limiter.Refunder)
+	if !ok {
+		return status.Error(codes.InvalidArgument, "is_negative_hits: this backend cannot give tokens back")
 	}
-	return out
-}
-
-// credit records the credits of p, a plan whose call was admitted, in a
-// store call of their own after the decision: a denied call costs nothing
-// more, and the takes of a call stay one store request where they were
-// one (the denial cache answers those; on a Redis Cluster the ledger need
-// not share its bucket's slot). If it fails, or the call's context has
-// ended, the credit is lost: a later refund gives back less, never more.
-func (s *Server) credit(ctx context.Context, now time.Time, p *plan, decisions []limiter.Decision, domain string) {
-	credits := s.credits(p, decisions)
-	if len(credits) == 0 || ctx.Err() != nil {
-		return
+	// Refunds first: a settle's charge sees its estimate given back.
+	out, err := s.giveBack(ctx, now, p, refunder)
+	p.refunded = out
+	if err != nil {
+		s.logFailure(ctx, now, p.domain, err)
+		return statusFromError(err)
 	}
-	if _, err := s.store.Take(ctx, now, credits); err != nil {
-		s.logFailure(ctx, now, domain, err)
-	}
+	return nil
 }
 
 // giveBack makes p's refunds under the server's RefundPolicy, before its

@@ -91,16 +91,7 @@ func setStatuses(resp *rlsv3.RateLimitResponse, p plan, decisions []limiter.Deci
 	sum := summary{denier: -1, least: -1}
 	// Quota-mode descriptors deny only together (see quota.go); the one
 	// that would pass soonest says when to retry.
-	quotaDeny := p.quotas > 0
-	if quotaDeny {
-		failed := 0
-		for _, it := range p.items {
-			if it.quota && it.rule != nil && !it.shadow && itemOver(it, decisions) {
-				failed++
-			}
-		}
-		quotaDeny = failed == p.quotas
-	}
+	quotaDeny := quotaDenied(&p, decisions)
 	quotaDenier, quotaRetry := -1, time.Duration(0)
 	for i, it := range p.items {
 		st := resp.Statuses[i]

@@ -10,13 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/limiter"
@@ -181,185 +178,64 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	return resp, nil
 }
 
-// decide answers req at time now, or returns the gRPC error to answer.
+// decide answers req at time now, or returns the gRPC error to answer. It
+// is the stages of a decision, in order, each in the file of its name;
+// each takes what the ones before it produced and returns what the next
+// need, and a stage with nothing to do for the request passes it on:
+//
+//   - check (check.go): the request's shape and sizes; the config to use.
+//   - plan (plan.go): each descriptor's rule, the buckets to take from and
+//     the leases to hold.
+//   - leases (leases.go): concurrency descriptors release, check and
+//     acquire their leases; a denied one makes the takes checks.
+//   - refunds (refund.go): is_negative_hits gives tokens back.
+//   - takes (take.go): one all-or-nothing Take of the buckets.
+//   - quota (quota.go): quota mode gives back what its verdict does not
+//     let the request spend.
+//   - verdict (verdict.go): whether the answer admits the request.
+//   - overdraft (overdraft.go): the post-paid counting of a denied
+//     request's hits.
+//   - waits (wait.go): an admitted request waits for reserved tokens.
+//   - credit (credit.go): the refund ledgers record what was spent.
+//   - answer (response.go): statuses, headers and metadata for Envoy.
+//
+// The leases newly acquired are given back, and the waiting slots
+// released, when decide returns.
 func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest, now time.Time) (plan, []limiter.Decision, *rlsv3.RateLimitResponse, error) {
-	if err := s.limits.check(req); err != nil {
-		return plan{}, nil, nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	cur := s.current.Load()
-	if cur == nil {
-		return plan{}, nil, nil, answerFor(codes.Unavailable, ErrNoConfig)
-	}
-	if why, refused := cur.set.Refused(req.GetDomain()); refused {
-		s.logThrottled(ctx, now, "call for a domain whose config was refused", "domain", req.GetDomain(), "err", why)
-		return plan{}, nil, nil, answerFor(codes.Unavailable, &RefusedDomainError{Domain: req.GetDomain(), Reason: why})
-	}
-	p, err := planRequest(ctx, cur.set, req, s.waitCap(ctx, now), s.limits.MaxValueBytes, s.shadow, s.quota, s.onInvalid)
+	cur, err := s.check(ctx, req, now)
 	if err != nil {
-		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			return plan{}, nil, nil, status.FromContextError(err).Err()
-		}
-		return plan{}, nil, nil, answerFor(codes.InvalidArgument, err)
+		return plan{}, nil, nil, err
 	}
-	if planLeases(&p, req); len(p.leases) > 0 {
-		return s.decideLeases(ctx, req, now, cur, p)
-	}
-	return s.decidePlan(ctx, req, now, cur, p)
-}
-
-// decidePlan answers the planned request p at time now: its refunds, its
-// takes and its waits for reserved tokens.
-func (s *Server) decidePlan(ctx context.Context, req *rlsv3.RateLimitRequest, now time.Time, cur *loaded, p plan) (plan, []limiter.Decision, *rlsv3.RateLimitResponse, error) {
-	if len(p.refunds) > 0 {
-		refunder, ok := s.store.(limiter.Refunder)
-		if !ok {
-			return p, nil, nil, status.Error(codes.InvalidArgument, "is_negative_hits: this backend cannot give tokens back")
-		}
-		// Refunds first: a settle's charge sees its estimate given back.
-		out, err := s.giveBack(ctx, now, &p, refunder)
-		p.refunded = out
-		if err != nil {
-			s.logFailure(ctx, now, req.GetDomain(), err)
-			return p, nil, nil, statusFromError(err)
-		}
-	}
-	if len(p.takes) == 0 {
-		return p, nil, buildResponse(req, p, nil, nil, s.answer, cur.cache), nil
-	}
-	claimed, full := s.waits.claim(&p)
-	defer s.waits.release(&p, claimed)
-	decisions, err := s.store.Take(ctx, now, p.takes)
+	p, err := s.plan(ctx, cur.set, req, now)
 	if err != nil {
-		s.logFailure(ctx, now, req.GetDomain(), err)
-		return p, nil, nil, statusFromError(err)
+		return plan{}, nil, nil, err
 	}
-	if cause := decisions[0].Fallback; cause != limiter.FallbackNone {
-		s.logFallback(ctx, now, req.GetDomain(), cause)
+	held, now, err := s.acquireLeases(ctx, now, &p)
+	if err != nil {
+		return p, nil, nil, err
 	}
-	if p.tolerant() {
-		decisions = s.settle(ctx, &p, decisions, now)
-	}
-	resp := buildResponse(req, p, decisions, full, s.answer, cur.cache)
-	if s.overdraft.covers(req.GetDomain()) {
-		var changed bool
-		// Unspent: the store denied the Take, or quota mode's settle gave
-		// its takes back (the verdict is OVER_LIMIT).
-		denied := takeDenied(p.takes, decisions) || p.tolerant() && resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT
-		if decisions, changed = s.countDenied(ctx, now, req.GetDomain(), &p, decisions, denied); changed {
-			resp = buildResponse(req, p, decisions, full, s.answer, cur.cache)
-		}
-	}
-	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && waits(decisions) {
-		if left, err := s.hold(ctx, p, decisions, s.now()); err != nil {
-			if s.refund(p, decisions, s.now()) {
-				s.waits.moveUp(left)
+	admitted := false
+	if len(held) > 0 {
+		defer func() {
+			if !admitted {
+				s.leases.giveBackAll(held)
 			}
-			if errors.Is(err, errWaitPastDeadline) {
-				// Denied instead: its tokens come too late for this caller.
-				decisions = deniedForWaits(decisions)
-				return p, decisions, buildResponse(req, p, decisions, full, s.answer, cur.cache), nil
-			}
-			return p, nil, nil, status.FromContextError(err).Err()
-		}
+		}()
 	}
-	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK && decisions[0].Fallback == limiter.FallbackNone {
-		s.credit(ctx, now, &p, decisions, req.GetDomain())
+	if err := s.refund(ctx, now, &p); err != nil {
+		return p, nil, nil, err
 	}
-	return p, decisions, resp, nil
-}
-
-// deadlineMargin is kept between a wait and the caller's deadline, for the
-// answer to reach it.
-const deadlineMargin = 5 * time.Millisecond
-
-// waitCap is the longest a call may wait for reserved tokens: --max-wait,
-// and less than the caller's deadline (Envoy's timeout), since a caller
-// that gives up mid-wait falls back to its failure mode, unmetered.
-func (s *Server) waitCap(ctx context.Context, now time.Time) time.Duration {
-	limit := s.maxWait
-	if dl, ok := ctx.Deadline(); ok {
-		limit = min(limit, dl.Sub(now)-deadlineMargin)
+	t, err := s.take(ctx, now, &p)
+	if err != nil {
+		return p, nil, nil, err
 	}
-	return max(limit, 0)
-}
-
-// deniedForWaits is decisions with every admission that waits for reserved
-// tokens turned into a denial until they arrive.
-func deniedForWaits(decisions []limiter.Decision) []limiter.Decision {
-	out := slices.Clone(decisions)
-	for k, d := range out {
-		if d.Wait > 0 {
-			out[k] = limiter.Decision{RetryAfter: d.Wait, ResetAfter: d.ResetAfter}
-		}
+	defer s.waits.release(&p, t.claimed)
+	decisions := s.settle(ctx, now, &p, t.decisions)
+	admitted = admits(&p, decisions)
+	decisions = s.countDenied(ctx, now, &p, decisions, admitted)
+	if decisions, admitted, err = s.wait(ctx, &p, decisions, admitted); err != nil {
+		return p, nil, nil, err
 	}
-	return out
-}
-
-func waits(decisions []limiter.Decision) bool {
-	for _, d := range decisions {
-		if d.Wait > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// refund gives back what an admitted request took, when its caller gave
-// up while it waited for reserved tokens, and reports whether the store
-// took it back. Post-paid charges stay, and a shadow take that was denied
-// took nothing.
-func (s *Server) refund(p plan, decisions []limiter.Decision, now time.Time) bool {
-	refunder, ok := s.store.(limiter.Refunder)
-	if !ok {
-		return false
-	}
-	var back []limiter.Request
-	for k, r := range p.takes {
-		if r.Hits > 0 && !r.Charge() && decisions[k].Allowed {
-			back = append(back, r)
-		}
-	}
-	if len(back) == 0 {
-		return true
-	}
-	// The caller's context is done; the refund gets its own short one.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if err := refunder.Refund(ctx, now, back); err != nil {
-		s.logFailure(ctx, now, "", err)
-		return false
-	}
-	return true
-}
-
-// logFailure logs a backend failure (or a call whose deadline came before
-// the backend could answer it), through logThrottled.
-func (s *Server) logFailure(ctx context.Context, now time.Time, domain string, err error) {
-	if errors.Is(err, limiter.ErrInvalidRequest) || errors.Is(err, context.Canceled) {
-		return
-	}
-	msg := "backend failed"
-	if errors.Is(err, limiter.ErrOverloaded) {
-		msg = "deadline reached before the backend could answer"
-	}
-	s.logThrottled(ctx, now, msg, "domain", domain, "err", err)
-}
-
-// logFallback logs a call answered per the store's failure mode (a store
-// answers a Take that way as a whole, so its first decision tells), through
-// logThrottled.
-func (s *Server) logFallback(ctx context.Context, now time.Time, domain string, cause limiter.Fallback) {
-	s.logThrottled(ctx, now, "answered per the failure mode", "domain", domain, "cause", cause.String())
-}
-
-// logThrottled logs a warning at most once a second (failures and
-// fallbacks share the second), with the number of lines not logged since
-// the last.
-func (s *Server) logThrottled(ctx context.Context, now time.Time, msg string, attrs ...any) {
-	last := s.lastFailureLog.Load()
-	if now.UnixNano()-last < int64(time.Second) || !s.lastFailureLog.CompareAndSwap(last, now.UnixNano()) {
-		s.quietFailures.Add(1)
-		return
-	}
-	s.log.WarnContext(ctx, msg, append(attrs, "unlogged_since_last", s.quietFailures.Swap(0))...)
+	s.credit(ctx, now, &p, decisions, admitted)
+	return p, decisions, buildResponse(req, p, decisions, t.queueFull, s.answer, cur.cache), nil
 }

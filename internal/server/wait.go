@@ -7,8 +7,98 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
+
+// wait is the waits stage: an admitted request whose decisions reserve
+// tokens (Decision.Wait) waits here until they arrive (hold). If its
+// caller gives up first, its takes are given back and the answer is the
+// caller's context error; if they would arrive past the caller's
+// deadline, it is denied instead (the decisions it returns, and admitted
+// false). Any other request passes through as it is.
+func (s *Server) wait(ctx context.Context, p *plan, decisions []limiter.Decision, admitted bool) ([]limiter.Decision, bool, error) {
+	if !admitted || !waits(decisions) {
+		return decisions, admitted, nil
+	}
+	left, err := s.hold(ctx, *p, decisions, s.now())
+	if err == nil {
+		return decisions, true, nil
+	}
+	if s.refundWaited(*p, decisions, s.now()) {
+		s.waits.moveUp(left)
+	}
+	if errors.Is(err, errWaitPastDeadline) {
+		// Denied instead: its tokens come too late for this caller.
+		return deniedForWaits(decisions), false, nil
+	}
+	return nil, false, status.FromContextError(err).Err()
+}
+
+// deadlineMargin is kept between a wait and the caller's deadline, for the
+// answer to reach it.
+const deadlineMargin = 5 * time.Millisecond
+
+// waitCap is the longest a call may wait for reserved tokens: --max-wait,
+// and less than the caller's deadline (Envoy's timeout), since a caller
+// that gives up mid-wait falls back to its failure mode, unmetered.
+func (s *Server) waitCap(ctx context.Context, now time.Time) time.Duration {
+	limit := s.maxWait
+	if dl, ok := ctx.Deadline(); ok {
+		limit = min(limit, dl.Sub(now)-deadlineMargin)
+	}
+	return max(limit, 0)
+}
+
+// deniedForWaits is decisions with every admission that waits for reserved
+// tokens turned into a denial until they arrive.
+func deniedForWaits(decisions []limiter.Decision) []limiter.Decision {
+	out := slices.Clone(decisions)
+	for k, d := range out {
+		if d.Wait > 0 {
+			out[k] = limiter.Decision{RetryAfter: d.Wait, ResetAfter: d.ResetAfter}
+		}
+	}
+	return out
+}
+
+func waits(decisions []limiter.Decision) bool {
+	for _, d := range decisions {
+		if d.Wait > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// refundWaited gives back what an admitted request took, when its caller
+// gave up while it waited for reserved tokens, and reports whether the
+// store took it back. Post-paid charges stay, and a shadow take that was
+// denied took nothing.
+func (s *Server) refundWaited(p plan, decisions []limiter.Decision, now time.Time) bool {
+	refunder, ok := s.store.(limiter.Refunder)
+	if !ok {
+		return false
+	}
+	var back []limiter.Request
+	for k, r := range p.takes {
+		if r.Hits > 0 && !r.Charge() && decisions[k].Allowed {
+			back = append(back, r)
+		}
+	}
+	if len(back) == 0 {
+		return true
+	}
+	// The caller's context is done; the refund gets its own short one.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := refunder.Refund(ctx, now, back); err != nil {
+		s.logFailure(ctx, now, "", err)
+		return false
+	}
+	return true
+}
 
 // waitQueues holds the requests of this process that wait for reserved
 // tokens (limits with max_wait), per bucket. The store orders reservations
