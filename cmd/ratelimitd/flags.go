@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
-	"strings"
-	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
@@ -25,7 +22,7 @@ import (
 // redis once the flags are checked), and what only the command uses.
 type serveConfig struct {
 	daemon.Config
-	redis     redisFlags
+	redis     daemon.RedisFlags
 	logLevel  slog.Level
 	logFormat string
 	// ignoredFlags are flags given (as given spells them) that only the
@@ -45,39 +42,6 @@ type serveConfig struct {
 	showVersion bool
 }
 
-// redisFlags select and tune the Redis backend; all empty means in-memory.
-type redisFlags struct {
-	url            string
-	sentinelMaster string
-	sentinelAddrs  string
-	clusterAddrs   string
-	password       string
-	username       string
-	tlsCA          string
-	tlsCert        string
-	tlsKey         string
-	prefix         string
-	poolSize       int
-	dialTimeout    time.Duration
-	readTimeout    time.Duration
-	writeTimeout   time.Duration
-	poolTimeout    time.Duration
-	batchMax       int           // calls coalesced into one round trip; 0 the default, 1 none
-	batchWait      time.Duration // 0 the default
-	batchHold      time.Duration // tests only: see addTestFlags
-	denialCache    bool
-	denialEntries  int // 0 the default
-}
-
-func (r redisFlags) enabled() bool {
-	return r.url != "" || r.sentinelMaster != "" || r.clusterAddrs != ""
-}
-
-// envName is the environment variable that sets flag name.
-func envName(name string) string {
-	return "RATELIMITD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-}
-
 func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer) (serveConfig, error) {
 	var c serveConfig
 	defLimits := server.DefaultRequestLimits()
@@ -85,7 +49,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.ConfigPath, "config", "", "descriptor file, or directory of *.yaml files (required, unless --config-xds-addr)")
 	fs.StringVar(&c.envCompat, "env-compat", envcompat.Native, "also read envoyproxy/ratelimit's environment variables (REDIS_URL, GRPC_PORT, ...) with its defaults: envoyproxy; the default when the binary runs as \"ratelimit\"")
-	finishDropIn := addDropInFlags(fs, &c)
+	finishDropIn := envcompat.AddDropInFlags(fs, &c.Config)
 	finishGuards := addGuardFlags(fs, &c)
 	addTestFlags(fs, &c)
 	addVersionFlag(fs, &c.showVersion)
@@ -111,25 +75,25 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the HTTP port")
 	fs.Float64Var(&c.NearLimitRatio, "near-limit-ratio", daemon.DefaultNearLimitRatio, "metrics: an admitted descriptor is near_limit when more than this share of its burst is in use (1 turns near_limit off)")
 	fs.IntVar(&c.MaxMetricValues, "metrics-max-values", daemon.DefaultMaxMetricValues, "metrics: distinct values labelled per detailed_metric rule; the rest count as _other")
-	fs.StringVar(&c.redis.url, "redis-url", "", "Redis backend: redis:// or rediss:// URL (user, password, db); empty means in-memory")
-	fs.StringVar(&c.redis.sentinelMaster, "redis-sentinel-master", "", "Redis backend through Sentinel: the master's name")
-	fs.StringVar(&c.redis.sentinelAddrs, "redis-sentinel-addrs", "", "comma-separated Sentinel addresses, with --redis-sentinel-master")
-	fs.StringVar(&c.redis.clusterAddrs, "redis-cluster-addrs", "", "Redis Cluster backend: comma-separated seed addresses")
-	fs.StringVar(&c.redis.password, "redis-password", "", "password for Sentinel or Cluster nodes (for a URL, put it in the URL)")
-	fs.StringVar(&c.redis.username, "redis-username", "", "ACL user for Sentinel or Cluster nodes (for a URL, put it in the URL)")
-	fs.StringVar(&c.redis.tlsCA, "redis-tls-ca", "", "PEM file of the CA that signed the Redis servers' certificates (TLS: rediss:// URL, or any Sentinel/Cluster address)")
-	fs.StringVar(&c.redis.tlsCert, "redis-tls-cert", "", "PEM client certificate for Redis servers that require one (with --redis-tls-key)")
-	fs.StringVar(&c.redis.tlsKey, "redis-tls-key", "", "PEM key of --redis-tls-cert")
-	fs.StringVar(&c.redis.prefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key")
-	fs.IntVar(&c.redis.poolSize, "redis-pool-size", 0, "connections per Redis node (0: 10 per CPU)")
-	fs.DurationVar(&c.redis.dialTimeout, "redis-dial-timeout", 0, fmt.Sprintf("Redis dial timeout (0: %v)", redisstore.DefaultDialTimeout))
-	fs.DurationVar(&c.redis.readTimeout, "redis-read-timeout", 0, fmt.Sprintf("how long Redis may hold a round trip before it has failed it (0: %v)", redisstore.DefaultReadTimeout))
-	fs.DurationVar(&c.redis.writeTimeout, "redis-write-timeout", 0, fmt.Sprintf("Redis write timeout (0: %v)", redisstore.DefaultWriteTimeout))
-	fs.DurationVar(&c.redis.poolTimeout, "redis-pool-timeout", 0, fmt.Sprintf("how long a call waits for a free Redis connection (0: %v)", redisstore.DefaultPoolTimeout))
-	fs.IntVar(&c.redis.batchMax, "redis-batch-max", 0, fmt.Sprintf("most Redis calls coalesced into one round trip (0: %d; 1: no coalescing)", redisstore.DefaultBatchMax))
-	fs.DurationVar(&c.redis.batchWait, "redis-batch-wait", 0, fmt.Sprintf("the longest a batch collects calls while another round trip is in flight and has not landed (0: %v; negative: not at all)", redisstore.DefaultBatchWait))
-	fs.BoolVar(&c.redis.denialCache, "denial-cache", true, "deny locally, until Redis's own retry-after, single-descriptor requests for buckets Redis just denied")
-	fs.IntVar(&c.redis.denialEntries, "denial-cache-size", 0, fmt.Sprintf("most buckets the denial cache remembers (0: %d)", denialcache.DefaultMaxEntries))
+	fs.StringVar(&c.redis.URL, "redis-url", "", "Redis backend: redis:// or rediss:// URL (user, password, db); empty means in-memory")
+	fs.StringVar(&c.redis.SentinelMaster, "redis-sentinel-master", "", "Redis backend through Sentinel: the master's name")
+	fs.StringVar(&c.redis.SentinelAddrs, "redis-sentinel-addrs", "", "comma-separated Sentinel addresses, with --redis-sentinel-master")
+	fs.StringVar(&c.redis.ClusterAddrs, "redis-cluster-addrs", "", "Redis Cluster backend: comma-separated seed addresses")
+	fs.StringVar(&c.redis.Password, "redis-password", "", "password for Sentinel or Cluster nodes (for a URL, put it in the URL)")
+	fs.StringVar(&c.redis.Username, "redis-username", "", "ACL user for Sentinel or Cluster nodes (for a URL, put it in the URL)")
+	fs.StringVar(&c.redis.TLSCA, "redis-tls-ca", "", "PEM file of the CA that signed the Redis servers' certificates (TLS: rediss:// URL, or any Sentinel/Cluster address)")
+	fs.StringVar(&c.redis.TLSCert, "redis-tls-cert", "", "PEM client certificate for Redis servers that require one (with --redis-tls-key)")
+	fs.StringVar(&c.redis.TLSKey, "redis-tls-key", "", "PEM key of --redis-tls-cert")
+	fs.StringVar(&c.redis.Prefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key")
+	fs.IntVar(&c.redis.PoolSize, "redis-pool-size", 0, "connections per Redis node (0: 10 per CPU)")
+	fs.DurationVar(&c.redis.DialTimeout, "redis-dial-timeout", 0, fmt.Sprintf("Redis dial timeout (0: %v)", redisstore.DefaultDialTimeout))
+	fs.DurationVar(&c.redis.ReadTimeout, "redis-read-timeout", 0, fmt.Sprintf("how long Redis may hold a round trip before it has failed it (0: %v)", redisstore.DefaultReadTimeout))
+	fs.DurationVar(&c.redis.WriteTimeout, "redis-write-timeout", 0, fmt.Sprintf("Redis write timeout (0: %v)", redisstore.DefaultWriteTimeout))
+	fs.DurationVar(&c.redis.PoolTimeout, "redis-pool-timeout", 0, fmt.Sprintf("how long a call waits for a free Redis connection (0: %v)", redisstore.DefaultPoolTimeout))
+	fs.IntVar(&c.redis.BatchMax, "redis-batch-max", 0, fmt.Sprintf("most Redis calls coalesced into one round trip (0: %d; 1: no coalescing)", redisstore.DefaultBatchMax))
+	fs.DurationVar(&c.redis.BatchWait, "redis-batch-wait", 0, fmt.Sprintf("the longest a batch collects calls while another round trip is in flight and has not landed (0: %v; negative: not at all)", redisstore.DefaultBatchWait))
+	fs.BoolVar(&c.redis.DenialCache, "denial-cache", true, "deny locally, until Redis's own retry-after, single-descriptor requests for buckets Redis just denied")
+	fs.IntVar(&c.redis.DenialEntries, "denial-cache-size", 0, fmt.Sprintf("most buckets the denial cache remembers (0: %d)", denialcache.DefaultMaxEntries))
 	onFailure := fs.String("on-backend-failure", "error", "answer while Redis fails: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow, deny, or local (in-process buckets)")
 	fs.DurationVar(&c.Failure.Timeout, "backend-timeout", failover.DefaultTimeout, "how long Redis may hold what it was sent before it counts as a Redis failure (reported to the breaker then, whatever the callers' deadlines; on a Cluster, against that node); a call is decided by Redis whenever it answers within the caller's deadline, and time spent queued here never counts against Redis")
 	fs.DurationVar(&c.Failure.DefaultDeadline, "default-deadline", failover.DefaultDeadline, "the deadline of a call that comes without one (Envoy sends its ratelimit filter's timeout, 20ms by default, unless it is 0)")
@@ -156,26 +120,18 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return c, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	if !flagGiven(fs, "env-compat") {
-		c.envCompat = getenv(envName("env-compat"))
+		c.envCompat = getenv(envcompat.CompatVar)
 	}
-	var inc envcompat.Env
-	switch c.envCompat {
-	case envcompat.Native:
-		c.foreignVars = envcompat.VarsIn(getenv)
-	case envcompat.Envoyproxy:
-		var err error
-		if inc, err = envcompat.Read(getenv); err != nil {
-			return c, usageError{fmt.Errorf("envoyproxy/ratelimit's environment:\n%w", err)}
-		}
-		c.unhonoured = inc.Unhonoured
-	default:
-		return c, usageError{fmt.Errorf("--env-compat %q: want envoyproxy, or nothing for ratelimitd's own variables only", c.envCompat)}
-	}
-	fromEnv, err := applyEnv(fs, getenv, inc)
+	inc, foreign, err := envcompat.ForMode(c.envCompat, getenv)
 	if err != nil {
 		return c, usageError{err}
 	}
-	given := givenFlags(fs, fromEnv)
+	c.unhonoured, c.foreignVars = inc.Unhonoured, foreign
+	fromEnv, err := inc.Apply(fs, getenv, versionFlag)
+	if err != nil {
+		return c, usageError{err}
+	}
+	given := envcompat.Given(fs, fromEnv)
 	if c.envCompat == envcompat.Envoyproxy {
 		c.Tracing = inc.Tracing
 	} else {
@@ -186,7 +142,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		c.Tracing = tc
 	}
 	if c.NearLimitRatio <= 0 || c.NearLimitRatio > 1 {
-		return c, usageError{fmt.Errorf("%s %v: want more than 0 and at most 1", flagSpelling(given, "near-limit-ratio"), c.NearLimitRatio)}
+		return c, usageError{fmt.Errorf("%s %v: want more than 0 and at most 1", envcompat.Spelling(given, "near-limit-ratio"), c.NearLimitRatio)}
 	}
 	if err := finishDropIn(given); err != nil {
 		return c, usageError{err}
@@ -201,51 +157,36 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		// Zero would end every call in flight at once on SIGTERM.
 		return c, usageError{fmt.Errorf("--shutdown-timeout %v: want more than 0 (how long SIGTERM waits for calls in flight)", c.ShutdownTimeout)}
 	}
-	if err := c.redis.check(given); err != nil {
+	if err := c.redis.Check(given); err != nil {
 		return c, usageError{err}
 	}
-	if !c.redis.enabled() {
-		c.ignoredFlags = redisOnlyGiven(given)
+	if !c.redis.Enabled() {
+		c.ignoredFlags = daemon.RedisOnlyGiven(given)
 	}
-	c.Redis = c.redis.config()
+	c.Redis = c.redis.Config()
 	if c.StreamWorkers == 0 {
 		c.StreamWorkers = -1 // none kept (0 is the daemon's default)
 	}
-	if c.RetryAfter, err = choose("retry-after", *retryAfter,
+	if c.RetryAfter, err = envcompat.Choose("retry-after", *retryAfter,
 		[]string{"send", "omit"},
 		[]server.RetryAfter{server.RetryAfterSend, server.RetryAfterOmit}); err != nil {
 		return c, usageError{err}
 	}
-	if c.RateLimitHeaders, err = choose("ratelimit-headers", *rlHeaders,
+	if c.RateLimitHeaders, err = envcompat.Choose("ratelimit-headers", *rlHeaders,
 		[]string{"off", "draft03", "ietf", "incumbent"},
 		[]server.RateLimitHeaders{server.RateLimitHeadersOff, server.RateLimitHeadersDraft03, server.RateLimitHeadersIETF, server.RateLimitHeadersIncumbent}); err != nil {
 		return c, usageError{err}
 	}
-	if spelt, ok := given["ratelimit-header-names"]; ok {
-		switch {
-		case c.RateLimitHeaders == server.RateLimitHeadersIncumbent:
-			names := strings.Split(*headerNames, ",")
-			if len(names) != 3 {
-				return c, usageError{fmt.Errorf("%s %q: want three names, limit,remaining,reset", spelt, *headerNames)}
-			}
-			c.RateLimitHeaderNames = server.HeaderNames{Limit: strings.TrimSpace(names[0]), Remaining: strings.TrimSpace(names[1]), Reset: strings.TrimSpace(names[2])}
-			if err := c.RateLimitHeaderNames.Validate(); err != nil {
-				return c, usageError{fmt.Errorf("%s: %w", spelt, err)}
-			}
-		case spelt == inc.Spelt["ratelimit-header-names"]:
-			// The incumbent's names, while the operator chose another
-			// mode over its LIMIT_RESPONSE_HEADERS_ENABLED: not read.
-		default:
-			return c, usageError{fmt.Errorf("%s: only with %s incumbent", spelt, flagSpelling(given, "ratelimit-headers"))}
-		}
+	if c.RateLimitHeaderNames, err = inc.HeaderNames(given, c.RateLimitHeaders, *headerNames); err != nil {
+		return c, usageError{err}
 	}
-	if c.DynamicMetadata, err = choose("dynamic-metadata", *metadata,
+	if c.DynamicMetadata, err = envcompat.Choose("dynamic-metadata", *metadata,
 		[]string{"all", "notable", "off"},
 		[]server.DynamicMetadata{server.DynamicMetadataAll, server.DynamicMetadataNotable, server.DynamicMetadataOff}); err != nil {
 		return c, usageError{err}
 	}
 	logFormats := []string{"text", "json"}
-	if c.logFormat, err = choose("log-format", c.logFormat, logFormats, logFormats); err != nil {
+	if c.logFormat, err = envcompat.Choose("log-format", c.logFormat, logFormats, logFormats); err != nil {
 		return c, usageError{err}
 	}
 	modes := []failover.Mode{failover.Error, failover.Allow, failover.Deny, failover.Local}
@@ -253,11 +194,11 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	for i, m := range modes {
 		modeNames[i] = m.String()
 	}
-	if c.Failure.Mode, err = choose("on-backend-failure", *onFailure, modeNames, modes); err != nil {
+	if c.Failure.Mode, err = envcompat.Choose("on-backend-failure", *onFailure, modeNames, modes); err != nil {
 		return c, usageError{err}
 	}
 	// The grace before local mode answers as one of the others.
-	if c.Failure.GraceMode, err = choose("failure-grace-mode", *graceMode, modeNames[:3], modes[:3]); err != nil {
+	if c.Failure.GraceMode, err = envcompat.Choose("failure-grace-mode", *graceMode, modeNames[:3], modes[:3]); err != nil {
 		return c, usageError{err}
 	}
 	if *gcFloorMiB < 0 || *gcFloorMiB > runtimetune.MaxHeapFloor>>20 {
@@ -275,112 +216,9 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	return c, nil
 }
 
-// choose returns vals[i] for the got that equals names[i], the accepted
-// values of --flagName; any other got is an error listing them all.
-func choose[T any](flagName, got string, names []string, vals []T) (T, error) {
-	for i, name := range names {
-		if got == name {
-			return vals[i], nil
-		}
-	}
-	var zero T
-	return zero, fmt.Errorf("--%s %q: want %s", flagName, got, oneOf(names))
-}
-
-// oneOf lists names as "a", "a or b", "a, b or c".
-func oneOf(names []string) string {
-	if len(names) < 2 {
-		return strings.Join(names, "")
-	}
-	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
-}
-
 // flagGiven reports whether the flag name was given on the command line.
 func flagGiven(fs *flag.FlagSet, name string) bool {
 	found := false
 	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
 	return found
-}
-
-// applyEnv sets every flag not given on the command line from its
-// RATELIMITD_ variable, when that is set, or else from inc (what
-// envoyproxy/ratelimit's variables say, when they are read). It returns
-// the flags it set, each mapped to the variables it was set from.
-func applyEnv(fs *flag.FlagSet, getenv func(string) string, inc envcompat.Env) (map[string]string, error) {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	fromEnv := map[string]string{}
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] || f.Name == versionFlag {
-			return
-		}
-		name := envName(f.Name)
-		v := getenv(name)
-		if v == "" {
-			var ok bool
-			if v, ok = inc.Flags[f.Name]; !ok {
-				return
-			}
-			name = inc.Spelt[f.Name]
-		}
-		if err := fs.Set(f.Name, v); err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-			return
-		}
-		fromEnv[f.Name] = name
-	})
-	return fromEnv, errors.Join(errs...)
-}
-
-// flagSpelling is how the operator set flag, per given, or "--flag".
-func flagSpelling(given map[string]string, flag string) string {
-	if s, ok := given[flag]; ok {
-		return s
-	}
-	return "--" + flag
-}
-
-// givenFlags maps each flag the operator set to something other than its
-// default, on the command line or (those in fromEnv) in the environment,
-// to the way they spelled it: "--redis-password" or
-// "RATELIMITD_REDIS_PASSWORD". A flag set to its default (--redis-url "",
-// as a template with an empty variable writes it) changes nothing and is
-// left out.
-func givenFlags(fs *flag.FlagSet, fromEnv map[string]string) map[string]string {
-	given := map[string]string{}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Value.String() == f.DefValue {
-			return
-		}
-		if spelt, ok := fromEnv[f.Name]; ok {
-			given[f.Name] = spelt
-		} else {
-			given[f.Name] = "--" + f.Name
-		}
-	})
-	return given
-}
-
-// redisOnlyFlags are the flags outside --redis-* that only the Redis backend
-// reads (its failure handling and denial cache). Given without Redis they
-// change nothing: the memory backend never fails. Unlike --redis-* flags
-// (see redisFlags.check) they are no error, since a deployment template may
-// set them whatever the backend, but serve warns of them.
-var redisOnlyFlags = []string{
-	"on-backend-failure", "backend-timeout", "default-deadline", "breaker-failures", "breaker-failing-for", "breaker-open-for",
-	"replicas-hint", "failure-grace", "failure-grace-mode", "denial-cache", "denial-cache-size",
-}
-
-// redisOnlyGiven returns the redisOnlyFlags among given, as given spells
-// them, sorted.
-func redisOnlyGiven(given map[string]string) []string {
-	var out []string
-	for _, f := range redisOnlyFlags {
-		if spelt, ok := given[f]; ok {
-			out = append(out, spelt)
-		}
-	}
-	slices.Sort(out)
-	return out
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/envcompat"
 	"github.com/ratelimitd/ratelimitd/internal/redact"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 )
@@ -24,16 +25,16 @@ func addGuardFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[stri
 		var errs []error
 		var err error
 		if c.OnInvalidOverride, err = server.ParseInvalidOverride(*onInvalid); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", flagSpelling(given, "on-invalid-override"), err))
+			errs = append(errs, fmt.Errorf("%s: %w", envcompat.Spelling(given, "on-invalid-override"), err))
 		}
 		if c.OnOversizedRequest, err = server.ParseOversizedRequest(*onOversized); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", flagSpelling(given, "on-oversized-request"), err))
+			errs = append(errs, fmt.Errorf("%s: %w", envcompat.Spelling(given, "on-oversized-request"), err))
 		}
 		if c.RedactValues, err = redact.Parse(*redactValues); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", flagSpelling(given, "redact-values"), err))
+			errs = append(errs, fmt.Errorf("%s: %w", envcompat.Spelling(given, "redact-values"), err))
 		}
 		if c.MaxConfigBytes <= 0 {
-			errs = append(errs, fmt.Errorf("%s %d: want more than 0", flagSpelling(given, "max-config-bytes"), c.MaxConfigBytes))
+			errs = append(errs, fmt.Errorf("%s %d: want more than 0", envcompat.Spelling(given, "max-config-bytes"), c.MaxConfigBytes))
 		}
 		return errors.Join(errs...)
 	}

@@ -101,7 +101,7 @@ func TestRedisFlagsAccepted(t *testing.T) {
 		name string
 		args []string
 		env  map[string]string
-		want string // redisFlags.enabled: "" for the in-memory backend
+		want string // RedisFlags.Enabled: "" for the in-memory backend
 	}{
 		{"nothing", nil, nil, ""},
 		{"empty URL and defaults", []string{"--redis-url", "", "--redis-password", "", "--redis-prefix", "ratelimitd:", "--redis-pool-size", "0"}, nil, ""},
@@ -120,15 +120,15 @@ func TestRedisFlagsAccepted(t *testing.T) {
 			}
 			got := ""
 			switch {
-			case c.redis.url != "":
+			case c.redis.URL != "":
 				got = "url"
-			case c.redis.sentinelMaster != "":
+			case c.redis.SentinelMaster != "":
 				got = "sentinel"
-			case c.redis.clusterAddrs != "":
+			case c.redis.ClusterAddrs != "":
 				got = "cluster"
 			}
-			if got != tt.want || c.redis.enabled() != (tt.want != "") {
-				t.Errorf("parseServeFlags(%q, %v) selects %q (enabled %v), want %q", tt.args, tt.env, got, c.redis.enabled(), tt.want)
+			if got != tt.want || c.redis.Enabled() != (tt.want != "") {
+				t.Errorf("parseServeFlags(%q, %v) selects %q (enabled %v), want %q", tt.args, tt.env, got, c.redis.Enabled(), tt.want)
 			}
 		})
 	}

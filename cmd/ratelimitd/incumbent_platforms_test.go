@@ -264,7 +264,7 @@ func TestNativeNameWarnsOfIncumbentVariables(t *testing.T) {
 		t.Errorf("foreign variables %q, want %q", c.foreignVars, want)
 	}
 	var buf bytes.Buffer
-	warnEnvironment(slog.New(slog.NewTextHandler(&buf, nil)), c)
+	envcompat.Warn(slog.New(slog.NewTextHandler(&buf, nil)), c.unhonoured, c.foreignVars)
 	out := buf.String()
 	if strings.Count(out, "\n") != 1 || !strings.Contains(out, "level=WARN") || !strings.Contains(out, "variables=REDIS_URL,USE_STATSD") ||
 		!strings.Contains(out, "RATELIMITD_ENV_COMPAT=envoyproxy") || !strings.Contains(out, "as ratelimit") {
@@ -277,7 +277,7 @@ func TestNativeNameWarnsOfIncumbentVariables(t *testing.T) {
 }
 
 // TestCheckConfigLayout lays out config directories and checks what
-// checkConfigLayout says of each.
+// envcompat.CheckConfigLayout says of each.
 func TestCheckConfigLayout(t *testing.T) {
 	write := func(t *testing.T, dir string, files ...string) {
 		for _, f := range files {
@@ -310,7 +310,7 @@ func TestCheckConfigLayout(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			write(t, dir, tt.files...)
-			warnings, err := checkConfigLayout(dir, tt.incumbent)
+			warnings, err := envcompat.CheckConfigLayout(dir, tt.incumbent)
 			switch {
 			case tt.wantErr == "" && err != nil:
 				t.Errorf("error %v, want none", err)

@@ -384,7 +384,7 @@ func TestRateLimitHeaderNames(t *testing.T) {
 // TestEnvCompatVariable: the variable envcompat defaults under the
 // incumbent's program name is --env-compat's own.
 func TestEnvCompatVariable(t *testing.T) {
-	if got := envName("env-compat"); got != envcompat.CompatVar {
-		t.Errorf("envName(env-compat) = %s, envcompat.CompatVar = %s: want the same", got, envcompat.CompatVar)
+	if got := envcompat.VarName("env-compat"); got != envcompat.CompatVar {
+		t.Errorf("envcompat.VarName(env-compat) = %s, envcompat.CompatVar = %s: want the same", got, envcompat.CompatVar)
 	}
 }

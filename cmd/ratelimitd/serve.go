@@ -37,7 +37,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	log := newLogger(c, logw)
 	logBuild(log, buildinfo.Get())
 	if c.ConfigPath != "" {
-		warnings, err := checkConfigLayout(c.ConfigPath, c.envCompat == envcompat.Envoyproxy)
+		warnings, err := envcompat.CheckConfigLayout(c.ConfigPath, c.envCompat == envcompat.Envoyproxy)
 		if err != nil {
 			return usageError{err}
 		}
@@ -45,7 +45,7 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 			log.Warn("config files not read", "why", w)
 		}
 	}
-	warnEnvironment(log, c)
+	envcompat.Warn(log, c.unhonoured, c.foreignVars)
 	d, err := daemon.New(c.Config, log)
 	if err != nil {
 		return err
@@ -67,19 +67,6 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 		}
 	}()
 	return d.Run(ctx)
-}
-
-// warnEnvironment logs, once each, the startup warnings of the environment
-// read: envoyproxy/ratelimit's settings that are not honoured, or, under
-// ratelimitd's own name, those that are set but not read.
-func warnEnvironment(log *slog.Logger, c serveConfig) {
-	if len(c.unhonoured) > 0 {
-		log.Warn("envoyproxy/ratelimit settings not honoured", "settings", strings.Join(c.unhonoured, "; "))
-	}
-	if len(c.foreignVars) > 0 {
-		log.Warn("envoyproxy/ratelimit's variables are set but not read: under its own name ratelimitd reads only RATELIMITD_* variables; run it as ratelimit, or with RATELIMITD_ENV_COMPAT=envoyproxy (--env-compat=envoyproxy), to read them",
-			"variables", strings.Join(c.foreignVars, ","))
-	}
 }
 
 // logBuild logs the first line of serve: which build starts, so that a

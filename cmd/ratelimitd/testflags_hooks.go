@@ -12,5 +12,5 @@ import "flag"
 // from its first call (redisstore.Options.TestBatchHold): the queueing of
 // a saturated CPU, while Redis stays healthy.
 func addTestFlags(fs *flag.FlagSet, c *serveConfig) {
-	fs.DurationVar(&c.redis.batchHold, "test-batch-hold", 0, "tests only: hold each batch of coalesced Redis calls this long from its first call")
+	fs.DurationVar(&c.redis.BatchHold, "test-batch-hold", 0, "tests only: hold each batch of coalesced Redis calls this long from its first call")
 }

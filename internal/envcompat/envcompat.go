@@ -1,11 +1,15 @@
-// Package envcompat maps envoyproxy/ratelimit's environment (its
-// settings.go variables, with its defaults) onto ratelimitd's own flags,
-// so that ratelimitd runs unchanged where that project ran: Envoy Gateway's
-// and Istio's Deployments. Each setting is honoured (mapped to a flag),
-// warned of (set, but not what ratelimitd does), or refused (set to a
-// value that would matter and cannot be honoured); the table is in
-// vars.go and docs/replacing-envoyproxy-ratelimit.md lists every row.
-// It reads the environment only through the getenv it is given.
+// Package envcompat is ratelimitd's environment: it sets ratelimitd's
+// flags from their RATELIMITD_* variables (Env.Apply) and, as --env-compat
+// says (ForMode), from envoyproxy/ratelimit's environment (its settings.go
+// variables, with its defaults), so that ratelimitd runs unchanged where
+// that project ran: Envoy Gateway's and Istio's Deployments. Each of that
+// project's settings is honoured (mapped to a flag), warned of (set, but
+// not what ratelimitd does), or refused (set to a value that would matter
+// and cannot be honoured); the table is in vars.go and
+// docs/replacing-envoyproxy-ratelimit.md lists every row. It also has the
+// flags that project's deployments need (AddDropInFlags) and the check of
+// its config directory's layout (CheckConfigLayout). It reads the
+// environment only through the getenv it is given.
 package envcompat
 
 import (

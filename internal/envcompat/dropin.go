@@ -1,4 +1,4 @@
-package main
+package envcompat
 
 import (
 	"errors"
@@ -23,13 +23,14 @@ type xdsFlags struct {
 	maxMessageBytes                     int
 }
 
-// addDropInFlags registers the flags of what envoyproxy/ratelimit's
-// deployments need beside ratelimitd's own: the debug and metrics
+// AddDropInFlags registers the flags of what envoyproxy/ratelimit's
+// deployments need beside ratelimitd's own (the flags its variables map
+// to, see Read): the debug and metrics
 // listeners, gRPC connection ageing, its metric names, global shadow mode,
 // the xDS config source and starting without a config. finish, called
 // once the flags are set, checks them and fills c; its errors name the
-// flags as given spells them (see givenFlags).
-func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[string]string) error) {
+// flags as given spells them (see Given).
+func AddDropInFlags(fs *flag.FlagSet, c *daemon.Config) (finish func(given map[string]string) error) {
 	var x xdsFlags
 	quotaMode := fs.String("quota-mode", "per-rule", "which descriptors are quota-mode descriptors (a request is denied only when all of them are over): per-rule (those whose rule sets quota_mode) or all (envoyproxy/ratelimit's QUOTA_MODE=true)")
 	overdraft := fs.Int64("default-overdraft", 0, "record every charge, even one that overdraws its bucket, on limits that declare no overdraft: their debt may reach this many bursts (envoyproxy/ratelimit counts every hit; its files and the xDS proto cannot say overdraft); 0: off, a denied request spends nothing")
@@ -58,10 +59,10 @@ func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[str
 	fs.DurationVar(&x.maxBackoff, "config-xds-max-backoff", 0, fmt.Sprintf("longest wait between attempts to connect to the xDS server (0: %v)", xdsconfig.DefaultMaxBackoff))
 	fs.IntVar(&x.maxMessageBytes, "config-xds-max-message-bytes", 0, fmt.Sprintf("largest DiscoveryResponse accepted (0: %d)", xdsconfig.DefaultMaxMessageBytes))
 	return func(given map[string]string) error {
-		name := func(flag string) string { return flagSpelling(given, flag) }
+		name := func(flag string) string { return Spelling(given, flag) }
 		var errs []error
 		var err error
-		if c.QuotaMode, err = choose("quota-mode", *quotaMode, []string{"per-rule", "all"},
+		if c.QuotaMode, err = Choose("quota-mode", *quotaMode, []string{"per-rule", "all"},
 			[]server.QuotaMode{server.QuotaModePerRule, server.QuotaModeAll}); err != nil {
 			errs = append(errs, err)
 		}
@@ -70,18 +71,18 @@ func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[str
 			errs = append(errs, fmt.Errorf("%s %d: must not be negative", name("default-overdraft"), *overdraft))
 		case *overdraft > 0:
 			c.Overdraft = server.Overdraft{On: true, Bursts: *overdraft, Domains: splitList(*overdraftDomains)}
-			if c.Overdraft.Counting, err = choose("default-overdraft-counting", *overdraftCounting, []string{"always", "where-denied"},
+			if c.Overdraft.Counting, err = Choose("default-overdraft-counting", *overdraftCounting, []string{"always", "where-denied"},
 				[]limiter.Counting{limiter.CountAlways, limiter.CountWhereDenied}); err != nil {
 				errs = append(errs, err)
 			}
 		case given["default-overdraft-counting"] != "" || given["default-overdraft-domains"] != "":
 			errs = append(errs, fmt.Errorf("%s and %s need %s", name("default-overdraft-counting"), name("default-overdraft-domains"), name("default-overdraft")))
 		}
-		if c.Refunds, err = choose("refunds", *refunds, []string{"taken", "unbounded"},
+		if c.Refunds, err = Choose("refunds", *refunds, []string{"taken", "unbounded"},
 			[]server.RefundPolicy{server.RefundsTaken, server.RefundsUnbounded}); err != nil {
 			errs = append(errs, err)
 		}
-		if c.DescriptorMetadata, err = choose("descriptor-metadata", *descMetadata, []string{"passed", "incumbent", "off"},
+		if c.DescriptorMetadata, err = Choose("descriptor-metadata", *descMetadata, []string{"passed", "incumbent", "off"},
 			[]server.DescriptorMetadata{server.DescriptorMetadataPassed, server.DescriptorMetadataIncumbent, server.DescriptorMetadataOff}); err != nil {
 			errs = append(errs, err)
 		}
@@ -111,7 +112,7 @@ func addDropInFlags(fs *flag.FlagSet, c *serveConfig) (finish func(given map[str
 		case o.Enabled() && c.ConfigPath != "":
 			errs = append(errs, fmt.Errorf("%s and %s each select the config's source: give one", name("config"), name("config-xds-addr")))
 		case !o.Enabled() && c.ConfigPath == "":
-			errs = append(errs, fmt.Errorf("--config is required (or %s), or --config-xds-addr", envName("config")))
+			errs = append(errs, fmt.Errorf("--config is required (or %s), or --config-xds-addr", VarName("config")))
 		case !o.Enabled() && c.StartWithoutConfig:
 			errs = append(errs, fmt.Errorf("%s needs --config-xds-addr (a file config is loaded before serving)", name("start-without-config")))
 		}

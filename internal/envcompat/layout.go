@@ -1,4 +1,4 @@
-package main
+package envcompat
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 // its descriptor files sit in ROOT/SUBDIRECTORY/config.
 const incumbentAppDir = "config"
 
-// checkConfigLayout looks, once at start, for files in the config
+// CheckConfigLayout looks, once at start, for files in the config
 // directory path that config.Load would skip although they were meant as
 // config (it reads a directory's *.yaml and *.yml files, one level deep,
 // skipping names that start with "."). It returns a warning for each such
@@ -29,7 +29,7 @@ const incumbentAppDir = "config"
 //     files, and any file not named *.yaml or *.yml.
 //
 // A path that is a file, or missing, is left to config.Load.
-func checkConfigLayout(path string, incumbent bool) (warnings []string, err error) {
+func CheckConfigLayout(path string, incumbent bool) (warnings []string, err error) {
 	entries, err := os.ReadDir(path)
 	if err != nil {
 		return nil, nil // a file, or missing: config.Load says what is wrong
