@@ -12,14 +12,59 @@ import (
 // fraction makes every rate exact: 3 per second adds exactly 333333⅓ µs per
 // token, and 1 per hour exactly 3600 s.
 //
-// The zero State is a full bucket. A State written under one Limit is read
-// under another (after a config change) with Frac clamped below the new Count,
-// an error under a microsecond.
+// Count and PeriodUS record the rate of the Limit the state was written
+// under (Count tokens every PeriodUS µs); Decide, DecideAll and Refund
+// return states that record their Limit's. Zero means unknown, as in the
+// zero State (a full bucket) and a state of ratelimitd's first format: it
+// is read as written under the Limit reading it.
+//
+// A State written under one rate and read under another (after a config
+// change) keeps the whole tokens it had spent, now spent at the new rate
+// (see under): raising a limit frees at once what the raise adds, as a
+// counter of hits would, and lowering it never empties a bucket deeper
+// than the new Limit allows.
 //
 // The Redis script (internal/redisstore) mirrors this arithmetic step by step.
 type State struct {
-	TAT  int64
-	Frac int64
+	TAT      int64
+	Frac     int64
+	Count    int64
+	PeriodUS int64
+}
+
+// under returns s as Limit l reads it at now (Unix µs): s itself when it
+// was written under l's rate (or an unknown one) or is full; otherwise the
+// state, marked with l's rate, in which the tokens s had spent at its own
+// rate, n = (TAT − now)·Count_s/Period_s, are spent at l's, at most Burst
+// + MaxDebt of them (an empty bucket at its deepest debt): TAT = now +
+// n·Period/Count, rounded down to 1/Count µs (the client's favour).
+//
+// It computes in float64, step for step as the Redis script computes in
+// Lua's doubles (common.lua's rescale), so that both stores agree to the
+// bit: exact while (TAT − now)·Count_s and n·Period stay below 2^53 (10^6
+// a second with a burst of 10^6 is 2^40; a day's budget of 10^5 tokens,
+// 2^53), and otherwise off by the rounding of a double, once, at a change
+// of the limit.
+func (s State) under(l Limit, now int64) State {
+	p := l.Period.Microseconds()
+	if s.Count < 1 || s.PeriodUS < 1 || (s.Count == l.Count && s.PeriodUS == p) || s.TAT < now {
+		return s
+	}
+	used, f0 := float64(s.TAT-now), float64(min(s.Frac, s.Count-1))
+	n := (float64(used*float64(s.Count)) + f0) / float64(s.PeriodUS)
+	if cap := float64(l.Burst + l.MaxDebt); n > cap {
+		n = cap
+	}
+	span := float64(n*float64(p)) / float64(l.Count)
+	us := math.Floor(span)
+	fr := math.Floor(float64((span - us) * float64(l.Count)))
+	fr = max(0, min(fr, float64(l.Count-1)))
+	return State{TAT: int64(float64(now) + us), Frac: int64(fr), Count: l.Count, PeriodUS: p}
+}
+
+// state is the State at instant t written under l.
+func (l Limit) state(t instant) State {
+	return State{TAT: t.us, Frac: t.frac, Count: l.Count, PeriodUS: l.Period.Microseconds()}
 }
 
 // instant is a point in time or a span: us microseconds plus frac/Count of one.
@@ -129,6 +174,7 @@ func (l Limit) tokensIn(x instant) int64 {
 func Decide(r Request, s State, now time.Time) (State, Decision) {
 	l, hits := r.Limit, r.Hits
 	nowI := instant{us: now.UnixMicro()}
+	s = s.under(l, nowI.us)
 	tat := instant{s.TAT, min(s.Frac, l.Count-1)}
 	if tat.less(nowI) {
 		tat = nowI
@@ -152,11 +198,11 @@ func Decide(r Request, s State, now time.Time) (State, Decision) {
 		if hits == 0 {
 			return s, d
 		}
-		return State{TAT: next.us, Frac: next.frac}, d
+		return l.state(next), d
 	}
 	wait := used.sub(tau, l.Count) // until this request's tokens have arrived
 	if hits > 0 && r.MaxWait > 0 && wait.ceilDuration() <= r.MaxWait {
-		return State{TAT: next.us, Frac: next.frac}, Decision{
+		return l.state(next), Decision{
 			Allowed:    true,
 			ResetAfter: used.ceilDuration(),
 			Wait:       wait.ceilDuration(),
@@ -190,23 +236,23 @@ func (l Limit) charge(tat, now, tau, before instant, hits int64) (State, Decisio
 	case !tau.less(used):
 		d.Remaining = l.tokensIn(tau.sub(used, l.Count))
 	}
-	return State{TAT: next.us, Frac: next.frac}, d
+	return l.state(next), d
 }
 
 // Refund returns the state of a bucket in state s after giving back hits
 // tokens at time now: its TAT moves back by their time, but not before now.
 func Refund(l Limit, s State, now time.Time, hits int64) State {
 	nowI := instant{us: now.UnixMicro()}
+	s = s.under(l, nowI.us)
 	tat := instant{s.TAT, min(s.Frac, l.Count-1)}
 	if !nowI.less(tat) {
 		return s
 	}
 	back := l.span(min(hits, l.Burst+l.MaxDebt))
 	if !back.less(tat.sub(nowI, l.Count)) {
-		return State{TAT: nowI.us}
+		return l.state(nowI)
 	}
-	t := tat.sub(back, l.Count)
-	return State{TAT: t.us, Frac: t.frac}
+	return l.state(tat.sub(back, l.Count))
 }
 
 // Full reports whether a bucket in state s is full at time now, so that a
@@ -219,8 +265,10 @@ func (s State) Full(now time.Time) bool {
 // state stored under reqs[i].Key (the same for requests naming the same key).
 // It returns the decisions, the state of each request's bucket after it, and
 // whether every request was admitted. A store writes next[i] under
-// reqs[i].Key for each request with Hits > 0 whose next[i] differs from what
-// it stored (for a key named several times, the last one counts).
+// reqs[i].Key for each request whose next[i] differs from what it stored
+// (for a key named several times, the last one counts): a request with
+// Hits > 0 that spent or charged, or any request on a bucket written under
+// another rate, which it leaves rescaled (see State).
 //
 // When one request is denied (a Shadow one does not count), none is charged
 // except post-paid charges (Request.Charge; with CountWhereDenied, only
@@ -270,8 +318,11 @@ func DecideDenied(now time.Time, reqs []Request, stored []State, decided []Decis
 // decideDenied is DecideDenied writing into decisions and next, which may
 // be decided itself: decided[i] is read before decisions[i] is written.
 func decideDenied(now time.Time, reqs []Request, stored []State, decided, decisions []Decision, next []State) {
+	nowUS := now.UnixMicro()
 	for i, r := range reqs {
-		s := current(reqs, stored, next, i)
+		// rescaled, so that a denied Take also writes what a change of the
+		// limit made of the bucket (see the write rule in DecideAll)
+		s := current(reqs, stored, next, i).under(r.Limit, nowUS)
 		switch {
 		case r.Charge() && (r.Counting == CountAlways || !decided[i].Allowed):
 			next[i], decisions[i] = Decide(r, s, now)

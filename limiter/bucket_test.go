@@ -87,3 +87,45 @@ func TestDecideDenied(t *testing.T) {
 		t.Errorf("the denied request answers %+v, want its denial", decisions[3])
 	}
 }
+
+// TestStateRecordsItsRate: limiter.Decide and limiter.Refund mark the states they write with
+// their Limit's rate; a state written under another rate keeps the tokens
+// it had spent, at most Burst + MaxDebt of them, at the new rate; a
+// state of unknown rate (the zero limiter.State, ratelimitd's first Redis format)
+// or a full one is read as it stands.
+func TestStateRecordsItsRate(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	us := t0.UnixMicro()
+	perMin := func(n int64) limiter.Limit { return limiter.Limit{Count: n, Period: time.Minute, Burst: n} }
+	rate := func(l limiter.Limit) limiter.State {
+		return limiter.State{Count: l.Count, PeriodUS: l.Period.Microseconds()}
+	}
+	at := func(l limiter.Limit, tat int64) limiter.State { s := rate(l); s.TAT = tat; return s }
+	for _, tc := range []struct {
+		name string
+		l    limiter.Limit
+		s    limiter.State
+		hits int64
+		want limiter.State
+		d    limiter.Decision
+	}{
+		{"a take writes its rate", perMin(2), limiter.State{}, 1, at(perMin(2), us+30e6), limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: 30 * time.Second}},
+		{"first format: read as it stands", perMin(2), limiter.State{TAT: us + 30e6}, 1, at(perMin(2), us+60e6), limiter.Decision{Allowed: true, ResetAfter: time.Minute}},
+		{"raised: 1 of 2 spent is 1 of 4", perMin(4), at(perMin(2), us+30e6), 1, at(perMin(4), us+30e6), limiter.Decision{Allowed: true, Remaining: 2, ResetAfter: 30 * time.Second}},
+		{"raised: part-tokens kept", perMin(4), at(perMin(2), us+59e6), 1, at(perMin(4), us+44_500_000), limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: 44500 * time.Millisecond}},
+		{"lowered: never deeper than the new burst", perMin(2), at(perMin(10), us+60e6), 1, at(perMin(2), us+60e6), limiter.Decision{RetryAfter: 30 * time.Second, ResetAfter: time.Minute}},
+		{"lowered and denied: the rescale is the state", perMin(1), at(perMin(4), us+15e6), 2, at(perMin(1), us+60e6), limiter.Decision{ExceedsBurst: true, ResetAfter: time.Minute}},
+		{"full: read as it stands", perMin(4), at(perMin(2), us-1), 0, at(perMin(2), us-1), limiter.Decision{Allowed: true, Remaining: 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next, d := limiter.Decide(limiter.Request{Key: "k", Limit: tc.l, Hits: tc.hits}, tc.s, t0)
+			if next != tc.want || d != tc.d {
+				t.Errorf("limiter.Decide(%v, hits %d, %+v) = %+v, %+v; want %+v, %+v", tc.l, tc.hits, tc.s, next, d, tc.want, tc.d)
+			}
+		})
+	}
+	// limiter.Refund rescales first, then gives back.
+	if got, want := limiter.Refund(perMin(4), at(perMin(2), us+60e6), t0, 1), at(perMin(4), us+15e6); got != want {
+		t.Errorf("limiter.Refund after a raise = %+v, want %+v", got, want)
+	}
+}

@@ -117,7 +117,7 @@ func (m *MemoryStore) Take(ctx context.Context, now time.Time, reqs []Request) (
 	}
 	for i, r := range reqs {
 		sh := &m.shards[ids[i]]
-		if r.Hits == 0 || next[i] == sh.buckets[r.Key] {
+		if next[i] == sh.buckets[r.Key] {
 			continue
 		}
 		sh.buckets[r.Key] = next[i]
@@ -140,10 +140,11 @@ func (m *MemoryStore) Refund(ctx context.Context, now time.Time, reqs []Request)
 		sh.mu.Lock()
 		nowUS := max(now.UnixMicro(), sh.latest)
 		if s, ok := sh.buckets[r.Key]; ok {
-			if s = Refund(r.Limit, s, time.UnixMicro(nowUS), r.Hits); s.Full(time.UnixMicro(nowUS)) {
+			switch n := Refund(r.Limit, s, time.UnixMicro(nowUS), r.Hits); {
+			case n.Full(time.UnixMicro(nowUS)):
 				delete(sh.buckets, r.Key)
-			} else {
-				sh.buckets[r.Key] = s
+			case n != s:
+				sh.buckets[r.Key] = n
 			}
 		}
 		sh.mu.Unlock()

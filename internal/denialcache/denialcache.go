@@ -20,7 +20,9 @@
 //   - Only single-request Takes are cached. Checks (Hits 0), reservations
 //     (MaxWait) and requests on post-paid buckets (Limit.MaxDebt) always go
 //     to the store. A Take or Refund through Learn that spends from or
-//     refills a bucket makes the cache forget it.
+//     refills a bucket makes the cache forget it, and so does one under
+//     another Limit than the cache knows the bucket under (it rescales the
+//     bucket: see limiter.State).
 //   - Other replicas' takes since a denial make its RetryAfter and
 //     ResetAfter shorter than the store's by what they took; tokens that
 //     come back unseen (another replica's refund, a Cluster give-back, a
@@ -257,6 +259,7 @@ func (l learner) Take(ctx context.Context, now time.Time, reqs []limiter.Request
 // TakeBy implements limiter.DeadlineTaker: through the store's TakeBy when
 // it has one, else through Take under ctx ending at by.
 func (l learner) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	l.c.forgetOtherLimits(reqs)
 	if len(reqs) != 1 || !cacheable(reqs[0]) {
 		d, err := limiter.TakeBy(l.store, ctx, by, now, reqs)
 		if err == nil {
@@ -329,6 +332,22 @@ func (c *Cache) refund(ctx context.Context, now time.Time, reqs []limiter.Reques
 func (c *Cache) invalidate(reqs []limiter.Request) {
 	for _, r := range reqs {
 		c.forget(r.Key)
+	}
+}
+
+// forgetOtherLimits forgets the buckets of reqs that the cache knows under
+// another Limit, before reqs go to the store: a request under another rate
+// than the one a bucket was written under rescales it, even when denied
+// (limiter.State), so what was learned under the old one no longer holds.
+func (c *Cache) forgetOtherLimits(reqs []limiter.Request) {
+	for _, r := range reqs {
+		sh, ep := c.ref(r.Key)
+		sh.mu.Lock()
+		e, ok := sh.m[r.Key]
+		sh.mu.Unlock()
+		if ok && e.limit != r.Limit {
+			sh.forget(ep, r.Key)
+		}
 	}
 }
 

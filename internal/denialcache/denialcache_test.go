@@ -160,9 +160,13 @@ func TestChangedLimitPassesThrough(t *testing.T) {
 		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
 		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
 		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, false},
-		// A new limit applies to the stored state: the store decides.
-		{0, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{deny(500*ms, time.Second)}, true},
+		// A new limit applies to the stored state: the store decides, and
+		// keeps the token spent, half a second at 2 a second.
+		{0, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
 		{500 * ms, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
+		{500 * ms, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{deny(500*ms, time.Second)}, true},
+		// Learned under 2 a second; back under 1 a second, the store decides.
+		{500 * ms, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
 	})
 }
 

@@ -261,10 +261,10 @@ func TestClusterCoalescesAcrossSlots(t *testing.T) {
 		t.Fatalf("admitted %d, want between 1 and %d", n, la.Burst)
 	}
 	us := t0.UnixMicro()
-	if got, _ := getState(t, c, s.Key(a)); got != (limiter.State{TAT: us + n*time.Hour.Microseconds()}) {
+	if got, _ := getState(t, c, s.Key(a)); got != (limiter.State{TAT: us + n*time.Hour.Microseconds(), Count: la.Count, PeriodUS: la.Period.Microseconds()}) {
 		t.Errorf("a = %+v, want charged exactly %d times", got, n)
 	}
-	if got, _ := getState(t, c, s.Key(b)); got != (limiter.State{TAT: us + n*time.Minute.Microseconds()}) {
+	if got, _ := getState(t, c, s.Key(b)); got != (limiter.State{TAT: us + n*time.Minute.Microseconds(), Count: lb.Count, PeriodUS: lb.Period.Microseconds()}) {
 		t.Errorf("b = %+v, want charged exactly %d times", got, n)
 	}
 	st := s.Stats()

@@ -204,7 +204,7 @@ func TestClusterAcrossSlotsIsAllOrNothing(t *testing.T) {
 	// a holds a state: a denied Take must leave exactly that state.
 	take(t, s, t0, limiter.Request{Key: a, Limit: twoPerMin, Hits: 1})
 	before, _ := getState(t, c, s.Key(a))
-	if wantA := (limiter.State{TAT: us + 30e6}); before != wantA {
+	if wantA := (limiter.State{TAT: us + 30e6, Count: 2, PeriodUS: 60e6}); before != wantA {
 		t.Fatalf("a = %+v, want %+v", before, wantA)
 	}
 	pttlBefore := c.PTTL(context.Background(), s.Key(a)).Val()
@@ -329,6 +329,45 @@ func TestInventedValuesDoNotAccumulate(t *testing.T) {
 			t.Fatalf("DBSIZE = %d five seconds after buckets that fill in 100ms were last touched", n)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestFirstFormatBucket: a bucket in ratelimitd's first format,
+// "TAT:Frac", with no rate, is read as written under the limit reading it,
+// by both take scripts, and written back in the current format.
+func TestFirstFormatBucket(t *testing.T) {
+	c := standalone(t).Client()
+	s := newStore(t, c, redisstore.CallerClock)
+	ctx := context.Background()
+	l := limiter.Limit{Count: 1, Period: time.Second, Burst: 2}
+	for _, tc := range []struct {
+		name  string
+		extra []limiter.Request // sent beside it: take.lua rather than take_one.lua
+	}{
+		{"alone", nil},
+		{"beside another", []limiter.Request{{Key: "other", Limit: l}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "first:" + tc.name
+			// one token of two spent: full a second after t0
+			if err := c.Set(ctx, s.Key(key), fmt.Sprintf("%d:0", t0.Add(time.Second).UnixMicro()), 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			reqs := append([]limiter.Request{{Key: key, Limit: l, Hits: 1}}, tc.extra...)
+			for i, want := range []limiter.Decision{
+				{Allowed: true, ResetAfter: 2 * time.Second},
+				{RetryAfter: time.Second, ResetAfter: 2 * time.Second},
+			} {
+				got, err := s.Take(ctx, t0, reqs)
+				if err != nil || got[0] != want {
+					t.Fatalf("Take %d = %+v, %v; want %+v", i+1, got, err, want)
+				}
+			}
+			want := fmt.Sprintf("%d:0:1:1000000", t0.Add(2*time.Second).UnixMicro())
+			if v, err := c.Get(ctx, s.Key(key)).Result(); err != nil || v != want {
+				t.Errorf("bucket holds %q, %v; want %q", v, err, want)
+			}
+		})
 	}
 }
 

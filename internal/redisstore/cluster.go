@@ -162,7 +162,8 @@ func (s *Store) giveBackGroups(ctx context.Context, now time.Time, keys []string
 				continue
 			}
 			gkeys = append(gkeys, keys[i])
-			args = append(args, reqs[i].Limit.Count, r.admittedTAT, r.admittedFrac, r.deniedTAT, r.deniedFrac)
+			l := reqs[i].Limit
+			args = append(args, l.Count, l.Period.Microseconds(), r.admittedTAT, r.admittedFrac, r.deniedTAT, r.deniedFrac)
 		}
 		if len(gkeys) == 0 {
 			continue

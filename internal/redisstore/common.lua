@@ -43,28 +43,60 @@ local function full(us, fr, now)
   return us < now or (us == now and fr == 0)
 end
 
--- parse reads the value v of the bucket key, "TAT:Frac": us, frac; nil and
--- a message for anything else.
+-- parse reads the value v of the bucket key, "TAT:Frac:Count:Period"
+-- (limiter.State: Count and Period, in µs, are the rate it was written
+-- under) or "TAT:Frac" (ratelimitd's first format, rate unknown): us,
+-- frac, count, period (0, 0 when unknown); nil and a message for anything
+-- else.
 local function parse(key, v)
-  local a, b = string.match(v, '^(-?%d+):(%d+)$')
-  if not a then
-    return nil, 'ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac'
+  local a, b, c, d = string.match(v, '^(-?%d+):(%d+):(%d+):(%d+)$')
+  if a then
+    return a + 0, b + 0, c + 0, d + 0 -- digits (and a sign): coercion, cheaper than tonumber
   end
-  return a + 0, b + 0 -- digits (and a sign): coercion, cheaper than tonumber
+  a, b = string.match(v, '^(-?%d+):(%d+)$')
+  if not a then
+    return nil, 'ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac:Count:Period'
+  end
+  return a + 0, b + 0, 0, 0
 end
 
--- put writes the state (us, fr) of a bucket that is not full at now to
--- key, expiring when the bucket is full again, and returns the value
--- written. With the server's clock the key expires when that clock (the
--- one TIME read) passes the TAT: the key vanishing means exactly "full".
--- With a caller's clock it expires after the time until full, counted
--- from the write.
+-- rescale mirrors State.under, operation for operation in doubles: the
+-- state (us, fr) written under c0 tokens every p0 µs, as a limit of count
+-- tokens every per µs reads it at now, with cap = Burst + MaxDebt:
+-- unchanged when written under that rate (or an unknown one) or full;
+-- otherwise the tokens it had spent, at most cap of them, spent at the new
+-- rate, rounded down to 1/count µs. The third result says whether it
+-- rescaled.
+local function rescale(us, fr, c0, p0, count, per, cap, now)
+  if c0 < 1 or p0 < 1 or (c0 == count and p0 == per) or us < now then
+    return us, fr, false
+  end
+  local n = ((us - now) * c0 + math.min(fr, c0 - 1)) / p0
+  if n > cap then
+    n = cap
+  end
+  local span = n * per / count
+  local q = math.floor(span)
+  local r = math.floor((span - q) * count)
+  return now + q, math.max(0, math.min(r, count - 1)), true
+end
+
+-- put writes the state (us, fr) of a bucket to key (deleting it, and
+-- returning false, if the bucket is full at now), with rate, ":Count:Period" of the limit that wrote it, expiring
+-- when the bucket is full again, and returns the value written. With the
+-- server's clock the key expires when that clock (the one TIME read)
+-- passes the TAT: the key vanishing means exactly "full". With a caller's
+-- clock it expires after the time until full, counted from the write.
 --
 -- The expiry goes as digits: a Lua number argument is formatted by Redis
 -- as a double ("%.17g") and parsed back, which costs more than Lua's
 -- integer format.
-local function put(key, us, fr, now)
-  local v = string.format('%d:%d', us, fr) -- Lua 5.1: as a C long
+local function put(key, us, fr, now, rate)
+  if full(us, fr, now) then -- only a rescaled state can be (see load)
+    redis.call('DEL', key)
+    return false
+  end
+  local v = string.format('%d:%d', us, fr) .. rate -- Lua 5.1: as a C long
   if server_clock then
     redis.call('SET', key, v, 'PXAT', string.format('%d', (divmod(ceil_us(us, fr) + 999, 1000))))
   else
@@ -75,10 +107,10 @@ end
 
 -- store writes the state (us, fr) of a bucket to key (see put), or deletes
 -- the key if the bucket is full at now: a missing key is a full bucket.
-local function store(key, us, fr, now)
+local function store(key, us, fr, now, rate)
   if full(us, fr, now) then
     redis.call('DEL', key)
   else
-    put(key, us, fr, now)
+    put(key, us, fr, now, rate)
   end
 end

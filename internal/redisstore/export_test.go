@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -12,9 +13,13 @@ var Slot = slot
 // TagOfSlot exposes tagOfSlot to the tests.
 var TagOfSlot = tagOfSlot
 
-// fmtSscan reads a stored "TAT:Frac".
-func fmtSscan(v string, st *limiter.State) (int, error) {
-	return fmt.Sscanf(v, "%d:%d", &st.TAT, &st.Frac)
+// FmtSscan reads a stored "TAT:Frac:Count:Period", or the first format's
+// "TAT:Frac".
+func FmtSscan(v string, st *limiter.State) (int, error) {
+	if strings.Count(v, ":") == 1 {
+		return fmt.Sscanf(v, "%d:%d", &st.TAT, &st.Frac)
+	}
+	return fmt.Sscanf(v, "%d:%d:%d:%d", &st.TAT, &st.Frac, &st.Count, &st.PeriodUS)
 }
 
 // exec sends batch as one pipeline and hands each call its answer, as a

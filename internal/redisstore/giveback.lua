@@ -9,8 +9,8 @@
 -- KEYS[j]   a bucket take.lua wrote.
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
 -- ARGV[2]   the now take.lua used, in Unix microseconds.
--- ARGV[3+5(j-1)..7+5(j-1)]  for KEYS[j]: count (of the last request on it),
---           W TAT µs, W frac, T TAT µs, T frac (the states the admitted
+-- ARGV[3+6(j-1)..8+6(j-1)]  for KEYS[j]: count and period µs (the rate
+--           of the last request on it), W TAT µs, W frac, T TAT µs, T frac (the states the admitted
 --           Take left and a denied one leaves, from limiter.DecideAll and
 --           DecideDenied on what take.lua read).
 --
@@ -29,10 +29,10 @@ local taken = tonumber(ARGV[2])
 
 local given = 0
 for j, key in ipairs(KEYS) do
-  local a = 2 + 5 * (j - 1)
-  local count = tonumber(ARGV[a + 1])
-  local wus, wfr = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local tus, tfr = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local a = 2 + 6 * (j - 1)
+  local count, rate = tonumber(ARGV[a + 1]), ':' .. ARGV[a + 1] .. ':' .. ARGV[a + 2]
+  local wus, wfr = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local tus, tfr = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
   local v = redis.call('GET', key)
   if v and not full(wus, wfr, now) then
     local cus, cfr = parse(key, v)
@@ -40,7 +40,7 @@ for j, key in ipairs(KEYS) do
       return error(cfr)
     end
     if cus == wus and cfr == wfr then
-      store(key, tus, tfr, now)
+      store(key, tus, tfr, now, rate)
     else
       -- What the admitted Take added: W − max(T, its now), as in Decide.
       local bus, bfr = tus, math.min(tfr, count - 1)
@@ -54,7 +54,7 @@ for j, key in ipairs(KEYS) do
           redis.call('DEL', key)
         else
           local nus, nfr = sub(cus, cfr, dus, dfr, count)
-          store(key, nus, nfr, now)
+          store(key, nus, nfr, now, rate)
         end
       end
     end

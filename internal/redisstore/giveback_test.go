@@ -28,7 +28,7 @@ func TestGiveBackAfterOtherTakes(t *testing.T) {
 			t.Fatalf("GET %s: %v", key, err)
 		}
 		var st limiter.State
-		if _, err := fmtSscan(v, &st); err != nil {
+		if _, err := FmtSscan(v, &st); err != nil {
 			t.Fatalf("GET %s = %q: %v", key, v, err)
 		}
 		return st
@@ -66,7 +66,7 @@ func TestGiveBackAfterOtherTakes(t *testing.T) {
 				t.Fatal(err)
 			}
 			giveBack(t0.Add(tc.giveBackAt), key, reqs, res)
-			if got, want := state(key), (limiter.State{TAT: t0.Add(tc.want).UnixMicro()}); got != want {
+			if got, want := state(key), (limiter.State{TAT: t0.Add(tc.want).UnixMicro(), Count: l.Count, PeriodUS: l.Period.Microseconds()}); got != want {
 				t.Errorf("after the give-back, state = %+v, want TAT t0+%v", got, tc.want)
 			}
 		})

@@ -248,7 +248,7 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 	}
 	// The bucket holds the state the last Take left (3 tokens taken: full
 	// 3h after t0), and expires then.
-	if v, err := c.Get(ctx, s.Key("r")).Result(); err != nil || v != fmt.Sprintf("%d:0", t0.Add(3*time.Hour).UnixMicro()) {
+	if v, err := c.Get(ctx, s.Key("r")).Result(); err != nil || v != fmt.Sprintf("%d:0:1:3600000000", t0.Add(3*time.Hour).UnixMicro()) {
 		t.Errorf("bucket holds %q, %v; want the state the last Take left", v, err)
 	}
 	if ttl := c.PTTL(ctx, s.Key("r")).Val(); ttl < 3*time.Hour-time.Minute || ttl > 3*time.Hour {
@@ -299,7 +299,7 @@ func TestASharedBucketIsWrittenTwiceACall(t *testing.T) {
 	if n := commandCalls(t, c, "set"); n != takes+2 {
 		t.Errorf("SET ran %d times for %d own buckets and one shared bucket, want %d", n, takes, takes+2)
 	}
-	if v, err := c.Get(ctx, s.Key("model")).Result(); err != nil || v != fmt.Sprintf("%d:0", t0.Add(takes*100*time.Millisecond).UnixMicro()) {
+	if v, err := c.Get(ctx, s.Key("model")).Result(); err != nil || v != fmt.Sprintf("%d:0:10:1000000", t0.Add(takes*100*time.Millisecond).UnixMicro()) {
 		t.Errorf("shared bucket holds %q, %v; want the state the last Take left", v, err)
 	}
 	if ttl := c.PTTL(ctx, s.Key("model")).Val(); ttl <= 0 {

@@ -58,8 +58,14 @@ func TestExtremesMatchDecide(t *testing.T) {
 		{4 * time.Hour, true, []limiter.Request{{Key: "deep", Limit: deep, Hits: limiter.MaxTokens}, {Key: "slow", Limit: slow, Hits: limiter.MaxTokens}}},
 		{4 * time.Hour, false, []limiter.Request{wait("slow", slow, slow.Burst), {Key: "deep", Limit: deep, Hits: 7}}},
 	}
+	// The limit each key was last named with: a check under it reads the
+	// state as it stands (under another it would rescale it, a write).
+	named := map[string]limiter.Limit{"slow": slow, "deep": deep}
 	for i, st := range steps {
 		now := t0.Add(st.at)
+		for _, r := range st.reqs {
+			named[r.Key] = r.Limit
+		}
 		if st.refund {
 			if err := s.Refund(ctx, now, st.reqs); err != nil {
 				t.Fatalf("step %d: Refund: %v", i, err)
@@ -82,7 +88,7 @@ func TestExtremesMatchDecide(t *testing.T) {
 			if v, err := c.Get(ctx, s.Key(key)).Result(); err == nil {
 				st = parseState(t, v)
 			}
-			probe := []limiter.Request{{Key: key, Limit: slow}}
+			probe := []limiter.Request{{Key: key, Limit: named[key]}}
 			d, _, _ := limiter.DecideAll(now, probe, []limiter.State{st})
 			got, _ := mem.Take(ctx, now, probe)
 			if d[0] != got[0] {
@@ -124,10 +130,10 @@ func TestClusterGiveBackKeepsCharges(t *testing.T) {
 	if got := take(t, s, t0, reqs...); !slices.Equal(got, want) {
 		t.Errorf("Take = %+v, want %+v", got, want)
 	}
-	if st, _ := getState(t, c, s.Key(a)); st != next[0] || st != (limiter.State{TAT: us + 18e6}) {
+	if st, _ := getState(t, c, s.Key(a)); st != next[0] || st != (limiter.State{TAT: us + 18e6, Count: tokens.Count, PeriodUS: tokens.Period.Microseconds()}) {
 		t.Errorf("%s = %+v after the denied Take, want the charge kept: %+v", a, st, next[0])
 	}
-	if st, _ := getState(t, c, s.Key(a+":wait")); st != (limiter.State{TAT: us + 1e6}) {
+	if st, _ := getState(t, c, s.Key(a+":wait")); st != (limiter.State{TAT: us + 1e6, Count: perSec.Count, PeriodUS: perSec.Period.Microseconds()}) {
 		t.Errorf("%s = %+v after the denied Take, want the reservation given back: TAT T0+1s", a+":wait", st)
 	}
 }

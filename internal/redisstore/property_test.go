@@ -7,8 +7,6 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -258,11 +256,12 @@ func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, 
 				t.Fatalf("step %d: Refund(%v, %v): %v", step, now, reqs, err)
 			}
 			for _, r := range reqs {
-				s := limiter.Refund(r.Limit, model[r.Key], now, r.Hits)
-				if s.Full(now) {
-					s = limiter.State{}
+				switch s := limiter.Refund(r.Limit, model[r.Key], now, r.Hits); {
+				case s.Full(now):
+					model[r.Key] = limiter.State{}
+				case s != model[r.Key]:
+					model[r.Key] = s
 				}
-				model[r.Key] = s
 			}
 			checkStored(t, rdb, store, model, stored, reqs, now, fmt.Sprintf("step %d: after Refund(%v, %v)", step, now, reqs))
 			continue
@@ -312,10 +311,15 @@ func testMatchesDecideAll(t *testing.T, c redisstore.Client, rdb redis.Cmdable, 
 		if !allowed {
 			denied++
 		}
-		// DecideAll's write rule: next[i] for each request with hits > 0.
+		// DecideAll's write rule: for each key, the state the last request
+		// on it left, where it differs from the stored one.
+		last := map[string]int{}
 		for i, r := range reqs {
-			if r.Hits > 0 {
-				model[r.Key] = next[i]
+			last[r.Key] = i
+		}
+		for key, i := range last {
+			if next[i] != stored[i] {
+				model[key] = next[i]
 			}
 		}
 		checkStored(t, rdb, store, model, stored, reqs, now, fmt.Sprintf("step %d: after Take(%v, %v)", step, now, reqs))
@@ -340,7 +344,7 @@ func checkStored(t *testing.T, rdb redis.Cmdable, store *redisstore.Store, model
 		if err != nil {
 			t.Fatalf("%s: GET %s: %v", call, key, err)
 		}
-		if w := fmt.Sprintf("%d:%d", s.TAT, s.Frac); v != w {
+		if w := fmt.Sprintf("%d:%d:%d:%d", s.TAT, s.Frac, s.Count, s.PeriodUS); v != w {
 			t.Fatalf("%s: %s holds %q, want %q", call, key, v, w)
 		}
 		if s == stored[i] {
@@ -383,14 +387,13 @@ func TestMatchesDecideAllCluster(t *testing.T) {
 	testMatchesDecideAll(t, c, c, 1500)
 }
 
-// parseState reads a stored "TAT:Frac".
+// parseState reads a stored "TAT:Frac:Count:Period" (or the first
+// format's "TAT:Frac").
 func parseState(t *testing.T, v string) limiter.State {
 	t.Helper()
-	a, b, ok := strings.Cut(v, ":")
-	tat, err1 := strconv.ParseInt(a, 10, 64)
-	frac, err2 := strconv.ParseInt(b, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
-		t.Fatalf("stored state %q is not TAT:Frac", v)
+	var st limiter.State
+	if _, err := redisstore.FmtSscan(v, &st); err != nil {
+		t.Fatalf("stored state %q: %v", v, err)
 	}
-	return limiter.State{TAT: tat, Frac: frac}
+	return st
 }

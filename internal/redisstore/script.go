@@ -44,7 +44,7 @@ func mergedTakeArgs(merged, args []any) []any {
 }
 
 // takeSpec is take.lua's spec of r, "kind:count:h µs:h frac:f µs:f
-// frac:floor µs:floor frac", formed in one buffer: one string per request
+// frac:floor µs:floor frac:period:cap", formed in one buffer: one string per request
 // instead of eight arguments, which go-redis and Redis each handle one by
 // one, and Lua converts from strings.
 func takeSpec(r limiter.Request) string {
@@ -72,9 +72,9 @@ func takeSpec(r limiter.Request) string {
 	}
 	hitsUS, hitsFrac := l.Span(hits)
 	fillUS, fillFrac := l.Span(l.Burst)
-	var buf [8 + 7*20]byte // a kind letter, seven int64s and their colons
+	var buf [8 + 9*20]byte // a kind letter, nine int64s and their colons
 	b := append(buf[:0], kinds[kind])
-	for _, v := range [...]int64{l.Count, hitsUS, hitsFrac, fillUS, fillFrac, floorUS, floorFrac} {
+	for _, v := range [...]int64{l.Count, hitsUS, hitsFrac, fillUS, fillFrac, floorUS, floorFrac, l.Period.Microseconds(), l.Burst + l.MaxDebt} {
 		b = strconv.AppendInt(append(b, ':'), v, 10)
 	}
 	return string(b)
@@ -105,12 +105,12 @@ func (s *Store) nowArg(now time.Time) any {
 
 // refundArgs are refund.lua's ARGV for reqs.
 func (s *Store) refundArgs(now time.Time, reqs []limiter.Request) []any {
-	args := make([]any, 1, 1+3*len(reqs))
+	args := make([]any, 1, 1+5*len(reqs))
 	args[0] = s.nowArg(now)
 	for _, r := range reqs {
 		l := r.Limit
 		backUS, backFrac := l.Span(min(r.Hits, l.Burst+l.MaxDebt)) // as limiter.Refund
-		args = append(args, l.Count, backUS, backFrac)
+		args = append(args, l.Count, l.Period.Microseconds(), l.Burst+l.MaxDebt, backUS, backFrac)
 	}
 	return args
 }

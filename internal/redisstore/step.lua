@@ -16,8 +16,9 @@ local function add(tus, tfr, uus, ufr, count)
 end
 
 -- step mirrors Decide for the request with spec p (see parse_spec), on a bucket
--- in state (sus, sfr) at now: it returns the state after it and whether it
--- is admitted.
+-- in state (sus, sfr) at now: it returns the state after it, whether it
+-- is admitted, and whether that state is a new one, under p's rate (a
+-- take or reservation admitted, a charge), rather than the one it read.
 -- It works in the frame of now: where Decide computes next = tat + span(
 -- hits) and then used = next − now, this computes used = (tat − now) + h
 -- directly, the same integers. It matters for doubles: a bucket with a
@@ -29,7 +30,7 @@ end
 local function step(p, sus, sfr, now)
   local kind = p.kind
   if kind == 'x' then
-    return sus, sfr, false
+    return sus, sfr, false, false
   end
   local count = p.count
   local tus, tfr = sus - now, math.min(sfr, count - 1) -- before: tat − now
@@ -53,47 +54,49 @@ local function step(p, sus, sfr, now)
     if not less(mus, mfr, tus, tfr) then
       uus, ufr = add(tus, tfr, hus, hfr, count)
     end
-    return now + uus, ufr, not less(fus, ffr, tus, tfr)
+    return now + uus, ufr, not less(fus, ffr, tus, tfr), true
   end
   local rus, rfr = sub(fus, ffr, hus, hfr, count) -- tau − h
   if not less(rus, rfr, tus, tfr) then -- used ≤ tau: admitted
     if kind == 'k' then
-      return sus, sfr, true
+      return sus, sfr, true, false
     end
     local uus, ufr = add(tus, tfr, hus, hfr, count)
-    return now + uus, ufr, true
+    return now + uus, ufr, true, true
   end
   -- A reservation: admitted if its tokens arrive within the longest wait.
   local maxwait = p.lus
   if kind == 't' and maxwait > 0 and ceil_us(sub(tus, tfr, rus, rfr, count)) <= maxwait then
     local uus, ufr = add(tus, tfr, hus, hfr, count)
-    return now + uus, ufr, true
+    return now + uus, ufr, true, true
   end
-  return sus, sfr, false
+  return sus, sfr, false, false
 end
 
 -- decide_single mirrors DecideAll for a Take of one request, with spec p,
--- on a bucket in state (us, fr) at now: it returns the state to store and
--- whether the Take is admitted (1 or 0).
+-- on a bucket in state (us, fr) at now: it returns the state to store,
+-- whether the Take is admitted (1 or 0), and whether that state is a new
+-- one under p's rate (see step).
 local function decide_single(p, us, fr, now)
-  local nus, nfr, ok = step(p, us, fr, now)
+  local nus, nfr, ok, wrote = step(p, us, fr, now)
   if ok or p.shadow then -- a Shadow request's denial denies nothing
-    return nus, nfr, 1
+    return nus, nfr, 1, wrote
   end
   -- mirrors DecideDenied: a denied Take writes only a post-paid charge
   -- (the one request was denied: 'd' is written too)
   if p.kind == 'c' or p.kind == 'd' then
-    return nus, nfr, 0
+    return nus, nfr, 0, true
   end
-  return us, fr, 0
+  return us, fr, 0, false
 end
 
 -- parse_spec returns the fields of the spec string v (take.lua's header
 -- gives its layout): kind (lower case), shadow, count, hus, hfr, fus, ffr,
--- lus, lfr (the floor); nil and a message if v is malformed.
+-- lus, lfr (the floor), per, cap, and rate (":count:per", what put writes
+-- after a state); nil and a message if v is malformed.
 local function parse_spec(v)
-  local k, c, hus, hfr, fus, ffr, lus, lfr = string.match(v or '',
-    '^([tkxcdTKXCD]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  local k, c, hus, hfr, fus, ffr, lus, lfr, per, cap = string.match(v or '',
+    '^([tkxcdTKXCD]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):([1-9]%d*):(%d+)$')
   if not k then
     return nil, 'ratelimitd: malformed request spec ' .. tostring(v)
   end
@@ -103,6 +106,7 @@ local function parse_spec(v)
   return {
     kind = kind, shadow = kind ~= k, count = c + 0,
     hus = hus + 0, hfr = hfr + 0, fus = fus + 0, ffr = ffr + 0,
-    lus = lus + 0, lfr = lfr + 0,
+    lus = lus + 0, lfr = lfr + 0, per = per + 0, cap = cap + 0,
+    rate = ':' .. c .. ':' .. per,
   }
 end

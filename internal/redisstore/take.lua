@@ -44,7 +44,7 @@
 --           the client handle every argument one by one, and most Takes
 --           are of one request.
 --   spec    a request's "kind:count:h µs:h frac:f µs:f frac:floor µs:floor
---           frac", one argument (identical specs, as of requests alike
+--           frac:period:cap", one argument (identical specs, as of requests alike
 --           under one limit, are parsed once a call):
 --           kind: "t" a take, "k" a check (hits 0), "x" hits above burst,
 --             "c" a post-paid charge, "d" one recorded in a denied Take
@@ -58,13 +58,19 @@
 --           floor µs (a charge: the fill time plus that of max debt tokens,
 --             the deepest a charge may go; otherwise the longest wait it
 --             may reserve, in whole µs rounded down, 0 for none),
---           floor frac (a charge; otherwise 0).
+--           floor frac (a charge; otherwise 0),
+--           period (the limit's, in µs: with count, the rate a state is
+--             written under, see rescale),
+--           cap (burst + max debt: the most tokens a rescaled state
+--             keeps spent).
 --
 -- Returns one flat array, each Take's 2 + 2n slots after the one before
 -- (n its requests), in order:
 --   now, all admitted (0/1), then for each request the state stored under
---   its key before the Take: TAT µs, frac (0, 0 for a missing key);
--- or, if one of its buckets is a string other than "TAT:Frac" or one of
+--   its key before the Take, rescaled to its limit's rate (see rescale;
+--   the Take's first request on the key sets the rate): TAT µs, frac (0,
+--   0 for a missing key);
+-- or, if one of its buckets is a string other than a state or one of
 -- its specs is malformed, an error reply, then 1 + 2n zeros (nothing of
 -- that Take is written; the others are decided as usual). Flat, not an
 -- array a Take: Redis makes and converts a Lua table for every nested
@@ -83,6 +89,17 @@ local function fail(n, msg)
     replies[nr + i] = 0
   end
   nr = nr + 2 + 2 * n
+end
+
+-- under is State.under for a state s = {us, frac, count, period, rate}
+-- as the request with spec p reads it at now: s, or s rescaled to p's
+-- rate.
+local function under(s, p, now)
+  local us, fr, applied = rescale(s[1], s[2], s[3], s[4], p.count, p.per, p.cap, now)
+  if applied then
+    return {us, fr, p.count, p.per, p.rate}
+  end
+  return s
 end
 
 -- The specs parsed so far in this call: spec string → its fields.
@@ -123,58 +140,80 @@ end
 -- Each bucket's first write in this call is stored at once. When buckets
 -- repeat (a limit every request names, such as one per model), the later
 -- writes are kept in later: key → {us, frac, now of the Take that wrote it
--- last}, listed in order, and each such bucket is stored once more, after
--- the last Take (see the end), in its last state, rather than once a Take.
--- The script runs atomically, so no one sees the states in between.
+-- last, count, period, rate}, listed in order, and each such bucket is
+-- stored once more, after the last Take (see the end), in its last state,
+-- rather than once a Take. The script runs atomically, so no one sees the
+-- states in between.
 local later, order = {}, {}
 
--- The state of key as the Takes so far left it: us, frac; a missing key is
--- a full bucket (State{}). A stored value other than "TAT:Frac" returns nil
--- and a message.
-local function load(key)
-  local w = later[key]
-  if w then
-    return w[1], w[2]
-  end
-  local v = values[key]
-  if not v then
-    return 0, 0
-  end
-  return parse(key, v)
-end
-
--- write records state (us, fr), decided at now, for key, where the Takes
--- after this one read it (see later).
-local function write(key, us, fr, now)
-  values[key] = put(key, us, fr, now)
+-- write records state (us, fr) under count tokens every per µs (rate:
+-- ":count:per"), decided at now, for key, where the Takes after this one
+-- read it (see later).
+local function write(key, us, fr, now, count, per, rate)
+  values[key] = put(key, us, fr, now, rate)
 end
 if shared then
-  write = function(key, us, fr, now)
+  write = function(key, us, fr, now, count, per, rate)
     local w = later[key]
     if w then
-      w[1], w[2], w[3] = us, fr, now
+      w[1], w[2], w[3], w[4], w[5], w[6] = us, fr, now, count, per, rate
     elseif w == false then -- written once already
-      later[key] = {us, fr, now}
+      later[key] = {us, fr, now, count, per, rate}
       order[#order + 1] = key
     else
       later[key] = false
-      values[key] = put(key, us, fr, now)
+      values[key] = put(key, us, fr, now, rate)
     end
   end
+end
+
+-- load returns the state of key as the Takes so far left it, as the
+-- request with spec p reads it at now: us, frac, and the rate it is under
+-- (count, period, ":count:period"; 0, 0, "" when unknown); a missing key
+-- is a full bucket (State{}). A state written under another rate is
+-- rescaled to p's (State.under) and written so at once: DecideAll writes
+-- a rescaled state whatever the Take decides. A stored value other than a
+-- state returns nil and a message.
+local function load(key, p, now)
+  local us, fr, c0, p0, r0
+  local w = later[key]
+  if w then
+    us, fr, c0, p0, r0 = w[1], w[2], w[4], w[5], w[6]
+  else
+    local v = values[key]
+    if not v then
+      return 0, 0, 0, 0, ''
+    end
+    us, fr, c0, p0 = parse(key, v)
+    if not us then
+      return nil, fr
+    end
+    r0 = ''
+    if c0 > 0 then
+      r0 = string.match(v, ':%d+:%d+$')
+    end
+  end
+  local rus, rfr, applied = rescale(us, fr, c0, p0, p.count, p.per, p.cap, now)
+  if applied then
+    write(key, rus, rfr, now, p.count, p.per, p.rate)
+    return rus, rfr, p.count, p.per, p.rate
+  end
+  return us, fr, c0, p0, r0
 end
 
 -- take_single is take (below) for a Take of one request, the common case,
 -- without take's per-key tables: the request's spec is p. (take_one.lua is
 -- the same, written out flat, for a call that carries nothing else and is
--- not a charge.)
+-- not a charge.) DecideAll's write rule: a state that moved, or that the
+-- request wrote anew (under its own rate).
 local function take_single(key, p, now)
-  local us, fr = load(key)
+  local us, fr, _, _, r0 = load(key, p, now)
   if not us then
     return fail(1, fr)
   end
-  local nus, nfr, allowed = decide_single(p, us, fr, now)
-  if nus ~= us or nfr ~= fr then
-    write(key, nus, nfr, now)
+  local nus, nfr, allowed, wrote = decide_single(p, us, fr, now)
+  if nus ~= us or nfr ~= fr or (wrote and r0 ~= p.rate) then
+    write(key, nus, nfr, now, p.count, p.per, p.rate)
   end
   replies[nr + 1], replies[nr + 2], replies[nr + 3], replies[nr + 4] = now, allowed, us, fr
   nr = nr + 4
@@ -204,31 +243,35 @@ local function take(k, a, n, now)
   end
   local out = nr -- the Take's slots are replies[out + 1 .. out + 2 + 2n]
   replies[out + 1], replies[out + 2] = now, 1
-  local stored = {} -- key → {us, frac}
+  local stored = {} -- key → {us, frac, count, period, rate} (see load)
   for i = 1, n do
     local key = KEYS[k + i]
     local s = stored[key]
     if not s then
-      local us, fr = load(key)
+      local us, fr, c0, p0, r0 = load(key, ps[i], now)
       if not us then
         return fail(n, fr) -- from out, overwriting what was filled
       end
-      s = {us, fr}
+      s = {us, fr, c0, p0, r0}
       stored[key] = s
     end
     replies[out + 2 * i + 1], replies[out + 2 * i + 2] = s[1], s[2]
   end
 
   -- mirrors DecideAll: each request sees the state left by the requests
-  -- before it that name the same key.
-  local cur = {} -- key → {us, frac}: the state as the requests so far leave it
+  -- before it that name the same key, rescaled to its own rate when
+  -- another left it (State.under in Decide).
+  local cur = {} -- key → {us, frac, count, period, rate}: the state as the requests so far leave it
   local oks = {} -- request i → whether it was admitted in this pass
   local allowed = true
   for i = 1, n do
     local key, p = KEYS[k + i], ps[i]
-    local s = cur[key] or stored[key]
-    local nus, nfr, ok = step(p, s[1], s[2], now)
-    cur[key] = {nus, nfr}
+    local s = under(cur[key] or stored[key], p, now)
+    local nus, nfr, ok, wrote = step(p, s[1], s[2], now)
+    if wrote then
+      s = {nus, nfr, p.count, p.per, p.rate}
+    end
+    cur[key] = s
     oks[i] = ok
     -- a Shadow request's denial denies nothing
     if not ok and not p.shadow then
@@ -243,11 +286,13 @@ local function take(k, a, n, now)
     cur = {}
     for i = 1, n do
       local key, p = KEYS[k + i], ps[i]
+      -- each leaves its bucket as it reads it (DecideDenied), rescaled
+      local s = under(cur[key] or stored[key], p, now)
       if p.kind == 'c' or (p.kind == 'd' and not oks[i]) then
-        local s = cur[key] or stored[key]
         local nus, nfr = step(p, s[1], s[2], now)
-        cur[key] = {nus, nfr}
+        s = {nus, nfr, p.count, p.per, p.rate}
       end
+      cur[key] = s
     end
   end
 
@@ -255,8 +300,8 @@ local function take(k, a, n, now)
   -- state than the stored one (only a request with hits > 0 changes one).
   for key, s in pairs(cur) do
     local was = stored[key]
-    if s[1] ~= was[1] or s[2] ~= was[2] then
-      write(key, s[1], s[2], now)
+    if s[1] ~= was[1] or s[2] ~= was[2] or s[5] ~= was[5] then
+      write(key, s[1], s[2], now, s[3], s[4], s[5])
     end
   end
   nr = out + 2 + 2 * n
@@ -287,6 +332,6 @@ end
 for i = 1, #order do
   local key = order[i]
   local w = later[key]
-  put(key, w[1], w[2], w[3])
+  put(key, w[1], w[2], w[3], w[6])
 end
 return replies

@@ -22,11 +22,13 @@
 -- TestMatchesDecideAll* hold both scripts to limiter.DecideAll.
 
 local key, spec = KEYS[1], ARGV[2]
-local kind, count, hus, hfr, fus, ffr, maxwait = string.match(spec or '',
-  '^([tkxTKX]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):%d+$')
+local kind, count, hus, hfr, fus, ffr, maxwait, per, cap = string.match(spec or '',
+  '^([tkxTKX]):([1-9]%d*):(%d+):(%d+):(%d+):(%d+):(%d+):%d+:([1-9]%d*):(%d+)$')
 if not kind then
   return {redis.error_reply('ratelimitd: malformed request spec ' .. tostring(spec)), 0, 0, 0}
 end
+-- what a written state ends with: the rate it is under (common.lua's put)
+local rate = ':' .. count .. ':' .. per
 -- digits only (the pattern says so): "+ 0" converts as tonumber would,
 -- for less
 count, hus, hfr, fus, ffr, maxwait = count + 0, hus + 0, hfr + 0, fus + 0, ffr + 0, maxwait + 0
@@ -45,12 +47,50 @@ if type(v) == 'table' then
   v = false
 end
 local sus, sfr = 0, 0
+-- divmod (common.lua): floor(a/b) and a mod b, exact for integers
+local function divmod(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q, r = q - 1, r + b
+  elseif r >= b then
+    q, r = q + 1, r - b
+  end
+  return q, r
+end
+local stored_us, stored_fr -- the state as stored, when rescaled
 if v then
-  local a, b = string.match(v, '^(-?%d+):(%d+)$')
+  local a, b, c0, p0 = string.match(v, '^(-?%d+):(%d+):(%d+):(%d+)$')
   if not a then
-    return {redis.error_reply('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac'), 0, 0, 0}
+    a, b = string.match(v, '^(-?%d+):(%d+)$')
+    if not a then
+      return {redis.error_reply('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac:Count:Period'), 0, 0, 0}
+    end
   end
   sus, sfr = a + 0, b + 0
+  -- rescale (common.lua) when written under another rate
+  if c0 then
+    c0, p0 = c0 + 0, p0 + 0
+    local per_n, cap_n = per + 0, cap + 0
+    if c0 >= 1 and p0 >= 1 and (c0 ~= count or p0 ~= per_n) and sus >= now then
+      local n = ((sus - now) * c0 + math.min(sfr, c0 - 1)) / p0
+      if n > cap_n then
+        n = cap_n
+      end
+      local span = n * per_n / count
+      local q = math.floor(span)
+      local r = math.floor((span - q) * count)
+      stored_us, stored_fr = sus, sfr
+      sus, sfr = now + q, math.max(0, math.min(r, count - 1))
+    end
+  end
+end
+
+-- the state to write, if any: a rescaled state is written whatever the
+-- Take decides (DecideAll's write rule)
+local wus, wfr
+if stored_us then
+  wus, wfr = sus, sfr
 end
 
 -- step, in the frame of now: before = tat − now (never negative), and
@@ -88,28 +128,30 @@ if kind ~= 'x' then -- hits above burst: never admitted
       nus, nfr = nus + 1, nfr - count
     end
     nus = now + nus
-    -- decide_single's write rule: only a changed state is written; put:
-    -- the key expires when the bucket is full again, at ceil_us(TAT) in
-    -- ms rounded up (PXAT on the server's clock, else PX counted from
-    -- now), divided as divmod does, exactly for any integer below 2^53
+    -- decide_single's write rule: only a changed state is written
     if nus ~= sus or nfr ~= sfr then
-      local e = nus
-      if nfr > 0 then
-        e = e + 1
-      end
-      if not server_clock then
-        e = e - now
-      end
-      e = e + 999
-      local ms = math.floor(e / 1000)
-      local r = e - ms * 1000
-      if r < 0 then
-        ms = ms - 1
-      elseif r >= 1000 then
-        ms = ms + 1
-      end
-      redis.call('SET', key, string.format('%d:%d', nus, nfr), server_clock and 'PXAT' or 'PX', string.format('%d', ms))
+      wus, wfr = nus, nfr
     end
+  end
+end
+
+-- put: the key expires when the bucket is full again, at ceil_us(TAT) in
+-- ms rounded up (PXAT on the server's clock, else PX counted from now),
+-- divided as divmod does, exactly for any integer below 2^53. A rescaled
+-- state may be full: the key then goes, as common.lua's store does.
+if wus then
+  local e = wus
+  if wfr > 0 then
+    e = e + 1
+  end
+  if not server_clock then
+    e = e - now
+  end
+  local ms = divmod(e + 999, 1000)
+  if ms > 0 then
+    redis.call('SET', key, string.format('%d:%d', wus, wfr) .. rate, server_clock and 'PXAT' or 'PX', string.format('%d', ms))
+  else
+    redis.call('DEL', key)
   end
 end
 

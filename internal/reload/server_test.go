@@ -229,11 +229,12 @@ descriptors:
 	}
 	waitHash(t, loaded, dir)
 
-	// a now gains a token every 0.5 s and is full after 5 s. It owes 4 s,
-	// plus 0.5 s for this call: 0.5 s of room left, 1 token. Reset to full,
-	// it would have 9.
-	if got, rate := remaining("a"); got != 1 || rate != 120 {
-		t.Errorf("changed rule a after reload: %d remaining at %d/min, want 1 at 120/min (not reset to full)", got, rate)
+	// a now gains a token every 0.5 s and is full after 5 s. It keeps the
+	// 4 tokens it spent (limiter.State): 2 s at the new rate, plus 0.5 s
+	// for this call, 5 left. Reset to full, it would have 9; kept as time
+	// owed (4 s), 1.
+	if got, rate := remaining("a"); got != 5 || rate != 120 {
+		t.Errorf("changed rule a after reload: %d remaining at %d/min, want 5 at 120/min (the 4 tokens spent kept)", got, rate)
 	}
 	// b is unchanged: 10 − 4 − 1.
 	if got, rate := remaining("b"); got != 5 || rate != 10 {

@@ -44,6 +44,8 @@ var (
 	fivePerMinute = limiter.Limit{Count: 5, Period: time.Minute, Burst: 5}
 	threePerSec   = limiter.Limit{Count: 3, Period: time.Second, Burst: 3}
 	onePerHour    = limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+	twoPerHour    = limiter.Limit{Count: 2, Period: time.Hour, Burst: 2}
+	fourPerHour   = limiter.Limit{Count: 4, Period: time.Hour, Burst: 4}
 	tenPerSecB20  = limiter.Limit{Count: 10, Period: time.Second, Burst: 20}
 	twoPerMinute  = limiter.Limit{Count: 2, Period: time.Minute, Burst: 2}
 	onePerMinute  = limiter.Limit{Count: 1, Period: time.Minute, Burst: 1}
@@ -115,11 +117,31 @@ var timelines = []timeline{
 			want: []limiter.Decision{ok(1, 30*time.Second), deny(30*time.Second, time.Minute)}},
 		{at: 30 * time.Second, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
 	}},
+	// A bucket keeps the tokens it has spent across a change of its
+	// limit, now spent at the new rate: raising a limit frees at once what
+	// the raise adds, as a counter of hits would (envoyproxy/ratelimit's),
+	// and lowering it keeps what was spent.
 	{"a changed limit applies to the existing bucket", []step{
 		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 5)}, want: []limiter.Decision{ok(0, time.Minute)}},
-		{at: 0, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{deny(6*time.Second, time.Minute)}},
-		{at: 6 * time.Second, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
-		{at: 12 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{deny(6*time.Second, 54*time.Second)}},
+		// 5 spent of 10: 5 left, after this one 4 (each 6 s at 10/min).
+		{at: 0, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{ok(4, 36*time.Second)}},
+		{at: 6 * time.Second, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{ok(4, 36*time.Second)}},
+		// 30 s of 10/min left to refill: 5 tokens, all of 5/min's burst.
+		{at: 12 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{deny(12*time.Second, time.Minute)}},
+	}},
+	{"a raised limit frees a throttled client at once", []step{
+		{at: 0, reqs: []limiter.Request{req("a", twoPerHour, 2)}, want: []limiter.Decision{ok(0, time.Hour)}},
+		{at: time.Minute, reqs: []limiter.Request{req("a", twoPerHour, 1)}, want: []limiter.Decision{deny(29*time.Minute, 59*time.Minute)}},
+		// 2 per hour → 4 per hour: the 59 min owed at 2 an hour are 1.97
+		// tokens, 29.5 min at 4 an hour: 2 of the 4 are free.
+		{at: time.Minute, reqs: []limiter.Request{req("a", fourPerHour, 2)}, want: []limiter.Decision{ok(0, 59*time.Minute+30*time.Second)}},
+		{at: time.Minute, reqs: []limiter.Request{req("a", fourPerHour, 1)}, want: []limiter.Decision{deny(14*time.Minute+30*time.Second, 59*time.Minute+30*time.Second)}},
+	}},
+	{"a lowered limit never empties a bucket below its floor", []step{
+		{at: 0, reqs: []limiter.Request{req("a", tenPerMinute, 10)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		// 10 spent, at most 2 of them at 2/min: empty, full in a minute.
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{deny(30*time.Second, time.Minute)}},
+		{at: 30 * time.Second, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
 	}},
 	{"a clock that steps back never unlocks a bucket", []step{
 		{at: time.Minute, reqs: []limiter.Request{req("a", onePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
