@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -59,7 +60,17 @@ func start(t *testing.T, name string, env []string, bin string, args ...string) 
 	p := &process{name: name, out: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = env
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	var w io.Writer = p.out
+	if d := os.Getenv("RATELIMITD_EG_LOGDIR"); d != "" {
+		// The whole output, kept after the test, for what tail leaves out.
+		f, err := os.OpenFile(filepath.Join(d, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		w = io.MultiWriter(p.out, f)
+	}
+	p.cmd.Stdout, p.cmd.Stderr = w, w
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
@@ -171,7 +182,7 @@ rateLimit:
   backend:
     type: Redis
     redis:
-      url: %s
+      url: redis://%s
 `, eg.resources, home, filepath.Join(dir, "data"), filepath.Join(dir, "state"), filepath.Join(dir, "run"), redisAddr)
 	if err := os.WriteFile(eg.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
