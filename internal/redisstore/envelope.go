@@ -3,6 +3,8 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/ratelimitd/ratelimitd/limiter"
 	"github.com/redis/go-redis/v9"
@@ -16,12 +18,17 @@ func (b *batcher) answer(sent []*envelope) {
 	}
 }
 
-// envelope is one command of a pipeline: one call, or several mergeable
-// Takes as one take.lua call (their KEYS and ARGV concatenated, in order).
+// envelope is one command of a pipeline: one call, or several Takes of
+// take.lua as one call (their KEYS and ARGV concatenated, in order).
 type envelope struct {
 	scriptCall
 	calls []*call
-	cmd   *redis.Cmd
+	// runs, of a merged command, says how many of calls each of its Takes
+	// answers, in order: 1, or m > 1 for a group of m alike Takes
+	// (scriptCall.alike) sent once with its count ("*m", see take.lua) and
+	// answered in one Take's slots.
+	runs []int
+	cmd  *redis.Cmd
 }
 
 // mergeMaxKeys bounds the buckets of one merged call: a script runs
@@ -29,19 +36,30 @@ type envelope struct {
 // Takes is split into several calls, between which other clients' commands
 // run (a Take of more buckets still goes whole, alone). A merged call of
 // 512 buckets was seen to run 10-14 ms on a loaded machine, more than a
-// whole Envoy budget; 128 keep one call to a few milliseconds.
+// whole Envoy budget; 128 keep one call to a few milliseconds. A group of
+// alike Takes counts as one bucket: it is decided in one step.
 const mergeMaxKeys = 128
 
-// envelopes puts each call of batch in its command: the mergeable ones
-// (Takes of take.lua, the only script that merges) together, up to
-// mergeMaxKeys buckets a command, the others alone. A call left alone in
-// its command runs its alone script when it has one.
+// envelopes puts each call of batch in its command: alike Takes (one
+// bucket, one spec, one now) together as one group, in the place of the
+// first of them; the mergeable ones (Takes of take.lua, the only script
+// that merges) together, up to mergeMaxKeys buckets a command; the others
+// alone, but for a group, which needs one bucket and so is its own command
+// on a Cluster too. A call left alone in its command runs its alone script
+// when it has one. Moving a Take next to an alike one reorders only Takes
+// that were sent at once, which Redis may run in any order anyway.
 func envelopes(batch []*call) []*envelope {
 	out := make([]*envelope, 0, len(batch))
 	var merged *envelope
-	for _, c := range batch {
+	for _, run := range alikeRuns(batch) {
+		c := run[0]
 		if !c.merge || c.asking {
-			out = append(out, &envelope{scriptCall: c.scriptCall, calls: []*call{c}})
+			e := &envelope{scriptCall: c.scriptCall, calls: run}
+			if len(run) > 1 {
+				e.args = groupArgs(c.args, len(run))
+				e.runs = []int{len(run)}
+			}
+			out = append(out, e)
 			continue
 		}
 		if merged == nil || len(merged.keys)+len(c.keys) > mergeMaxKeys {
@@ -49,8 +67,9 @@ func envelopes(batch []*call) []*envelope {
 			out = append(out, merged)
 		}
 		merged.keys = append(merged.keys, c.keys...)
-		merged.args = mergedTakeArgs(merged.args, c.args)
-		merged.calls = append(merged.calls, c)
+		merged.args = mergedTakeArgs(merged.args, groupArgs(c.args, len(run)))
+		merged.calls = append(merged.calls, run...)
+		merged.runs = append(merged.runs, len(run))
 	}
 	for _, e := range out {
 		if len(e.calls) == 1 && e.calls[0].alone != nil {
@@ -60,35 +79,140 @@ func envelopes(batch []*call) []*envelope {
 	return out
 }
 
+// alikeRuns splits batch into runs of calls sent as one: each alike Take
+// with the alike ones after it, the others one by one, in the order of
+// each run's first call.
+func alikeRuns(batch []*call) [][]*call {
+	runs := make([][]*call, 0, len(batch))
+	var first map[string]int // alike → its run
+	for _, c := range batch {
+		if c.alike == "" || c.asking {
+			runs = append(runs, []*call{c})
+			continue
+		}
+		if first == nil {
+			first = make(map[string]int, len(batch))
+		}
+		if i, ok := first[c.alike]; ok {
+			runs[i] = append(runs[i], c)
+			continue
+		}
+		first[c.alike] = len(runs)
+		runs = append(runs, []*call{c})
+	}
+	return runs
+}
+
+// groupArgs are take.lua's ARGV for m alike Takes whose own are args (now,
+// spec): args itself for one, else now, "*m", spec.
+func groupArgs(args []any, m int) []any {
+	if m == 1 {
+		return args
+	}
+	return []any{args[0], "*" + strconv.Itoa(m), args[1]}
+}
+
 // answer hands each call of e its answer through deliver: e's own, or,
 // merged, its Take's slots of the flat array take.lua answers (one per
-// request: its key), as a one-Take call would get them.
+// request: its key), as a one-Take call would get them; a group's calls
+// each get the slots it would have got alone (see groupSlots).
 func (e *envelope) answer(deliver func(*call, *redis.Cmd)) {
 	if len(e.calls) == 1 {
 		deliver(e.calls[0], e.cmd)
 		return
 	}
+	runs := e.runs
+	if runs == nil { // merged with no group: a Take a call
+		runs = make([]int, len(e.calls))
+		for i := range runs {
+			runs[i] = 1
+		}
+	}
 	slots, err := e.cmd.Slice()
 	if err == nil {
-		want := 0
-		for _, c := range e.calls {
-			want += takeSlots(len(c.keys))
+		want, i := 0, 0
+		for _, m := range runs {
+			want += takeSlots(len(e.calls[i].keys))
+			i += m
 		}
 		if len(slots) != want {
-			err = fmt.Errorf("take script returned %d values for %d Takes, want %d", len(slots), len(e.calls), want)
+			err = fmt.Errorf("take script returned %d values for %d Takes, want %d", len(slots), len(runs), want)
 		}
 	}
-	for _, c := range e.calls {
+	i := 0
+	for _, m := range runs {
+		run := e.calls[i : i+m]
+		i += m
 		if err != nil {
-			deliver(c, errCmd(c.ctx, err))
+			for _, c := range run {
+				deliver(c, errCmd(c.ctx, err))
+			}
 			continue
 		}
-		n := takeSlots(len(c.keys))
-		cmd := redis.NewCmd(c.ctx)
-		cmd.SetVal(slots[:n:n])
+		n := takeSlots(len(run[0].keys))
+		mine := slots[:n:n]
 		slots = slots[n:]
-		deliver(c, cmd)
+		if m == 1 {
+			deliver(run[0], answerCmd(run[0], mine))
+			continue
+		}
+		each, gerr := groupSlots(mine, run)
+		for j, c := range run {
+			if gerr != nil {
+				deliver(c, errCmd(c.ctx, gerr))
+			} else {
+				deliver(c, answerCmd(c, each[j]))
+			}
+		}
 	}
+}
+
+// answerCmd is c's answer holding slots.
+func answerCmd(c *call, slots []any) *redis.Cmd {
+	cmd := redis.NewCmd(c.ctx)
+	cmd.SetVal(slots)
+	return cmd
+}
+
+// groupSlots works out, from take.lua's answer to a group of alike Takes
+// (now, how many were admitted, the state before the first), the slots
+// each of run would have got decided alone, one after the other, in
+// order: each one's state before it is what limiter.DecideAll left of the
+// one before. The count must agree with the script's, as decodeTake checks
+// a Take's admission. An error reply in the first slot is every call's.
+func groupSlots(slots []any, run []*call) ([][]any, error) {
+	each := make([][]any, len(run))
+	if _, ok := slots[0].(error); ok {
+		for j := range each {
+			each[j] = slots
+		}
+		return each, nil
+	}
+	var v [4]int64
+	for i := range v {
+		x, ok := slots[i].(int64)
+		if !ok {
+			return nil, fmt.Errorf("take script returned %T, not an integer", slots[i])
+		}
+		v[i] = x
+	}
+	now := time.UnixMicro(v[0])
+	state := limiter.State{TAT: v[2], Frac: v[3]}
+	admitted := int64(0)
+	for j, c := range run {
+		_, next, allowed := limiter.DecideAll(now, c.take, []limiter.State{state})
+		ok := int64(0)
+		if allowed {
+			ok, admitted = 1, admitted+1
+		}
+		each[j] = []any{v[0], ok, state.TAT, state.Frac}
+		state = limiter.State{TAT: next[0].TAT, Frac: next[0].Frac}
+	}
+	if admitted != v[1] {
+		return nil, fmt.Errorf("take script admitted %d of %d alike Takes where limiter.DecideAll admits %d, from the state %d:%d at %d µs",
+			v[1], len(run), admitted, v[2], v[3], v[0])
+	}
+	return each, nil
 }
 
 // roundTripErr is the outcome of the round trip that answered cmd: nil

@@ -131,8 +131,11 @@ type takeResult struct {
 // zero, until by.
 func (s *Store) run(ctx context.Context, by, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
 	c := scriptCall{script: s.take, keys: keys, args: s.takeArgs(now, reqs), merge: s.group == nil, take: reqs, now: now}
-	if len(reqs) == 1 && !reqs[0].Charge() {
-		c.alone = s.takeOne // take_one.lua has no charges
+	if len(reqs) == 1 {
+		c.alike = alikeKey(keys[0], c.args)
+		if !reqs[0].Charge() {
+			c.alone = s.takeOne // take_one.lua has no charges
+		}
 	}
 	cmd := s.script(ctx, by, c)
 	return decodeTakeCmd(cmd, reqs, extras)
@@ -217,6 +220,19 @@ type scriptCall struct {
 	// asking sends ASKING before the script: a Cluster node answered ASK
 	// for its slot, which is moving to the node it is now sent to.
 	asking bool
+	// alike, for a take.lua Take of one request, names what it asks:
+	// Takes of a batch with the same alike (one bucket, one spec, one
+	// now) travel as one group, decided in one step (see envelopes); ""
+	// for other calls.
+	alike string
+}
+
+// alikeKey is scriptCall.alike for a Take of one request on key with
+// take.lua's args (now, spec).
+func alikeKey(key string, args []any) string {
+	now, _ := args[0].(int64) // "" with the server's clock: 0
+	spec, _ := args[1].(string)
+	return strconv.FormatInt(now, 10) + " " + spec + " " + key
 }
 
 // script runs c, for a caller that waits until ctx ends or, unless zero,

@@ -38,6 +38,9 @@
 --             spec                a Take of one request (its next KEY);
 --             n, then n specs     a Take of n requests (its next n KEYS),
 --                                 n in digits;
+--             "*m", then spec     m alike Takes of one request each, all
+--                                 on its next KEY (m ≥ 2), decided one
+--                                 after the other in one step;
 --           each but the first, with a caller's clock, after "@µs", its
 --           own now (the first Take's is ARGV[1]). So a call of one
 --           request is {now, spec}, as take_one.lua reads it: Redis and
@@ -65,7 +68,8 @@
 --             keeps spent).
 --
 -- Returns one flat array, each Take's 2 + 2n slots after the one before
--- (n its requests), in order:
+-- (n its requests; a group of alike Takes has the 4 slots of one, its
+-- second the number of them admitted), in order:
 --   now, all admitted (0/1), then for each request the state stored under
 --   its key before the Take, rescaled to its limit's rate (see rescale;
 --   the Take's first request on the key sets the rate): TAT µs, frac (0,
@@ -219,6 +223,36 @@ local function take_single(key, p, now)
   nr = nr + 4
 end
 
+-- take_group decides m alike Takes of the request with spec p on key at
+-- now, one after the other, as take_single would one by one, and writes
+-- the state the last one leaves once. Its slots: now, how many were
+-- admitted, and the state before the first (the Go side works out each
+-- one's answer from it, and checks the count). Once a Take leaves the
+-- state as it found it, every one after it does the same and is answered
+-- the same: the loop stops there.
+local function take_group(key, p, m, now)
+  local us, fr, _, _, r0 = load(key, p, now)
+  if not us then
+    return fail(1, fr)
+  end
+  local cus, cfr, wrote, admitted = us, fr, false, 0
+  for j = 1, m do
+    local nus, nfr, allowed, w = decide_single(p, cus, cfr, now)
+    if nus == cus and nfr == cfr then
+      admitted = admitted + allowed * (m - j + 1)
+      wrote = wrote or w
+      break
+    end
+    admitted, wrote = admitted + allowed, wrote or w
+    cus, cfr = nus, nfr
+  end
+  if cus ~= us or cfr ~= fr or (wrote and r0 ~= p.rate) then
+    write(key, cus, cfr, now, p.count, p.per, p.rate)
+  end
+  replies[nr + 1], replies[nr + 2], replies[nr + 3], replies[nr + 4] = now, admitted, us, fr
+  nr = nr + 4
+end
+
 -- take_spec is take_single for the request whose spec string is v, or
 -- fails if v is malformed.
 local function take_spec(key, v, now)
@@ -317,6 +351,14 @@ while a <= #ARGV do
   if c == 64 then -- '@'
     tnow = tonumber(string.sub(v, 2))
     a = a + 1
+  elseif c == 42 then -- '*': m alike Takes, then their spec
+    local p, err = spec(ARGV[a + 1])
+    if p then
+      take_group(KEYS[k + 1], p, tonumber(string.sub(v, 2)), tnow)
+    else
+      fail(1, err)
+    end
+    k, a = k + 1, a + 2
   elseif c and c >= 48 and c <= 57 then -- a digit: n, then n specs
     local n = tonumber(v)
     take(k, a, n, tnow)
