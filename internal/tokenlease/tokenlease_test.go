@@ -1,0 +1,264 @@
+package tokenlease_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/tokenlease"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// countingStore is a MemoryStore that counts the takes and refunds that
+// reach it.
+type countingStore struct {
+	*limiter.MemoryStore
+	takes, refunds atomic.Int64
+}
+
+func newCounting() *countingStore {
+	return &countingStore{MemoryStore: limiter.NewMemoryStore(limiter.MemoryOptions{})}
+}
+
+func (s *countingStore) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	s.takes.Add(1)
+	return s.MemoryStore.Take(ctx, now, reqs)
+}
+
+func (s *countingStore) Refund(ctx context.Context, now time.Time, reqs []limiter.Request) error {
+	s.refunds.Add(1)
+	return s.MemoryStore.Refund(ctx, now, reqs)
+}
+
+// remaining is what a check on key under l answers in store at now.
+func remaining(t *testing.T, store limiter.Store, key string, l limiter.Limit) int64 {
+	t.Helper()
+	d, err := store.Take(context.Background(), time.Now(), []limiter.Request{{Key: key, Limit: l}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d[0].Remaining
+}
+
+func newLeaser(t *testing.T, store limiter.Store, opts tokenlease.Options) *tokenlease.Leaser {
+	t.Helper()
+	l, err := tokenlease.New(store, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+var hot = limiter.Limit{Count: 1000, Period: time.Second, Burst: 1000}
+
+func take(t *testing.T, l limiter.Store, reqs ...limiter.Request) []limiter.Decision {
+	t.Helper()
+	d, err := l.Take(context.Background(), time.Now(), reqs)
+	if err != nil {
+		t.Fatalf("Take(%v): %v", reqs, err)
+	}
+	return d
+}
+
+// TestSliceSizedAndEnded: a bucket becomes busy once a window holds Busy ×
+// Hold hits; its slice is that window's demand, at most Burst/16; the
+// takes it serves never reach the store; at the end of its Hold what is left
+// goes back, and the store's bucket holds exactly what was admitted.
+func TestSliceSizedAndEnded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := newCounting()
+		l := newLeaser(t, store, tokenlease.Options{})
+		r := limiter.Request{Key: "model", Limit: hot, Hits: 1}
+		for i := range 9 {
+			if d := take(t, l, r); !d[0].Allowed {
+				t.Fatalf("take %d denied", i)
+			}
+		}
+		if got := store.takes.Load(); got != 9 {
+			t.Fatalf("store saw %d takes before the bucket was busy, want 9", got)
+		}
+		// 500 hits a second over 20 ms is 10 hits: the 10th take makes
+		// the bucket busy and takes a slice of the window's demand, 10,
+		// which serves it.
+		take(t, l, r)
+		if st := l.Stats(); st.Slices != 1 || st.Taken != 10 || st.Local != 1 || st.Held != 9 || store.takes.Load() != 10 {
+			t.Fatalf("after the 10th take: %+v, %d store takes; want one slice of 10, 9 held, 10 store takes", st, store.takes.Load())
+		}
+		for range 9 {
+			take(t, l, r)
+		}
+		if st := l.Stats(); st.Local != 10 || st.Held != 0 || store.takes.Load() != 10 {
+			t.Errorf("%+v, %d store takes; want 10 served from the slice, none held, still 10 store takes", st, store.takes.Load())
+		}
+		if got := remaining(t, store, "model", hot); got != 1000-19 {
+			t.Errorf("store bucket has %d left, want %d: 19 admitted", got, 1000-19)
+		}
+
+		// The slice is spent: the next take fetches one of the window's
+		// demand, 20.
+		take(t, l, r)
+		if st := l.Stats(); st.Slices != 2 || st.Taken != 30 || st.Held != 19 {
+			t.Fatalf("second slice: %+v, want 20 more taken, 19 held", st)
+		}
+		// Its Hold ends: the 19 go back. 50 ms refill 50 tokens at
+		// 1000/s; 20 were admitted.
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		if st := l.Stats(); st.Held != 0 || st.Returned != 19 {
+			t.Errorf("after the Hold: %+v, want the 19 held given back", st)
+		}
+		if got := remaining(t, store, "model", hot); got != 1000 {
+			t.Errorf("store bucket has %d left after the give-back and 50 ms, want 1000", got)
+		}
+	})
+}
+
+// TestSliceCappedAtAShareOfTheBurst: however busy, a slice holds at most
+// Burst/ShareDivisor tokens.
+func TestSliceCappedAtAShareOfTheBurst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := newCounting()
+		l := newLeaser(t, store, tokenlease.Options{})
+		small := limiter.Limit{Count: 1000, Period: time.Second, Burst: 160}
+		r := limiter.Request{Key: "k", Limit: small, Hits: 1}
+		for range 100 {
+			take(t, l, r)
+		}
+		if st := l.Stats(); st.Slices == 0 || st.Taken > st.Slices*10 {
+			t.Errorf("%+v: want slices of at most 160/16 = 10", st)
+		}
+		l.Close()
+	})
+}
+
+// TestGiveBackOnLimitChangeAndClose: a slice ends when its rule's limit
+// changes and at Close, giving back what it holds.
+func TestGiveBackOnLimitChangeAndClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := newCounting()
+		l := newLeaser(t, store, tokenlease.Options{}) // time stands still: no slice ends by time
+		r := limiter.Request{Key: "k", Limit: hot, Hits: 1}
+		for range 20 {
+			take(t, l, r)
+		}
+		held := l.Stats().Held
+		if held == 0 {
+			t.Fatalf("%+v: want a slice held", l.Stats())
+		}
+		raised := hot
+		raised.Count, raised.Burst = 2000, 2000
+		take(t, l, limiter.Request{Key: "k", Limit: raised, Hits: 1})
+		if st := l.Stats(); st.Returned != held {
+			t.Errorf("after the limit changed: %+v, want the %d held under the old limit given back", st, held)
+		}
+		for range 30 {
+			take(t, l, limiter.Request{Key: "k", Limit: raised, Hits: 1})
+		}
+		st := l.Stats()
+		if st.Held == 0 {
+			t.Fatalf("%+v: want a slice held under the new limit", st)
+		}
+		admitted := st.Local + store.takes.Load() - st.Slices // every take admitted here
+		l.Close()
+		if st := l.Stats(); st.Held != 0 {
+			t.Errorf("after Close: %+v, want nothing held", st)
+		}
+		// Time stands still: the store's bucket holds exactly what was
+		// admitted under both limits (20 + 1 + 30), spent at 2000/s.
+		if got, want := remaining(t, store, "k", raised), int64(2000-51); got != want {
+			t.Errorf("store bucket has %d left after Close, want %d (admitted %d)", got, want, admitted)
+		}
+	})
+}
+
+// TestAllOrNothingGivesBackToTheSlice: a Take of a leased bucket and a
+// denied one is denied whole; the slice gets its token back.
+func TestAllOrNothingGivesBackToTheSlice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := newCounting()
+		l := newLeaser(t, store, tokenlease.Options{})
+		model := limiter.Request{Key: "model", Limit: hot, Hits: 1}
+		for range 20 {
+			take(t, l, model)
+		}
+		held := l.Stats().Held
+		tiny := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+		client := limiter.Request{Key: "client", Limit: tiny, Hits: 1}
+		if d := take(t, l, model, client); !d[0].Allowed || !d[1].Allowed {
+			t.Fatalf("first pair: %+v, want both admitted", d)
+		}
+		if got := l.Stats().Held; got != held-1 {
+			t.Fatalf("held %d after an admitted pair, want %d", got, held-1)
+		}
+		d := take(t, l, model, client)
+		if d[1].Allowed {
+			t.Fatalf("second pair: %+v, want the client denied", d)
+		}
+		if got := l.Stats().Held; got != held-1 {
+			t.Errorf("held %d after a denied pair, want %d: the model's token back in its slice", got, held-1)
+		}
+		l.Close()
+	})
+}
+
+// TestFleetNeverOverAdmits: replicas, each with a Leaser of its own, share
+// one store's hot bucket, offered twice its rate by concurrent callers for
+// ten (fake) seconds: admitted never exceeds rate·t + burst, and is most of
+// it.
+func TestFleetNeverOverAdmits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := newCounting()
+		lim := limiter.Limit{Count: 10000, Period: time.Second, Burst: 1000}
+		const replicas, callers = 8, 4
+		leasers := make([]*tokenlease.Leaser, replicas)
+		for i := range leasers {
+			leasers[i] = newLeaser(t, store, tokenlease.Options{})
+		}
+		start := time.Now()
+		const run = 10 * time.Second
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		// 8 × 4 callers, each a call every 1.6 ms: 20,000 a second, twice
+		// the rate.
+		for _, l := range leasers {
+			for range callers {
+				wg.Go(func() {
+					for time.Since(start) < run {
+						d, err := l.Take(context.Background(), time.Now(), []limiter.Request{{Key: "model", Limit: lim, Hits: 1}})
+						if err != nil {
+							panic(err)
+						}
+						if d[0].Allowed {
+							admitted.Add(1)
+							// the bound, at every admission
+							if bound := lim.Burst + int64(time.Since(start)/time.Millisecond)*lim.Count/1000 + lim.Count/1000; admitted.Load() > bound {
+								panic(fmt.Sprintf("admitted %d at %v, above rate·t + burst = %d", admitted.Load(), time.Since(start), bound))
+							}
+						}
+						time.Sleep(1600 * time.Microsecond)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		bound := lim.Burst + int64(run.Seconds()*float64(lim.Count))
+		got := admitted.Load()
+		var local int64
+		for _, l := range leasers {
+			local += l.Stats().Local
+			l.Close()
+		}
+		t.Logf("admitted %d of bound %d (%.2f%%); %d from slices; %d takes reached the store", got, bound, 100*float64(got)/float64(bound), local, store.takes.Load())
+		if got > bound {
+			t.Errorf("admitted %d > rate·t + burst = %d", got, bound)
+		}
+		if float64(got) < 0.97*float64(bound) {
+			t.Errorf("admitted %d < 97%% of %d", got, bound)
+		}
+	})
+}
