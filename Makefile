@@ -110,11 +110,18 @@ check:
 ## (e.g. BENCH_FLAGS='--rounds 3 --json'). Every call has a 2 s client deadline
 ## but in the 20 ms deadline cells; every backend is healthy, so any error in
 ## a 2 s cell fails the target (BENCH_FLAGS=--allow-errors only reports them).
+## Then the fleet simulation (ratelimit-bench fleet): 32 replicas on one
+## redis-server sharing one hot bucket offered twice its rate, evenly and
+## with 80% on one replica, token leases off then on, FLEET_DURATION a
+## phase (default 30s).
 BENCH_DURATION ?= 10s
+FLEET_DURATION ?= 30s
 BENCH_FLAGS ?=
 bench: build
 	$(GO) build -o $(BIN)/ratelimit-bench ./bench
 	$(BIN)/ratelimit-bench run --ratelimitd $(BIN)/ratelimitd --duration $(BENCH_DURATION) $(BENCH_FLAGS)
+	$(BIN)/ratelimit-bench fleet --duration $(FLEET_DURATION)
+	$(BIN)/ratelimit-bench fleet --duration $(FLEET_DURATION) --skew 0.8
 
 ## image: the container image, without a container daemon (internal/image):
 ## a static ratelimitd for each of IMAGE_PLATFORMS, an OCI layout of the

@@ -110,6 +110,8 @@ func runCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return runFloor(ctx, args[1:], stderr)
 	case "run":
 		return runMatrix(ctx, args[1:], stdout, stderr)
+	case "fleet":
+		return runFleet(ctx, args[1:], stdout, stderr)
 	case "--write-config", "-write-config":
 		if len(args) != 2 {
 			return usageError{errors.New("usage: ratelimit-bench --write-config DIR")}
@@ -140,6 +142,9 @@ Usage:
                                                   run the matrix, print ratios to the floor;
                                                   exit 1 if a call failed in a strict cell
                                                   or an attack cell fell below its baseline
+  ratelimit-bench fleet [flags]                   simulate replicas sharing one hot bucket on one
+                                                  redis-server, token leases off then on; exit 1
+                                                  if any second admitted above rate·t + burst
   ratelimit-bench --write-config DIR              write the descriptor file the load expects
   ratelimit-bench COMMAND --help                  list a command's flags
 

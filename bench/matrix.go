@@ -370,7 +370,7 @@ func matrixCells(o matrixOptions, targets []target) []cell {
 		cells = append(cells, strict(MixMixed, c))
 	}
 	if o.hotKey {
-		cells = append(cells, strict(MixHot, o.hotConc))
+		cells = append(cells, strict(MixHot, o.hotConc), strict(MixHotAdmitted, o.hotConc))
 	}
 	cells = append(cells, attackCells(o, targets)...)
 	floor, redis := slices.IndexFunc(targets, func(t target) bool { return t.name == "floor" }),

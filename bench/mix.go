@@ -51,6 +51,10 @@ const (
 	// MixHot sends every request to one exhausted bucket (hot=key): the
 	// over-limit hot key.
 	MixHot
+	// MixHotAdmitted sends every request to one bucket that admits them
+	// all (model=shared, a million a second): the hot bucket of an LLM
+	// fleet, one model's global limit in front of every request.
+	MixHotAdmitted
 )
 
 // mixNames are the names of the mixes, as --mix takes them and results
@@ -61,6 +65,7 @@ var mixNames = []struct {
 }{
 	{MixMixed, "mixed"},
 	{MixHot, "hot-key"},
+	{MixHotAdmitted, "hot-admitted"},
 }
 
 func (m Mix) String() string {
@@ -79,7 +84,7 @@ func parseMix(s string) (Mix, error) {
 			return n.mix, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown mix %q (want mixed or hot-key)", s)
+	return 0, fmt.Errorf("unknown mix %q (want mixed, hot-key or hot-admitted)", s)
 }
 
 // mixParams shape a Mix.
@@ -151,8 +156,12 @@ func newMixer(p mixParams, voc *vocabulary, seed uint64) *mixer {
 		m.entries[i] = &ratelimitv3.RateLimitDescriptor_Entry{}
 	}
 	m.req = &rlsv3.RateLimitRequest{Domain: p.domainName(), Descriptors: []*ratelimitv3.RateLimitDescriptor{m.desc}}
-	if p.mix == MixHot {
+	switch p.mix {
+	case MixHot:
 		m.entries[0].Key, m.entries[0].Value = "hot", "key"
+		m.desc.Entries = m.entries[:1]
+	case MixHotAdmitted:
+		m.entries[0].Key, m.entries[0].Value = "model", "shared"
 		m.desc.Entries = m.entries[:1]
 	}
 	return m
@@ -161,8 +170,11 @@ func newMixer(p mixParams, voc *vocabulary, seed uint64) *mixer {
 // next returns the next request (the same message, rewritten) and whether
 // it was aimed at an exhausted rule.
 func (m *mixer) next() (req *rlsv3.RateLimitRequest, aimedOver bool) {
-	if m.p.mix == MixHot {
+	switch m.p.mix {
+	case MixHot:
 		return m.req, true
+	case MixHotAdmitted:
+		return m.req, false
 	}
 	n := 1 + m.rng.IntN(3)
 	aimedOver = m.rng.Float64() < m.p.overLimitShare

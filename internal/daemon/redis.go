@@ -15,6 +15,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
+	"github.com/ratelimitd/ratelimitd/internal/tokenlease"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -46,6 +47,10 @@ type Redis struct {
 	// bounds the buckets it remembers.
 	DenialCache     bool
 	DenialCacheSize int
+	// TokenLeases serves busy buckets from slices of their tokens
+	// (internal/tokenlease), in front of the failure handling: a slice
+	// answers while Redis fails, then the failure mode does.
+	TokenLeases bool
 }
 
 // Enabled reports whether r selects a Redis backend.
@@ -187,8 +192,21 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 	breaker.Store(fs)
 	b.failover, b.front = fs, fs
 	b.leases = fs.Leases(store)
+	if r.TokenLeases {
+		leaser, err := tokenlease.New(fs, tokenlease.Options{})
+		if err != nil {
+			b.closeAll()
+			return nil, err
+		}
+		closeStore := b.closeAll
+		b.closeAll = func() error {
+			leaser.Close() // gives the slices back while Redis is still there
+			return closeStore()
+		}
+		b.front = leaser
+	}
 	if cache != nil {
-		b.front = cache.Front(fs)
+		b.front = cache.Front(b.front)
 	}
 	var cacheStats func() denialcache.Stats // nil: no cache
 	if cache != nil {

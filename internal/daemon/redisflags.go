@@ -35,6 +35,7 @@ type RedisFlags struct {
 	BatchHold      time.Duration // tests only (TestBatchHold)
 	DenialCache    bool
 	DenialEntries  int // 0 the default
+	TokenLeases    bool
 }
 
 // Enabled reports whether the flags select a Redis backend.
@@ -172,6 +173,7 @@ func (r RedisFlags) Config() Redis {
 		TestBatchHold:   r.BatchHold,
 		DenialCache:     r.DenialCache,
 		DenialCacheSize: r.DenialEntries,
+		TokenLeases:     r.TokenLeases,
 	}
 }
 
@@ -193,7 +195,7 @@ func splitList(s string) []string {
 // set them whatever the backend, but serve warns of them.
 var redisOnlyFlags = []string{
 	"on-backend-failure", "backend-timeout", "default-deadline", "breaker-failures", "breaker-failing-for", "breaker-open-for",
-	"replicas-hint", "failure-grace", "failure-grace-mode", "denial-cache", "denial-cache-size",
+	"replicas-hint", "failure-grace", "failure-grace-mode", "denial-cache", "denial-cache-size", "token-leases",
 }
 
 // RedisOnlyGiven returns the flags among given (as in Check) outside

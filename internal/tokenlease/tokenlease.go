@@ -23,12 +23,13 @@
 //     share, so that replicas sharing a bucket still find tokens: with 16
 //     replicas each holding a slice, at most a burst is held), and at least
 //     2 tokens (else there is nothing to save).
-//   - A slice ends Options.Hold after it was taken, when it runs out, when
-//     its rule's limit changes, and at Close; what is left is given back to
-//     the store (Refund), which moves the bucket's TAT back by those tokens.
-//     Tokens that were spent in the store and not admitted here are only
-//     held for a Hold: the cost of leasing is that other replicas may be
-//     denied tokens a slice holds for that long.
+//   - A slice ends half a Hold after its last token arrives, when it runs
+//     out, when its rule's limit changes, and at Close; what is left is
+//     given back to the store (Refund, queued: no caller waits for it),
+//     which moves the bucket's TAT back by those tokens. So a token spent
+//     in the store and not admitted here is held at most a Hold and a
+//     half: the cost of leasing is that other replicas may be denied, for
+//     that long, tokens a slice holds.
 //   - A Take of several requests takes what it can from live slices and
 //     the rest from the store; if the store denies, the slices get their
 //     tokens back (all-or-nothing holds), and the locally served requests
@@ -91,6 +92,9 @@ type Stats struct {
 	// LocalDenials counts requests denied here because the slice's next
 	// tokens had not arrived yet.
 	LocalDenials int64
+	// Dropped counts give-backs that failed or found the queue full: their
+	// tokens stay spent.
+	Dropped int64
 }
 
 // Leaser is a limiter.Store in front of another that leases busy buckets.
@@ -102,10 +106,18 @@ type Leaser struct {
 	buckets map[string]*bucket
 	stats   Stats
 
+	// returns queues give-backs for the returner goroutine: a caller never
+	// waits for one (a Redis that hangs must not hold a request)
+	returns   chan []limiter.Request
 	stop      chan struct{}
 	done      chan struct{}
+	returned  chan struct{}
 	closeOnce sync.Once
 }
+
+// returnQueue bounds the give-backs waiting for the store: beyond, one is
+// dropped, its tokens left spent (stricter, never looser), and counted.
+const returnQueue = 1024
 
 // bucket is what a Leaser knows of one bucket: its demand and its slice.
 type bucket struct {
@@ -162,8 +174,10 @@ func New(store limiter.Store, opts Options) (*Leaser, error) {
 	if opts.Hold < 0 || opts.Busy < 0 || opts.ShareDivisor < 1 || opts.MaxBuckets < 0 {
 		return nil, fmt.Errorf("tokenlease: invalid options %+v", opts)
 	}
-	l := &Leaser{store: store, opts: opts, buckets: make(map[string]*bucket), stop: make(chan struct{}), done: make(chan struct{})}
+	l := &Leaser{store: store, opts: opts, buckets: make(map[string]*bucket),
+		returns: make(chan []limiter.Request, returnQueue), stop: make(chan struct{}), done: make(chan struct{}), returned: make(chan struct{})}
 	go l.run()
+	go l.returner()
 	return l, nil
 }
 
@@ -233,9 +247,14 @@ func (l *Leaser) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.R
 		return decisions, nil
 	}
 	if fetch != nil {
-		ok, err := l.fetch(ctx, by, now, *fetch)
+		ok, fallback, err := l.fetch(ctx, by, now, *fetch)
 		if err != nil {
 			return nil, err
+		}
+		if fallback != nil {
+			// the failure mode's answer for the bucket is the request's: a
+			// second call would only spend the rest of its deadline
+			return []limiter.Decision{*fallback}, nil
 		}
 		if ok { // served from the new slice, or denied until its tokens arrive
 			l.mu.Lock()
@@ -348,12 +367,23 @@ func (l *Leaser) sliceSize(b *bucket, r limiter.Request) int64 {
 }
 
 // fetch takes the slice r (its size, reserved within a Hold) from the
-// store, and reports whether it is now r's bucket's. A fallback answer, a
-// denial (the slice would not arrive within a Hold) or an answer for a
-// bucket forgotten or changed meanwhile fills no slice (what it took goes
-// back).
-func (l *Leaser) fetch(ctx context.Context, by, now time.Time, r limiter.Request) (bool, error) {
+// store, and reports whether it is now r's bucket's. A denial (the slice
+// would not arrive within a Hold) or an answer for a bucket forgotten or
+// changed meanwhile fills no slice (what it took goes back); a fallback
+// answer (the store failing) fills none either, and is returned: it is the
+// failure mode's answer for the bucket.
+func (l *Leaser) fetch(ctx context.Context, by, now time.Time, r limiter.Request) (bool, *limiter.Decision, error) {
 	got, err := limiter.TakeBy(l.store, ctx, by, now, []limiter.Request{r})
+	if err == nil && got[0].Fallback != limiter.FallbackNone {
+		l.mu.Lock()
+		if b, ok := l.buckets[r.Key]; ok {
+			b.fetching = false
+		}
+		l.mu.Unlock()
+		d := got[0]
+		d.Wait = 0
+		return false, &d, nil
+	}
 	// Arrivals are counted from the answer, after Redis decided: late,
 	// never early.
 	local := l.opts.Now()
@@ -373,7 +403,10 @@ func (l *Leaser) fetch(ctx context.Context, by, now time.Time, r limiter.Request
 	case ok && b.limit == r.Limit && b.tokens == 0:
 		d := got[0]
 		b.tokens, b.full, b.takenAt = r.Hits, local.Add(d.Wait), local
-		b.until = b.full.Add(l.opts.Hold)
+		// arrived tokens wait here for at most half a Hold: a replica
+		// that cannot use them (its demand fell, or it is starved of CPU)
+		// gives them back for the others
+		b.until = b.full.Add(l.opts.Hold / 2)
 		b.remStore, b.reset = d.Remaining, d.ResetAfter
 		l.stats.Slices++
 		l.stats.Taken += r.Hits
@@ -386,7 +419,7 @@ func (l *Leaser) fetch(ctx context.Context, by, now time.Time, r limiter.Request
 	}
 	l.mu.Unlock()
 	l.giveBack(ended)
-	return kept, err
+	return kept, nil, err
 }
 
 // answer is a request's Decision from b's slice at local.
@@ -421,22 +454,59 @@ func (l *Leaser) restore(reqs []limiter.Request, served []bool, local time.Time)
 	l.giveBack(ended)
 }
 
-// giveBack refunds reqs to the store, within giveBackTimeout. A failed give
-// back leaves the tokens spent: stricter, never looser.
+// giveBack queues reqs to be refunded to the store, without waiting. A
+// full queue drops them, and a failed refund leaves them: the tokens stay
+// spent, stricter, never looser.
 func (l *Leaser) giveBack(reqs []limiter.Request) {
 	if len(reqs) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
-	defer cancel()
-	_ = l.store.(limiter.Refunder).Refund(ctx, l.opts.Now(), reqs)
+	select {
+	case l.returns <- reqs:
+	default:
+		l.mu.Lock()
+		l.stats.Dropped++
+		l.mu.Unlock()
+	}
 }
 
-// run ends the slices past their time, every Hold, and forgets buckets
+// returner refunds the queued give-backs, each within giveBackTimeout,
+// until Close; then what is queued.
+func (l *Leaser) returner() {
+	defer close(l.returned)
+	for {
+		select {
+		case reqs := <-l.returns:
+			l.refund(reqs)
+		case <-l.stop:
+			for {
+				select {
+				case reqs := <-l.returns:
+					l.refund(reqs)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// refund gives reqs back to the store, within giveBackTimeout.
+func (l *Leaser) refund(reqs []limiter.Request) {
+	ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
+	defer cancel()
+	if err := l.store.(limiter.Refunder).Refund(ctx, l.opts.Now(), reqs); err != nil {
+		l.mu.Lock()
+		l.stats.Dropped++
+		l.mu.Unlock()
+	}
+}
+
+// run ends the slices past their time, every quarter Hold, and forgets buckets
 // idle for idleWindowsToForget windows.
 func (l *Leaser) run() {
 	defer close(l.done)
-	t := time.NewTicker(l.opts.Hold)
+	t := time.NewTicker(l.opts.Hold / 4)
 	defer t.Stop()
 	for {
 		select {
@@ -468,16 +538,21 @@ func (l *Leaser) sweep(local time.Time) {
 // Leaser's goroutine; a second Close does nothing more. Takes after Close go to the store without leasing
 // only if Close's caller stops sending them; it is meant for shutdown.
 func (l *Leaser) Close() error {
-	l.closeOnce.Do(func() { close(l.stop) })
+	l.closeOnce.Do(func() {
+		var ended []limiter.Request
+		l.mu.Lock()
+		for key, b := range l.buckets {
+			l.end(key, b, &ended)
+		}
+		l.buckets = make(map[string]*bucket)
+		l.mu.Unlock()
+		if len(ended) > 0 {
+			l.refund(ended)
+		}
+		close(l.stop)
+	})
 	<-l.done
-	var ended []limiter.Request
-	l.mu.Lock()
-	for key, b := range l.buckets {
-		l.end(key, b, &ended)
-	}
-	l.buckets = make(map[string]*bucket)
-	l.mu.Unlock()
-	l.giveBack(ended)
+	<-l.returned
 	return nil
 }
 
