@@ -118,7 +118,8 @@ type Options struct {
 	// Probe, when set, asks the backend whether it can decide calls (for
 	// Redis, redisstore.Store.Probe, a write rather than a PING, so that a
 	// read-only replica fails it), and is used by Probe; it gets a context
-	// with the budget of a call (see DefaultDeadline) and must be safe for
+	// with the budget of a call (see DefaultDeadline), cut to
+	// probeTimeouts × Timeout (see Store.Probe), and must be safe for
 	// concurrent use. Its errors are judged as a call's. Nil: Probe does
 	// nothing, and only a call closes the open breaker.
 	Probe func(context.Context) error
@@ -414,7 +415,7 @@ func (s *Store) judge(err error) error {
 // Probe gives the open breaker the probe a call would give it, without a
 // call: when the breaker is open, its OpenFor has passed and no probe (a
 // call's or another Probe's) is in flight, it calls Options.Probe with the
-// budget of a call as that one probe. A success closes the breaker and
+// budget of a call, at most probeTimeouts × Timeout, as that one probe. A success closes the breaker and
 // reports OnChange(true); a failure keeps it open for another OpenFor, as a
 // failed probing call does. Otherwise (breaker closed, still within OpenFor,
 // a probe in flight, no Options.Probe) it does nothing and returns nil.
@@ -456,13 +457,28 @@ func (s *Store) Probe(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// probeTimeouts is how many Options.Timeout a Probe's check is given at
+// most: a backend that holds it for Timeout has failed it already (see
+// judge), and the breaker admits no other probe while it is in flight. A
+// check given a call's whole budget (DefaultDeadline, a second, for the
+// daemon's Probe, which has no deadline) held the breaker open that long
+// when a node in a black hole came back: measured, 0.7-1 s from the end
+// of a 3 s black hole to Redis deciding again. Three Timeouts leave room
+// for the slot map's round trip before the probe's own (see
+// redisstore.Store.ProbeNode) and for a wait for a CPU.
+const probeTimeouts = 3
+
 // probe gives b the probe a call would give it, with check (see Probe).
 func (s *Store) probe(ctx context.Context, b *breaker, check func(context.Context) error) error {
 	probe, _, _ := b.admit()
 	if !probe {
 		return nil // closed, within OpenFor, or a probe in flight
 	}
-	callCtx, cancel := s.budget(ctx)
+	end := s.budgetEnd(ctx)
+	if cut := time.Now().Add(probeTimeouts * s.opts.Timeout); cut.Before(end) {
+		end = cut
+	}
+	callCtx, cancel := context.WithDeadline(ctx, end)
 	err := check(callCtx)
 	cancel()
 	if err == nil {

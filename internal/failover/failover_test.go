@@ -1010,6 +1010,31 @@ func TestProbeIsTheOneProbe(t *testing.T) {
 	})
 }
 
+// TestProbeHeldToThreeTimeouts: a Probe whose ctx has no deadline (the
+// daemon's) of a backend that holds it gives up after three Timeouts, not
+// a call's DefaultDeadline (a second): no other probe is admitted while it
+// is in flight, so a node that comes back after a black hole would stay
+// behind an open breaker for as long. The failed probe opens the breaker
+// for another OpenFor; the Probe after it finds the backend back.
+func TestProbeHeldToThreeTimeouts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBackend()
+		s := dueForProbe(t, b, b.Ping) // Timeout 100ms, OpenFor 1s
+		start := time.Now()
+		if err := s.Probe(context.Background()); err == nil {
+			t.Error("Probe of a hung backend = nil, want its timeout")
+		}
+		if took := time.Since(start); took != 300*time.Millisecond {
+			t.Errorf("Probe of a hung backend took %v, want 300ms (3 × Timeout)", took)
+		}
+		b.set("up")
+		time.Sleep(time.Second)
+		if err := s.Probe(context.Background()); err != nil || !s.Healthy() {
+			t.Errorf("Probe an OpenFor later = %v, Healthy() %v; want nil, true", err, s.Healthy())
+		}
+	})
+}
+
 // TestProbeCancelledAtOnce: a Probe whose ctx ends before the ping had a
 // quarter of Timeout (a shutdown) tells nothing of the backend: the breaker
 // stays open without another OpenFor, and the next Probe pings.
