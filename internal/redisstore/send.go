@@ -33,8 +33,26 @@ func (b *batcher) sending(sent int64) (answered func()) {
 	}
 }
 
+// detach stops counting the round trip written at sent (Unix ns) in
+// stalled: its sender went on without it (see exchange), so no call waits
+// behind it any more. Its answer, when it comes, finds it gone.
+func (b *batcher) detach(sent int64) {
+	u := &b.unanswered
+	u.Lock()
+	if i := slices.Index(u.sent, sent); i >= 0 {
+		u.sent = slices.Delete(u.sent, i, i+1)
+	}
+	u.Unlock()
+}
+
 // stalled is how long Redis has held the oldest round trip still
-// unanswered at now (Unix ns), 0 if none.
+// unanswered at now (Unix ns) that a sender waits for, 0 if none: a call
+// queued meanwhile waits behind it. Round trips the senders went on
+// without (detach) hold no call back: counted, one a black hole swallowed
+// made every call whose budget ran out in the queue for any reason (a
+// wait for a CPU, a probe whose budget the slot map's round trip had
+// spent) Redis's failure until the read timeout, after the fault had
+// ended too.
 func (b *batcher) stalled(now int64) time.Duration {
 	u := &b.unanswered
 	u.Lock()
@@ -142,6 +160,7 @@ func (b *batcher) exchange(batch []*call, timer *time.Timer) {
 		b.detached.Add(-1)
 		return
 	}
+	b.detach(sentAt.Load())
 	go func() {
 		<-done
 		b.detached.Add(-1)

@@ -1,0 +1,75 @@
+package redisstore
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/faultproxy"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/limiter"
+)
+
+// TestADetachedRoundTripHoldsNoCallBack: a round trip Redis does not
+// answer (a black hole) is reported after SlowAfter and its sender goes
+// on without it; from then on it holds no queued call back, so it is no
+// longer in stalled (a call whose budget runs out in the queue for
+// another reason, once the fault has ended, is not Redis's failure),
+// though its answer is still awaited.
+func TestADetachedRoundTripHoldsNoCallBack(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy, err := faultproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	c, err := Dial(ClientOptions{URL: "redis://" + proxy.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	reported := make(chan time.Duration, 16)
+	s, err := New(c, Options{Prefix: "detached:", SlowAfter: 10 * time.Millisecond,
+		OnBackend: func(_ string, held time.Duration, err error) {
+			if err != nil {
+				reported <- held
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Prepare(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b := s.server.batch
+	b.inflight.Add(1) // every call coalesced, none sent directly
+	t.Cleanup(func() { b.inflight.Add(-1) })
+
+	proxy.Blackhole()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := s.Take(ctx, time.Now(), []limiter.Request{{Key: "k", Limit: limiter.Limit{Count: 10, Period: time.Second, Burst: 10}, Hits: 1}}); err == nil {
+		t.Fatal("Take through a black hole succeeded")
+	}
+	select {
+	case held := <-reported:
+		if held < 10*time.Millisecond {
+			t.Errorf("the round trip was reported after %v, want SlowAfter (10ms) or more", held)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the round trip Redis held was not reported within a second")
+	}
+	proxy.Pass()
+	// The report comes just before the detach: give the sender a moment.
+	deadline := time.Now().Add(time.Second)
+	for b.stalled(time.Now().UnixNano()) != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if d := b.stalled(time.Now().UnixNano()); d != 0 {
+		t.Errorf("stalled = %v after the round trip's sender went on without it, want 0 (no call waits behind it)", d)
+	}
+	if n := b.detached.Load(); n != 1 {
+		t.Errorf("%d round trips detached, want 1 (its answer still awaited)", n)
+	}
+}
