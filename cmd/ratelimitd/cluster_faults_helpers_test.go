@@ -11,7 +11,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,13 +22,20 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/config"
@@ -99,6 +108,16 @@ func skipUnlessFaultSuite(t *testing.T) {
 	if os.Getenv("RATELIMITD_FAULT_TESTS") != "1" {
 		t.Skip("a fault test of make test-faults: set RATELIMITD_FAULT_TESTS=1 to run it")
 	}
+}
+
+// faultLogLevel is the flags that make a fault test's ratelimitd log at
+// debug level when RATELIMITD_FAULT_DEBUG=1, so that the breaker lines a
+// failure prints (nodeLines) show each failed probe too.
+func faultLogLevel() []string {
+	if os.Getenv("RATELIMITD_FAULT_DEBUG") == "1" {
+		return []string{"--log-level", "debug"}
+	}
+	return nil
 }
 
 // faultKeys returns the Redis keys of the buckets that descriptors
@@ -233,9 +252,13 @@ func (l faultLayout) on(keep func(owner string) bool) []int {
 // faultCall is one ShouldRateLimit call of a faultLoad.
 type faultCall struct {
 	start, end time.Time
-	value      int // index into the layout's values; hotValue for the hot one
-	code       codes.Code
-	admitted   bool
+	// deadline is the call's (its context's); arrived, when the client's
+	// HTTP/2 transport read the answer's end (its trailers; see
+	// arrivalClock), zero if it had not when the call returned.
+	deadline, arrived time.Time
+	value             int // index into the layout's values; hotValue for the hot one
+	code              codes.Code
+	admitted          bool
 	// redis says the answer is known to be Redis's decision (see
 	// decidedByRedis).
 	redis bool
@@ -256,6 +279,172 @@ func (c faultCall) answer() string {
 		return "OK"
 	}
 	return "OVER_LIMIT"
+}
+
+// lostByClient reports whether c ended DEADLINE_EXCEEDED at the client
+// through the test process's own delay, not ratelimitd's: either the
+// deadline had passed before the call was even sent (its goroutine waited
+// for a CPU between making the context and the call), or ratelimitd's
+// answer had reached the client before the deadline (see arrivalClock:
+// its transport read it, or the kernel had received it, by then). grpc-go
+// returns DEADLINE_EXCEEDED when the context's deadline fires before the
+// call's goroutine has taken an answer already received, and both cores
+// are shared by this race-enabled client's 32 callers, ratelimitd and
+// every redis-server. Such a call's answer is unknown to the test, so it
+// is excused for every check (see noise.explains), as a stall of the
+// client's is. An answer that reached the client after the deadline, or
+// that the client's transport had not read when the call returned (its
+// stream closed first), still counts against ratelimitd.
+func (c faultCall) lostByClient() bool {
+	if c.code != codes.DeadlineExceeded {
+		return false
+	}
+	if !c.start.Before(c.deadline) {
+		return true
+	}
+	return !c.arrived.IsZero() && !c.arrived.After(c.deadline)
+}
+
+// arrival says when c's answer reached the client's transport, against
+// its deadline, for messages.
+func (c faultCall) arrival() string {
+	if c.arrived.IsZero() {
+		return "its answer not read by the client's transport when it returned"
+	}
+	return fmt.Sprintf("its answer at the client %v after the deadline", c.arrived.Sub(c.deadline).Round(10*time.Microsecond))
+}
+
+// arrivalKey is the context key of a call's *arrivalClock.
+type arrivalKey struct{}
+
+// arrivalClock is when the end of a call's answer reached the client
+// (Unix ns), set by arrivals: when the client's transport read it, or, if
+// earlier, when the kernel had received the last bytes of the socket read
+// that carried it (the connection's latest SO_TIMESTAMPNS: no byte of
+// that read came later).
+type arrivalClock struct{ ns atomic.Int64 }
+
+func (a *arrivalClock) at() time.Time {
+	if ns := a.ns.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// arrivals is a client stats.Handler that notes, on the transport's
+// reader goroutine, when each call's trailers (the end of its answer, or
+// all of an error answer) reached the client, in the call's arrivalClock
+// (see there), for the connection that conn holds (one per ClientConn:
+// openFaultConn's).
+type arrivals struct{ conn *atomic.Pointer[stampedConn] }
+
+func (arrivals) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (arrivals) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (arrivals) HandleConn(context.Context, stats.ConnStats) {}
+func (h arrivals) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if _, ok := s.(*stats.InTrailer); !ok {
+		return
+	}
+	a, ok := ctx.Value(arrivalKey{}).(*arrivalClock)
+	if !ok {
+		return
+	}
+	at := time.Now().UnixNano()
+	if c := h.conn.Load(); c != nil {
+		if k := c.received.Load(); k != 0 && k < at {
+			at = k
+		}
+	}
+	a.ns.CompareAndSwap(0, at)
+}
+
+// stampedConn is a client TCP connection whose reads note when the
+// kernel received the last bytes each returned (SO_TIMESTAMPNS), so that
+// an answer the client's goroutines read late can be told from one that
+// reached the host late.
+type stampedConn struct {
+	*net.TCPConn
+	raw      syscall.RawConn
+	oob      []byte       // reads are not concurrent (the transport's reader)
+	received atomic.Int64 // Unix ns; 0 until a read carried a timestamp
+}
+
+// dialStamped dials addr and turns on the kernel's receive timestamps.
+func dialStamped(ctx context.Context, addr string) (*stampedConn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := nc.(*net.TCPConn)
+	raw, err := tc.SyscallConn()
+	if err == nil {
+		cerr := raw.Control(func(fd uintptr) {
+			err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1)
+		})
+		err = cmp.Or(cerr, err)
+	}
+	if err != nil {
+		tc.Close()
+		return nil, fmt.Errorf("SO_TIMESTAMPNS on %s: %w", addr, err)
+	}
+	return &stampedConn{TCPConn: tc, raw: raw, oob: make([]byte, 128)}, nil
+}
+
+func (c *stampedConn) Read(p []byte) (int, error) {
+	var n, oobn int
+	var rerr error
+	err := c.raw.Read(func(fd uintptr) bool {
+		n, oobn, _, _, rerr = syscall.Recvmsg(int(fd), p, c.oob, 0)
+		return rerr != syscall.EAGAIN
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 && len(p) > 0 {
+		return 0, io.EOF
+	}
+	if msgs, perr := syscall.ParseSocketControlMessage(c.oob[:oobn]); perr == nil {
+		for _, m := range msgs {
+			if m.Header.Level == syscall.SOL_SOCKET && m.Header.Type == syscall.SO_TIMESTAMPNS && len(m.Data) >= int(unsafe.Sizeof(syscall.Timespec{})) {
+				ts := (*syscall.Timespec)(unsafe.Pointer(&m.Data[0]))
+				c.received.Store(ts.Nano())
+			}
+		}
+	}
+	return n, nil
+}
+
+// openFaultConn is openConn with arrivals as the connection's stats
+// handler, on a stampedConn, for a faultLoad.
+func openFaultConn(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	var current atomic.Pointer[stampedConn]
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := dialStamped(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		current.Store(c)
+		return c, nil
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dial), grpc.WithStatsHandler(arrivals{conn: &current}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("health check of %s: %v", addr, err)
+	}
+	return conn
 }
 
 // decidedByRedis says whether an answer is known to be Redis's, in
@@ -336,11 +525,14 @@ func (l faultLoad) run(ctx context.Context) []faultCall {
 					Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}},
 				}}}
 				callCtx, cancel := context.WithTimeout(context.Background(), faultDeadline)
+				deadline, _ := callCtx.Deadline()
+				clock := new(arrivalClock)
+				callCtx = context.WithValue(callCtx, arrivalKey{}, clock)
 				start := time.Now()
 				resp, err := l.rls.ShouldRateLimit(callCtx, req)
 				end := time.Now()
 				cancel()
-				c := faultCall{start: start, end: end, value: v, code: status.Code(err),
+				c := faultCall{start: start, end: end, deadline: deadline, arrived: clock.at(), value: v, code: status.Code(err),
 					admitted: err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OK,
 					redis:    decidedByRedis(l.mode, hot, resp, err)}
 				if err != nil {
@@ -490,6 +682,9 @@ type noise struct {
 }
 
 // explains reports whether a stall explains the failure of c:
+//   - a call the client gave up on though ratelimitd's answer had reached
+//     it (see faultCall.lostByClient): the client's own time, whatever
+//     the answer was;
 //   - an answer past its deadline at the client: the client (its
 //     goroutines late, or its threads waiting for a CPU), ratelimitd (its
 //     threads waiting for a CPU) or the whole machine (the canary late)
@@ -503,6 +698,9 @@ type noise struct {
 //     and three deadlines (the breaker's probe and the calls then in
 //     flight).
 func (n noise) explains(c faultCall) bool {
+	if c.lostByClient() {
+		return true
+	}
 	node := ""
 	if n.nodeOf != nil {
 		node = n.nodeOf(c)
@@ -614,8 +812,12 @@ func (n noise) describe(cs callSet) string {
 		if n.nodeOf != nil {
 			node = n.nodeOf(c)
 		}
-		out = append(out, fmt.Sprintf("[%s took %v on %s: %s %q; nearest stall %s]", c.start.Format("15:04:05.000"),
-			c.end.Sub(c.start).Round(100*time.Microsecond), node, c.answer(), c.msg, nearest))
+		late := ""
+		if c.code == codes.DeadlineExceeded {
+			late = "; " + c.arrival()
+		}
+		out = append(out, fmt.Sprintf("[%s took %v on %s: %s %q%s; nearest stall %s]", c.start.Format("15:04:05.000"),
+			c.end.Sub(c.start).Round(100*time.Microsecond), node, c.answer(), c.msg, late, nearest))
 	}
 	return strings.Join(out, " ")
 }
@@ -758,12 +960,35 @@ func nodeFailingAt(p *proc, node string, t time.Time) bool {
 	return failing
 }
 
+// backendFailingAt reports whether p's last "backend failing" or
+// "backend answers again" line at or before t says failing (the breaker
+// of a backend without shards open then).
+func backendFailingAt(p *proc, t time.Time) bool {
+	failing := false
+	for line := range strings.Lines(p.logs.String()) {
+		var l struct {
+			Time time.Time `json:"time"`
+			Msg  string    `json:"msg"`
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Time.After(t) {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(l.Msg, "backend failing"):
+			failing = true
+		case strings.HasPrefix(l.Msg, "backend answers again"):
+			failing = false
+		}
+	}
+	return failing
+}
+
 // nodeLines returns p's log lines about Redis Cluster nodes, for
 // messages.
 func nodeLines(p *proc) string {
 	var out []string
 	for line := range strings.Lines(p.logs.String()) {
-		if strings.Contains(line, "Redis Cluster node") || strings.Contains(line, "backend failing") || strings.Contains(line, "backend answers again") {
+		if strings.Contains(line, "Redis Cluster node") || strings.Contains(line, "backend failing") || strings.Contains(line, "backend answers again") || strings.Contains(line, "probe") {
 			out = append(out, strings.TrimSpace(line))
 		}
 	}
@@ -1234,4 +1459,40 @@ func lateHistogram(cs callSet, t time.Time) string {
 		fmt.Fprintf(&b, "%+.1fs:%d ", float64(k)/10, m[k])
 	}
 	return strings.TrimSpace(b.String())
+}
+
+// TestStampedConnNotesArrival: a stampedConn's read notes when the kernel
+// received the bytes, not when they were read: bytes left unread for
+// 50 ms are stamped within a few ms of their send.
+func TestStampedConnNotesArrival(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := dialStamped(context.Background(), ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	sent := time.Now()
+	if _, err := peer.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	read := time.Now()
+	if err != nil || string(buf[:n]) != "answer" {
+		t.Fatalf("Read = %q, %v; want \"answer\"", buf[:n], err)
+	}
+	got := time.Unix(0, c.received.Load())
+	if got.Before(sent.Add(-time.Millisecond)) || got.After(sent.Add(10*time.Millisecond)) {
+		t.Errorf("received stamped %v after the send (read %v after it), want within 10ms of the send", got.Sub(sent), read.Sub(sent))
+	}
 }

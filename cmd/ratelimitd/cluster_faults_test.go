@@ -195,7 +195,7 @@ func testClusterFailover(t *testing.T, rc *redistest.ReplicatedCluster, fo clust
 		procs = append(procs, &failoverProc{mode: mode, p: p, layout: newFaultLayout(t, rc, tag, 1000, target)})
 	}
 	for _, fp := range procs {
-		load := faultLoad{rls: rlsv3.NewRateLimitServiceClient(openConn(t, fp.p.grpcAddr)), mode: fp.mode, layout: fp.layout,
+		load := faultLoad{rls: rlsv3.NewRateLimitServiceClient(openFaultConn(t, fp.p.grpcAddr)), mode: fp.mode, layout: fp.layout,
 			valueCallers: 24 / len(procs), hotCallers: 8 / len(procs)}
 		fp.stop = load.start()
 	}
@@ -287,8 +287,13 @@ func checkFailover(t *testing.T, fp *failoverProc, from, killed, promoted time.T
 		refused := all.where(func(c faultCall) bool { return healthyWide(c) && inDown(c) })
 		t.Logf("%s mode, healthy masters' buckets while the cluster reported cluster_state:fail (%v): %s; failure-mode answers %s",
 			mode, down.to.Sub(down.from).Round(time.Millisecond), refused.answers(), scrape(t, fp.p).series("ratelimitd_failure_mode_answers_total"))
+		// A call a stall explains is excused here as in checkHealthy: a
+		// healthy master that held a round trip for --backend-timeout
+		// while it, or ratelimitd, waited for a CPU is a failing node by
+		// design (measured: "answered after 102ms" and "12.7ms at the
+		// backend" during stalls of 0.3-0.9 s of the whole machine).
 		for _, c := range refused {
-			if !c.redis && !(c.code == codes.Unavailable && (c.cause == "try_again" || c.cause == "overloaded")) && c.code != codes.DeadlineExceeded {
+			if !c.redis && !(c.code == codes.Unavailable && (c.cause == "try_again" || c.cause == "overloaded")) && c.code != codes.DeadlineExceeded && !nz.explains(c) {
 				t.Errorf("%s mode, cluster_state:fail: a call on a healthy master's bucket answered %s (%q), want decided by Redis or UNAVAILABLE as try_again; answers %s",
 					mode, c.answer(), c.msg, refused.answers())
 				break
@@ -429,8 +434,9 @@ func startFaultProc(t *testing.T, rc *redistest.ReplicatedCluster, mode string, 
 		seeds = append(seeds, m.Addr)
 	}
 	args := append([]string{"--config", dir, "--redis-cluster-addrs", strings.Join(seeds, ",")}, modeFlags(mode)...)
+	extra = append(extra, faultLogLevel()...)
 	p := startProc(t, append(args, extra...)...)
-	return p, rlsv3.NewRateLimitServiceClient(openConn(t, p.grpcAddr))
+	return p, rlsv3.NewRateLimitServiceClient(openFaultConn(t, p.grpcAddr))
 }
 
 // testCPUBurner: 32 callers (24 over 1,000 wide values, 8 on the hot
@@ -961,7 +967,9 @@ func TestClusterFaultsStandaloneBlackhole(t *testing.T) {
 	}
 	t.Cleanup(func() { proxy.Close() })
 	dir := writeConfig(t, map[string]string{"faults.yaml": clusterFaultsConfig})
-	p := startProc(t, "--config", dir, "--redis-url", "redis://"+proxy.Addr(), "--on-backend-failure", "error")
+	args := []string{"--config", dir, "--redis-url", "redis://" + proxy.Addr(), "--on-backend-failure", "error"}
+	args = append(args, faultLogLevel()...)
+	p := startProc(t, args...)
 	layout := faultLayout{hot: "standalone-hot"}
 	for i := range 100 {
 		layout.values = append(layout.values, fmt.Sprintf("standalone-v%03d", i))
@@ -970,7 +978,7 @@ func TestClusterFaultsStandaloneBlackhole(t *testing.T) {
 	defer stopNoise()
 	stopReadyz := pollReadyz(p, 20*time.Millisecond)
 	defer stopReadyz()
-	stop := faultLoad{rls: rlsv3.NewRateLimitServiceClient(openConn(t, p.grpcAddr)), mode: "error", layout: layout,
+	stop := faultLoad{rls: rlsv3.NewRateLimitServiceClient(openFaultConn(t, p.grpcAddr)), mode: "error", layout: layout,
 		valueCallers: 4, hotCallers: 2}.start()
 	defer stop()
 	began := time.Now()
@@ -990,20 +998,33 @@ func TestClusterFaultsStandaloneBlackhole(t *testing.T) {
 	checkInTime(t, "standalone black hole, every call but those during the fault", all.where(func(c faultCall) bool { return !faulted(c) }), base, nz)
 	checkFaultedInTime(t, "standalone black hole", all.where(faulted), faultAt, passAt, nz)
 	opened, ok := loggedNode(p, "backend failing", "", faultAt)
-	if !ok {
+	switch {
+	case backendFailingAt(p, faultAt):
+		// A stall before the fault opened it (see the /readyz check
+		// below), and the fault kept it open: nothing to time.
+		t.Logf("standalone black hole: the breaker was open already when the fault began, and stayed open")
+		opened, ok = faultAt, true
+	case !ok:
 		t.Fatalf("the breaker never opened during the black hole (no \"backend failing\" line):\n%s", p.logs)
 	}
 	back, ok := all.firstRedis(passAt, func(c faultCall) bool { return c.value != hotValue })
 	t.Logf("standalone black hole: breaker opened (logged) %v after the fault began; Redis decides again %v after it ended; baseline %s",
 		opened.Sub(faultAt).Round(100*time.Microsecond), back.Sub(passAt).Round(time.Millisecond), base)
 	if !ok || back.Sub(passAt) > faultRecovery {
-		t.Errorf("standalone black hole: Redis decided again %v after the fault ended (found: %v), want within %v", back.Sub(passAt), ok, faultRecovery)
+		t.Errorf("standalone black hole: Redis decided again %v after the fault ended (found: %v), want within %v; breaker lines:\n%s", back.Sub(passAt), ok, faultRecovery, nodeLines(p))
 	}
 	// /readyz: 200 before; 503 from the breaker's opening (and a poll's
 	// round trip) to the fault's end; 200 again from within faultRecovery
 	// of the end on.
+	// A 503 where 200 is wanted is excused when a stall explains it (see
+	// noise.explains), as in testProxyFault: a Redis that held a round
+	// trip for --backend-timeout while it, or ratelimitd, waited for a CPU
+	// opens the breaker by design, and /readyz then says 503, as it must
+	// (measured: breakers opened by round trips held 10.7-14.2 ms in the
+	// baseline, on a host at load 6-8).
 	var ready time.Time
 	var bad []string
+	explained := 0
 	for _, q := range polls {
 		var want int
 		switch {
@@ -1017,13 +1038,18 @@ func TestClusterFaultsStandaloneBlackhole(t *testing.T) {
 		if !ready.IsZero() && q.at.After(ready) {
 			want = 200
 		}
+		if want == 200 && q.code == 503 && nz.explainsSpan(q.at, q.at) {
+			explained++
+			continue
+		}
 		if want != 0 && q.code != want && len(bad) < 5 {
 			bad = append(bad, fmt.Sprintf("%d %q %v after the fault began (want %d)", q.code, q.body, q.at.Sub(faultAt).Round(time.Millisecond), want))
 		}
 	}
-	t.Logf("standalone black hole: /readyz 200 again %v after the fault ended (%d polls)", ready.Sub(passAt).Round(time.Millisecond), len(polls))
+	t.Logf("standalone black hole: /readyz 200 again %v after the fault ended (%d polls, %d 503s where 200 was wanted explained by stalls)",
+		ready.Sub(passAt).Round(time.Millisecond), len(polls), explained)
 	if len(bad) > 0 {
-		t.Errorf("standalone black hole: /readyz said %s", strings.Join(bad, "; "))
+		t.Errorf("standalone black hole: /readyz said %s; %s; breaker lines:\n%s", strings.Join(bad, "; "), nz.summary(), nodeLines(p))
 	}
 	if ready.IsZero() || ready.Sub(passAt) > faultRecovery+20*time.Millisecond {
 		t.Errorf("standalone black hole: /readyz 200 again %v after the fault ended, want within %v (+ a poll interval)", ready.Sub(passAt), faultRecovery)
@@ -1047,12 +1073,13 @@ func checkFaultedInTime(t *testing.T, what string, cs callSet, faultAt, passAt t
 			edge++
 		}
 	}
-	t.Logf("%s: the faulted node's %d calls during the fault: %s (%d past their deadline explained by stalls)", what, len(cs), cs.answers(), explained)
+	t.Logf("%s: the faulted node's %d calls during the fault: %s (%d past their deadline explained by stalls, %d of them the client's own: see lostByClient)",
+		what, len(cs), cs.answers(), explained, len(cs.where(faultCall.lostByClient)))
 	if len(late) > 0 {
 		var when []string
 		for _, c := range late[:min(len(late), 5)] {
-			when = append(when, fmt.Sprintf("%v after the fault began (it ended at %v), took %v", c.start.Sub(faultAt).Round(100*time.Microsecond),
-				passAt.Sub(faultAt).Round(time.Millisecond), c.end.Sub(c.start).Round(100*time.Microsecond)))
+			when = append(when, fmt.Sprintf("%v after the fault began (it ended at %v), took %v, %s", c.start.Sub(faultAt).Round(100*time.Microsecond),
+				passAt.Sub(faultAt).Round(time.Millisecond), c.end.Sub(c.start).Round(100*time.Microsecond), c.arrival()))
 		}
 		t.Errorf("%s: %d of the faulted node's %d calls during the fault missed their %v deadline at the client, with no stall to explain it, %d of them by less than 5 ms (ratelimitd answered them too close to the deadline): %s; %s",
 			what, len(late), len(cs), faultDeadline, edge, strings.Join(when, "; "), nz.summary())
