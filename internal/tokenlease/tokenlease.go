@@ -23,13 +23,14 @@
 //     share, so that replicas sharing a bucket still find tokens: with 16
 //     replicas each holding a slice, at most a burst is held), and at least
 //     2 tokens (else there is nothing to save).
-//   - A slice ends half a Hold after its last token arrives, when it runs
-//     out, when its rule's limit changes, and at Close; what is left is
-//     given back to the store (Refund, queued: no caller waits for it),
-//     which moves the bucket's TAT back by those tokens. So a token spent
-//     in the store and not admitted here is held at most a Hold and a
-//     half: the cost of leasing is that other replicas may be denied, for
-//     that long, tokens a slice holds.
+//   - A slice ends a Hold after it was taken or half a Hold after its
+//     last token arrives, whichever is later; when it runs out; when its
+//     rule's limit changes; and at Close. What is left is given back to
+//     the store (Refund, queued: no caller waits for it), which moves the
+//     bucket's TAT back by those tokens. So a token spent in the store and
+//     not admitted here is held at most a Hold and a half: the cost of
+//     leasing is that other replicas may be denied, for that long, tokens
+//     a slice holds.
 //   - A Take of several requests takes what it can from live slices and
 //     the rest from the store; if the store denies, the slices get their
 //     tokens back (all-or-nothing holds), and the locally served requests
@@ -403,10 +404,14 @@ func (l *Leaser) fetch(ctx context.Context, by, now time.Time, r limiter.Request
 	case ok && b.limit == r.Limit && b.tokens == 0:
 		d := got[0]
 		b.tokens, b.full, b.takenAt = r.Hits, local.Add(d.Wait), local
-		// arrived tokens wait here for at most half a Hold: a replica
-		// that cannot use them (its demand fell, or it is starved of CPU)
-		// gives them back for the others
+		// a slice is sized for a Hold of demand, and lives that long; a
+		// reservation's tokens, once arrived, wait here at most half a Hold
+		// more: a replica that cannot use them (its demand fell, or it is
+		// starved of CPU) gives them back for the others
 		b.until = b.full.Add(l.opts.Hold / 2)
+		if lived := local.Add(l.opts.Hold); b.until.Before(lived) {
+			b.until = lived
+		}
 		b.remStore, b.reset = d.Remaining, d.ResetAfter
 		l.stats.Slices++
 		l.stats.Taken += r.Hits
