@@ -76,8 +76,9 @@ func TestTokenLeasesAcrossReplicas(t *testing.T) {
 				// (TestClusterNodeFaults); this client, sharing two cores
 				// with three race-enabled replicas, cannot tell it. Here a
 				// Redis pause may cost the few calls in flight at its onset
-				// (seen: 2 of 22,000, 2 ms past 600 ms, at load 12); a call
-				// that waited for Redis through the pause would be hundreds.
+				// (seen: 2 of 22,000, 2 ms past 600 ms, at load 12). Were
+				// calls waiting for Redis through the pause, not answered
+				// by a slice or the failure mode, thousands would miss.
 				if code == codes.DeadlineExceeded && tc.pause > 0 && n <= 10 {
 					t.Logf("%d calls DEADLINE_EXCEEDED at the client during the pause (at most 10 allowed; see TestClusterNodeFaults)", n)
 					continue
