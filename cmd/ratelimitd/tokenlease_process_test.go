@@ -91,8 +91,10 @@ func TestTokenLeasesAcrossReplicas(t *testing.T) {
 			if tc.pause > 0 {
 				return // without Redis for a while: deny mode admits less, by design
 			}
-			if float64(admitted) < 0.97*bound {
-				t.Errorf("under-admitted: %d < 97%% of %.0f", admitted, bound)
+			// At least 97% of what the bucket could admit, or of what the
+			// callers offered when a busy host kept them below its rate.
+			if want := 0.97 * min(bound, float64(admitted+denied)); float64(admitted) < want {
+				t.Errorf("under-admitted: %d < 97%% of min(rate·t + burst, offered) = %.0f", admitted, want/0.97)
 			}
 			if decisions := admitted + denied; int64(scripts) >= decisions/2 {
 				t.Errorf("Redis ran %d scripts for %d decisions: want fewer than half, slices serving the hot bucket", scripts, decisions)
