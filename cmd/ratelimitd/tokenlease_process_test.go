@@ -30,7 +30,7 @@ func TestTokenLeasesAcrossReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
 	}
-	const rate, burst = 2000, 2000
+	const rate, burst, callers = 2000, 2000, 50
 	for _, tc := range []struct {
 		name     string
 		pause    time.Duration
@@ -63,7 +63,7 @@ func TestTokenLeasesAcrossReplicas(t *testing.T) {
 			}
 			scriptsBefore := scriptsRan(t, []string{srv.Addr})
 			start := time.Now()
-			res := runLoad(ctx, t, addrs, 50, tc.deadline)
+			res := runLoad(ctx, t, addrs, callers, tc.deadline)
 			elapsed := time.Since(start).Seconds()
 			scripts := scriptsRan(t, []string{srv.Addr}) - scriptsBefore
 			admitted, denied := res.admitted.Load(), res.denied.Load()
@@ -71,16 +71,19 @@ func TestTokenLeasesAcrossReplicas(t *testing.T) {
 			t.Logf("%d admitted, %d denied in %.2fs; bound %.0f (%.1f%% of it); %d scripts ran in Redis; errors %v; slowest %v",
 				admitted, denied, elapsed, bound, 100*float64(admitted)/bound, scripts, res.errs, time.Duration(res.slowest.Load()))
 			for code, n := range res.errs {
-				// Answered within the deadline is judged to the call, with
-				// the client's own lateness told apart, by the fault suite
-				// (TestClusterNodeFaults); this client, sharing two cores
-				// with three race-enabled replicas, cannot tell it. Here a
-				// Redis pause may cost the few calls in flight at its onset
-				// (seen: 2 of 22,000, 2 ms past 600 ms, at load 12). Were
-				// calls waiting for Redis through the pause, not answered
-				// by a slice or the failure mode, thousands would miss.
-				if code == codes.DeadlineExceeded && tc.pause > 0 && n <= 10 {
-					t.Logf("%d calls DEADLINE_EXCEEDED at the client during the pause (at most 10 allowed; see TestClusterNodeFaults)", n)
+				// The calls in flight when Redis pauses wait for it until
+				// their budget's margin (a tenth of the time left, at most
+				// 5 ms) before the failure mode answers them: about 595 of
+				// their 600 ms, the same with leases or without (seen:
+				// slowest 599 ms both ways). On a busy host a few of those
+				// reach the client past the deadline; which side was late
+				// the fault suite tells call by call (TestClusterNodeFaults),
+				// this client cannot. Each of the 50 callers has at most
+				// one call in flight at the onset, so at most 50 may; after
+				// the breaker opens every call is answered at once, and a
+				// pause that hung calls would cost thousands.
+				if code == codes.DeadlineExceeded && tc.pause > 0 && n <= callers {
+					t.Logf("%d calls DEADLINE_EXCEEDED at the client as Redis paused (at most one a caller allowed)", n)
 					continue
 				}
 				t.Errorf("%d calls failed with %v: every call is answered (a slice, Redis, or the failure mode)", n, code)
