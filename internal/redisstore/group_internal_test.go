@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -95,6 +97,10 @@ func TestAlikeTakesMatchOneByOne(t *testing.T) {
 			}
 		case state.Full(now):
 			// written full, or deleted: both read as a full bucket
+		case err == redis.Nil && state.TAT-now.UnixMicro() < 100_000:
+			// full within 100 ms of now: with the caller's clock the key
+			// expires that long after its write, by Redis's clock, which
+			// a busy host's test may pass before it reads it
 		default:
 			if w := fmt.Sprintf("%d:%d:%d:%d", state.TAT, state.Frac, state.Count, state.PeriodUS); v != w {
 				t.Fatalf("trial %d: %+v ×%d from %+v: bucket holds %q, %v; one by one leave %q", trial, r, m, before, v, err, w)
