@@ -25,7 +25,7 @@ type envelope struct {
 	calls []*call
 	// runs, of a merged command, says how many of calls each of its Takes
 	// answers, in order: 1, or m > 1 for a group of m alike Takes
-	// (scriptCall.alike) sent once with its count ("*m", see take.lua) and
+	// (alikeOf) sent once with its count ("*m", see take.lua) and
 	// answered in one Take's slots.
 	runs []int
 	cmd  *redis.Cmd
@@ -84,20 +84,21 @@ func envelopes(batch []*call) []*envelope {
 // each run's first call.
 func alikeRuns(batch []*call) [][]*call {
 	runs := make([][]*call, 0, len(batch))
-	var first map[string]int // alike → its run
+	var first map[alike]int // → its run; none for a batch of one
 	for _, c := range batch {
-		if c.alike == "" || c.asking {
+		if !c.groupable || c.asking || len(batch) == 1 {
 			runs = append(runs, []*call{c})
 			continue
 		}
 		if first == nil {
-			first = make(map[string]int, len(batch))
+			first = make(map[alike]int, len(batch))
 		}
-		if i, ok := first[c.alike]; ok {
+		a := alikeOf(c)
+		if i, ok := first[a]; ok {
 			runs[i] = append(runs[i], c)
 			continue
 		}
-		first[c.alike] = len(runs)
+		first[a] = len(runs)
 		runs = append(runs, []*call{c})
 	}
 	return runs

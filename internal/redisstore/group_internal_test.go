@@ -70,8 +70,7 @@ func TestAlikeTakesMatchOneByOne(t *testing.T) {
 		reqs := []limiter.Request{r}
 		calls := make([]*call, m)
 		for j := range calls {
-			sc := scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(now, reqs), merge: true, take: reqs, now: now}
-			sc.alike = alikeKey(sc.keys[0], sc.args)
+			sc := scriptCall{script: s.take, keys: []string{s.Key(key)}, args: s.takeArgs(now, reqs), merge: true, take: reqs, now: now, groupable: true}
 			calls[j] = &call{ctx: ctx, done: make(chan struct{}), scriptCall: sc}
 		}
 		if es := envelopes(calls); len(es) != 1 || len(es[0].runs) != 1 || es[0].runs[0] != m {

@@ -132,7 +132,7 @@ type takeResult struct {
 func (s *Store) run(ctx context.Context, by, now time.Time, keys []string, reqs []limiter.Request, extras bool) (takeResult, error) {
 	c := scriptCall{script: s.take, keys: keys, args: s.takeArgs(now, reqs), merge: s.group == nil, take: reqs, now: now}
 	if len(reqs) == 1 {
-		c.alike = alikeKey(keys[0], c.args)
+		c.groupable = true
 		if !reqs[0].Charge() {
 			c.alone = s.takeOne // take_one.lua has no charges
 		}
@@ -220,19 +220,25 @@ type scriptCall struct {
 	// asking sends ASKING before the script: a Cluster node answered ASK
 	// for its slot, which is moving to the node it is now sent to.
 	asking bool
-	// alike, for a take.lua Take of one request, names what it asks:
-	// Takes of a batch with the same alike (one bucket, one spec, one
-	// now) travel as one group, decided in one step (see envelopes); ""
-	// for other calls.
-	alike string
+	// groupable says the call is a take.lua Take of one request: those
+	// of a batch that ask alike (alikeOf) travel as one group, decided in
+	// one step (see envelopes).
+	groupable bool
 }
 
-// alikeKey is scriptCall.alike for a Take of one request on key with
-// take.lua's args (now, spec).
-func alikeKey(key string, args []any) string {
-	now, _ := args[0].(int64) // "" with the server's clock: 0
-	spec, _ := args[1].(string)
-	return strconv.FormatInt(now, 10) + " " + spec + " " + key
+// alike is what a groupable call asks: its bucket, its spec and its now
+// (0 with the server's clock). A comparable value, so that telling alike
+// calls apart makes no string.
+type alike struct {
+	key, spec string
+	now       int64
+}
+
+// alikeOf is c's alike.
+func alikeOf(c *call) alike {
+	now, _ := c.args[0].(int64) // "" with the server's clock
+	spec, _ := c.args[1].(string)
+	return alike{key: c.keys[0], spec: spec, now: now}
 }
 
 // script runs c, for a caller that waits until ctx ends or, unless zero,
