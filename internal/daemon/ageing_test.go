@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // ageingConfig has a bucket a call waits about 2s on (held) and one that
@@ -53,11 +53,7 @@ func TestMaxConnectionAge(t *testing.T) {
 		{"held call within grace", 5 * time.Second, codes.OK},
 		{"held call past grace", 200 * time.Millisecond, codes.Unavailable},
 	}
-	entry := func(key string) *rlsv3.RateLimitRequest {
-		return &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: "a"}},
-		}}}
-	}
+	entry := func(key string) *rlsv3.RateLimitRequest { return servertest.Request("api", servertest.Desc(key, "a")) }
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			const age = 300 * time.Millisecond

@@ -2,20 +2,19 @@ package daemon_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // oneAnHour has one token an hour for each client: the second call is
@@ -54,9 +53,7 @@ func TestConfigReachesTheAnswers(t *testing.T) {
 		{"the incumbent's headers, renamed", daemon.Config{RateLimitHeaders: server.RateLimitHeadersIncumbent,
 			RateLimitHeaderNames: server.HeaderNames{Limit: "A-Limit", Remaining: "A-Remaining", Reset: "A-Reset"}}, [2]bool{false, true}, true, false, "A-Limit"},
 	}
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
-	}}}
+	req := servertest.Request("api", servertest.Desc("client", "a"))
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			conn, _ := start(t, tt.cfg)
@@ -103,14 +100,8 @@ func TestHealthAndReadiness(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/healthz", "/readyz"} {
-		resp, err := http.Get("http://" + httpAddr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("GET %s = %d %q, want 200", path, resp.StatusCode, body)
+		if code, body := servertest.Get(t, "http://"+httpAddr+path); code != http.StatusOK {
+			t.Errorf("GET %s = %d %q, want 200", path, code, body)
 		}
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -33,8 +31,9 @@ import (
 // clientCall asks oneAnHour's rule for client value, with the override o
 // when set.
 func clientCall(value string, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) *rlsv3.RateLimitRequest {
-	return &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: value}}, Limit: o}}}
+	req := servertest.Request("api", servertest.Desc("client", value))
+	req.Descriptors[0].Limit = o
+	return req
 }
 
 // TestDaemonAnswersPerPolicy: through the daemon's gRPC server, an
@@ -109,13 +108,11 @@ func TestDaemonRedactsValues(t *testing.T) {
 // TestNewRefusesConfigOverTheCap: a directory whose files together are
 // over MaxConfigBytes is refused at start, with the total and the cap.
 func TestNewRefusesConfigOverTheCap(t *testing.T) {
-	dir := t.TempDir()
+	files := map[string]string{}
 	for i := range 3 {
-		yaml := fmt.Sprintf("domain: d%d\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n# %s\n", i, strings.Repeat("x", 500))
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("d%d.yaml", i)), []byte(yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		files[fmt.Sprintf("d%d.yaml", i)] = fmt.Sprintf("domain: d%d\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n# %s\n", i, strings.Repeat("x", 500))
 	}
+	dir := servertest.DescriptorDir(t, files)
 	cfg := daemon.Config{ConfigPath: dir, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", MaxConfigBytes: 1024}
 	_, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
 	if !errors.Is(err, config.ErrTooLarge) || !strings.Contains(err.Error(), "3 files of") || !strings.Contains(err.Error(), "more than the cap of 1024 bytes") {

@@ -3,18 +3,15 @@ package daemon
 import (
 	"context"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // The backend's log lines these tests watch.
@@ -68,9 +65,7 @@ func TestBreakerLinesFollowHealth(t *testing.T) {
 	w.await(lineReady, healthpb.HealthCheckResponse_SERVING, nil)
 
 	srv.Stop()
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
-	}}}
+	req := servertest.Request("api", servertest.Desc("client", "a"))
 	call := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -97,10 +92,7 @@ type lineWatch struct {
 // descriptor file) until the test ends, watching lines.
 func watchLines(t *testing.T, cfg Config, yaml string, lines ...string) *lineWatch {
 	t.Helper()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir := servertest.DescriptorDir(t, map[string]string{"api.yaml": yaml})
 	cfg.ConfigPath, cfg.GRPCAddr, cfg.HTTPAddr = dir, "127.0.0.1:0", "127.0.0.1:0"
 	w := &lineWatch{t: t, health: map[string]chan healthpb.HealthCheckResponse_ServingStatus{}}
 	for _, l := range lines {

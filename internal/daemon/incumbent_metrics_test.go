@@ -66,50 +66,44 @@ func TestIncumbentMetrics(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	d := func(hits uint64, kv ...string) *ratelimitv3.RateLimitDescriptor {
-		desc := &ratelimitv3.RateLimitDescriptor{}
-		for i := 0; i+1 < len(kv); i += 2 {
-			desc.Entries = append(desc.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-		}
+		desc := servertest.Desc(kv...)
 		if hits > 0 {
 			desc.HitsAddend = wrapperspb.UInt64(hits)
 		}
 		return desc
 	}
-	calls := []struct {
-		domain string
-		descs  []*ratelimitv3.RateLimitDescriptor
-	}{
+	calls := []*rlsv3.RateLimitRequest{
 		// client, limit 5, near threshold floor(5 × 0.8) = 4: four within,
 		// the fifth within and near, the sixth over.
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "client", "x")}},
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "client", "x")}},
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "client", "x")}},
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "client", "x")}},
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "client", "x")}},
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "client", "x")}},
+		servertest.Request("api", d(0, "client", "x")),
+		servertest.Request("api", d(0, "client", "x")),
+		servertest.Request("api", d(0, "client", "x")),
+		servertest.Request("api", d(0, "client", "x")),
+		servertest.Request("api", d(0, "client", "x")),
+		servertest.Request("api", d(0, "client", "x")),
 		// route_r1.user, limit 2, threshold 1: 3 hits at once are all over
 		// (a token bucket takes none of them); then 2 hits within, near
 		// by 2 − max(0, 1) = 1.
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(3, "route", "r1", "user", "u")}},
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(2, "route", "r1", "user", "u")}},
+		servertest.Request("api", d(3, "route", "r1", "user", "u")),
+		servertest.Request("api", d(2, "route", "r1", "user", "u")),
 		// shadow, limit 1, threshold 0: within and near, then over and
 		// shadow_mode (admitted).
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "shadow", "x")}},
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "shadow", "x")}},
+		servertest.Request("api", d(0, "shadow", "x")),
+		servertest.Request("api", d(0, "shadow", "x")),
 		// ip, detailed_metric: the request's value, IPv4 dots sanitized.
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "ip", "10.0.0.1")}},
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(4, "a:b", "v")}},
+		servertest.Request("api", d(0, "ip", "10.0.0.1")),
+		servertest.Request("api", d(4, "a:b", "v")),
 		// blocked denies; other, within its limit, was denied by it: the
 		// incumbent counts it within_limit all the same.
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "other", "y"), d(0, "blocked", "x")}},
+		servertest.Request("api", d(0, "other", "y"), d(0, "blocked", "x")),
 		// No rule: nothing.
-		{"api", []*ratelimitv3.RateLimitDescriptor{d(0, "nothing", "x")}},
+		servertest.Request("api", d(0, "nothing", "x")),
 		// No domain: a service_error.
-		{"", []*ratelimitv3.RateLimitDescriptor{d(0, "client", "x")}},
+		servertest.Request("", d(0, "client", "x")),
 	}
 	for i, c := range calls {
-		_, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: c.domain, Descriptors: c.descs})
-		if (err != nil) != (c.domain == "") {
+		_, err := rls.ShouldRateLimit(ctx, c)
+		if (err != nil) != (c.GetDomain() == "") {
 			t.Fatalf("call %d: %v", i, err)
 		}
 	}
@@ -158,7 +152,7 @@ func TestIncumbentMetrics(t *testing.T) {
 	}
 
 	off := run(t, daemon.Config{}, incumbentConfig)
-	if _, err := rlsv3.NewRateLimitServiceClient(off.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: calls[0].descs}); err != nil {
+	if _, err := rlsv3.NewRateLimitServiceClient(off.conn).ShouldRateLimit(ctx, calls[0]); err != nil {
 		t.Fatal(err)
 	}
 	for name := range scrape(t, "http://"+off.d.HTTPAddr().String()+"/metrics") {

@@ -3,17 +3,11 @@ package daemon_test
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
@@ -22,41 +16,20 @@ import (
 // TestLeasesOnTheMemoryBackend: a daemon on the memory backend holds
 // leases, and /metrics and /limits.json show them in flight.
 func TestLeasesOnTheMemoryBackend(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "ai.yaml"), []byte(`domain: ai
+	r := run(t, daemon.Config{}, `domain: ai
 descriptors:
   - key: model
     value: vllm
     descriptors:
       - key: request_id
         concurrency: {max_in_flight: 2, lease: 1m, name: vllm-slots}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d, err := daemon.New(daemon.Config{ConfigPath: dir, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	conn, err := grpc.NewClient(d.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rls := rlsv3.NewRateLimitServiceClient(conn)
-	callCtx, cancelCall := context.WithTimeout(ctx, 5*time.Second)
+`)
+	rls := rlsv3.NewRateLimitServiceClient(r.conn)
+	callCtx, cancelCall := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancelCall()
 	var codes []string
 	for _, id := range []string{"a", "b", "c"} {
-		resp, err := rls.ShouldRateLimit(callCtx, &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "vllm"}, {Key: "request_id", Value: id}},
-		}}})
+		resp, err := rls.ShouldRateLimit(callCtx, servertest.Request("ai", servertest.Desc("model", "vllm", "request_id", id)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,7 +39,7 @@ descriptors:
 		t.Errorf("three leases of two slots: %s, want OK OK OVER_LIMIT", got)
 	}
 	get := func(path string) string {
-		_, body := servertest.Get(t, "http://"+d.HTTPAddr().String()+path)
+		_, body := servertest.Get(t, "http://"+r.d.HTTPAddr().String()+path)
 		return body
 	}
 	m := get("/metrics")

@@ -5,17 +5,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -38,11 +34,7 @@ type running struct {
 func run(t *testing.T, cfg daemon.Config, yaml string) *running {
 	t.Helper()
 	if yaml != "" {
-		dir := t.TempDir()
-		if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		cfg.ConfigPath = dir
+		cfg.ConfigPath = servertest.DescriptorDir(t, map[string]string{"api.yaml": yaml})
 	}
 	cfg.GRPCAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
 	d, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
@@ -72,12 +64,7 @@ func run(t *testing.T, cfg daemon.Config, yaml string) *running {
 			t.Errorf("Run = %v after its context ended, want nil", err)
 		}
 	})
-	conn, err := grpc.NewClient(d.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return &running{d: d, conn: conn, stop: stop}
+	return &running{d: d, conn: servertest.Dial(t, d.GRPCAddr().String()), stop: stop}
 }
 
 // healthOf is the gRPC health status under the name "ratelimit".
@@ -115,9 +102,7 @@ func TestHealthcheckFollowsRedis(t *testing.T) {
 	// A call meanwhile fails, and counts as the incumbent's redis_error.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := rlsv3.NewRateLimitServiceClient(r.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
-	}}}); status.Code(err) != codes.Unavailable {
+	if _, err := rlsv3.NewRateLimitServiceClient(r.conn).ShouldRateLimit(ctx, servertest.Request("api", servertest.Desc("client", "a"))); status.Code(err) != codes.Unavailable {
 		t.Errorf("Redis down: ShouldRateLimit = %v, want UNAVAILABLE (failure mode error)", err)
 	}
 	if got := scrape(t, base+"/metrics")[`ratelimit_service_should_rate_limit_error{err_type="redis_error"}`]; got != 1 {
@@ -181,9 +166,7 @@ func TestHealthcheckDuringShutdown(t *testing.T) {
 		t.Fatalf("Watch first = %v, %v; want SERVING", first.GetStatus(), err)
 	}
 	rls := rlsv3.NewRateLimitServiceClient(r.conn)
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
-	}}}
+	req := servertest.Request("api", servertest.Desc("client", "a"))
 	if _, err := rls.ShouldRateLimit(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -277,10 +260,7 @@ func TestDebugAndMetricsListeners(t *testing.T) {
 // and leaves every port it opened free again.
 func TestNewClosesListenersOnFailure(t *testing.T) {
 	taken := run(t, daemon.Config{}, oneAnHour)
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(oneAnHour), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir := servertest.DescriptorDir(t, map[string]string{"api.yaml": oneAnHour})
 	free := func() string {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -317,9 +297,7 @@ func TestShadowModeReachesTheServer(t *testing.T) {
 	for _, shadow := range []bool{false, true} {
 		r := run(t, daemon.Config{ShadowMode: shadow}, oneAnHour)
 		rls := rlsv3.NewRateLimitServiceClient(r.conn)
-		req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
-		}}}
+		req := servertest.Request("api", servertest.Desc("client", "a"))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var resp *rlsv3.RateLimitResponse
 		var err error

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -29,11 +28,9 @@ func egCall(t *testing.T, r *running, route string) rlsv3.RateLimitResponse_Code
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := rlsv3.NewRateLimitServiceClient(r.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
-		Domain: egDomain, HitsAddend: 1,
-		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
-			{Key: route, Value: route}, {Key: "rule-0-match-0", Value: "rule-0-match-0"}}}},
-	})
+	req := servertest.Request(egDomain, servertest.Desc(route, route, "rule-0-match-0", "rule-0-match-0"))
+	req.HitsAddend = 1
+	resp, err := rlsv3.NewRateLimitServiceClient(r.conn).ShouldRateLimit(ctx, req)
 	if err != nil {
 		t.Fatalf("ShouldRateLimit: %v", err)
 	}

@@ -2,6 +2,7 @@ package servertest
 
 import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -32,4 +33,21 @@ func WithHits(key, value string, hits uint64) *ratelimitv3.RateLimitDescriptor {
 		Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}},
 		HitsAddend: wrapperspb.UInt64(hits),
 	}
+}
+
+// Desc is the descriptor of the entries kv, read as key, value, key,
+// value, … in order (a last key without a value is left out), with no
+// hits_addend: Desc("model", "gpt-4o", "client", "a").
+func Desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// Request is the RateLimitRequest of domain with descs, in order, and no
+// hits_addend: Request("api", Desc("client", "a")) is one call of client a.
+func Request(domain string, descs ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: descs}
 }

@@ -2,8 +2,10 @@
 // grpc.Server on a free loopback port and a client connection to it, built
 // from the go-control-plane types Envoy's are generated from, both stopped
 // when the test ends. Tests of the rate-limit service, its codec, tracing,
-// reload and TLS share it rather than each setting up a server. Get reads
-// an HTTP endpoint of a server (or process) under test.
+// reload and TLS share it rather than each setting up a server. Dial
+// connects to a server a test runs otherwise (a daemon, a process), Get
+// reads an HTTP endpoint of one, and DescriptorDir writes the descriptor
+// files it loads.
 package servertest
 
 import (
@@ -86,3 +88,18 @@ func (s *Server) Client() rlsv3.RateLimitServiceClient {
 // with its interceptors: a span they record has ended by then. It may be
 // called before the test ends, and more than once.
 func (s *Server) GracefulStop() { s.graceful() }
+
+// Dial returns a client connection to addr with insecure transport
+// credentials and then opts (a later WithTransportCredentials replaces
+// them), closed when the test ends. Like grpc.NewClient it connects at the
+// first call; it fails the test only if addr or opts are malformed.
+func Dial(t testing.TB, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	conn, err := grpc.NewClient(addr, dial...)
+	if err != nil {
+		t.Fatalf("servertest: dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}

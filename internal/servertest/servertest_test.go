@@ -7,7 +7,6 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -64,11 +63,7 @@ func TestStart(t *testing.T) {
 	<-stopped
 	s.GracefulStop() // again: nothing happens
 
-	conn, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := servertest.Dial(t, s.Addr)
 	short, cancelShort := context.WithTimeout(ctx, time.Second)
 	defer cancelShort()
 	if _, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(short, &rlsv3.RateLimitRequest{Domain: "d"}); err == nil {

@@ -1,0 +1,22 @@
+package servertest_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
+)
+
+func TestRequest(t *testing.T) {
+	req := servertest.Request("api", servertest.Desc("model", "gpt-4o", "client", "a", "odd"), servertest.Desc())
+	if req.GetDomain() != "api" || len(req.GetDescriptors()) != 2 {
+		t.Fatalf("Request = %v, want domain api and two descriptors", req)
+	}
+	var got []string
+	for _, e := range req.GetDescriptors()[0].GetEntries() {
+		got = append(got, e.GetKey()+"="+e.GetValue())
+	}
+	if strings.Join(got, " ") != "model=gpt-4o client=a" || req.GetDescriptors()[0].GetHitsAddend() != nil || len(req.GetDescriptors()[1].GetEntries()) != 0 {
+		t.Errorf("Request's descriptors = %v, want [model=gpt-4o client=a] without hits_addend, then an empty one", req.GetDescriptors())
+	}
+}
