@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -160,16 +159,9 @@ func TestSixteenThousandDescriptors(t *testing.T) {
 	}
 }
 
-// callRecorder is an Observer that keeps each call's code and error.
-type callRecorder struct {
-	mu    sync.Mutex
-	calls []server.Call
-}
-
-func (r *callRecorder) ObserveCall(c server.Call) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, server.Call{Domain: strings.Clone(c.Domain), Code: c.Code, Err: c.Err})
+// codeAndError is c's domain, code and error.
+func codeAndError(c server.Call) server.Call {
+	return server.Call{Domain: strings.Clone(c.Domain), Code: c.Code, Err: c.Err}
 }
 
 // TestRefusedDomainIsUnavailable: a call for a domain whose config its
@@ -177,7 +169,7 @@ func (r *callRecorder) ObserveCall(c server.Call) {
 // UNAVAILABLE (Envoy's failure_mode_deny decides), counted as a call
 // without config; a domain nobody configured still passes.
 func TestRefusedDomainIsUnavailable(t *testing.T) {
-	obs := &callRecorder{}
+	obs := &recorder[server.Call]{keep: codeAndError}
 	set := server.MustParse(t, testConfig).WithRefused(map[string]string{"bad": "xds:bad:4:15: bad > k: rate_limit.unit: unknown unit"})
 	c, _ := startServer(t, server.Options{Observer: obs}, set)
 	_, err := c.ShouldRateLimit(context.Background(), request("bad", desc("k", "v")))

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,20 +32,15 @@ func (s *keyStore) Take(ctx context.Context, now time.Time, reqs []limiter.Reque
 	return s.MemoryStore.Take(ctx, now, reqs)
 }
 
-// valueObserver keeps every observed descriptor value.
-type valueObserver struct {
-	mu     sync.Mutex
-	values []string
-}
-
-func (o *valueObserver) ObserveCall(c server.Call) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
+// entryValues is every observed entry's value in c, in order.
+func entryValues(c server.Call) []string {
+	var values []string
 	for _, d := range c.Descriptors {
 		for _, e := range d.Descriptor.GetEntries() {
-			o.values = append(o.values, e.GetValue())
+			values = append(values, e.GetValue())
 		}
 	}
+	return values
 }
 
 // TestLongValuesAreLimited: a value longer than MaxValueBytes (a client can
@@ -56,7 +52,7 @@ func (o *valueObserver) ObserveCall(c server.Call) {
 // as it was.
 func TestLongValuesAreLimited(t *testing.T) {
 	store := &keyStore{MemoryStore: limiter.NewMemoryStore(limiter.MemoryOptions{})}
-	obs := &valueObserver{}
+	obs := &recorder[[]string]{keep: entryValues}
 	c, _ := startServer(t, server.Options{Store: store, Observer: obs, Now: clocktest.New().Now,
 		Limits: server.RequestLimits{MaxValueBytes: 100}}, server.MustParse(t, `
 domain: api
@@ -108,13 +104,14 @@ descriptors:
 	}
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
-	for _, v := range obs.values {
+	values := slices.Concat(obs.calls...)
+	for _, v := range values {
 		if len(v) > 200 || !utf8.ValidString(v) {
 			t.Errorf("observer saw a value of %d bytes (valid UTF-8: %v): %.80q…", len(v), utf8.ValidString(v), v)
 		}
 	}
-	if len(obs.values) == 0 || !strings.Contains(obs.values[0], "5121 bytes, sha256:") {
-		t.Errorf("observed %d values: want the stand-in of the long client first", len(obs.values))
+	if len(values) == 0 || !strings.Contains(values[0], "5121 bytes, sha256:") {
+		t.Errorf("observed %d values: want the stand-in of the long client first", len(values))
 	}
 }
 

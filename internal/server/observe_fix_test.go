@@ -94,7 +94,7 @@ func TestObserverSeesTokensAsked(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rec := &recorder{summary: asked}
+			rec := &recorder[string]{keep: asked}
 			_, srv := startServer(t, server.Options{Now: clocktest.New().Now, Observer: rec}, server.MustParse(t, testConfig))
 			for _, req := range tt.calls {
 				srv.ShouldRateLimit(context.Background(), req)

@@ -104,7 +104,7 @@ descriptors:
 			{limiter.CountWhereDenied, 999, "ai OK OVER_LIMIT: over_limit(charged 1) denied_by_other"},
 		} {
 			t.Run(backend+"/"+tt.counting.String(), func(t *testing.T) {
-				rec := &recorder{summary: outcomes}
+				rec := &recorder[string]{keep: outcomes}
 				opts := server.Options{Now: clocktest.New().Now, Overdraft: server.Overdraft{On: true, Counting: tt.counting}, Observer: rec}
 				opts.Store = overdraftStore(t, backend)
 				c, _ := startServer(t, opts, server.MustParse(t, file))

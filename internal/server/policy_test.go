@@ -37,9 +37,9 @@ func guards(c server.Call) string { return c.Guard.Cause + "/" + c.Guard.Action 
 
 // startRegistered serves srv as the daemon does: Register, the Codec and
 // gRPC's read limit from server.ReadLimit.
-func startRegistered(t *testing.T, opts server.Options) (rlsv3.RateLimitServiceClient, *recorder) {
+func startRegistered(t *testing.T, opts server.Options) (rlsv3.RateLimitServiceClient, *recorder[string]) {
 	t.Helper()
-	rec := &recorder{summary: guards}
+	rec := &recorder[string]{keep: guards}
 	opts.Store = limiter.NewMemoryStore(limiter.MemoryOptions{})
 	opts.Now = clocktest.New().Now
 	opts.Observer = rec

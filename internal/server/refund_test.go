@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,18 +27,6 @@ descriptors:
 func negative(d *ratelimitv3.RateLimitDescriptor) *ratelimitv3.RateLimitDescriptor {
 	d.IsNegativeHits = true
 	return d
-}
-
-// refundObserver keeps the refund outcome of every call.
-type refundObserver struct {
-	mu  sync.Mutex
-	got []server.RefundOutcome
-}
-
-func (o *refundObserver) ObserveCall(c server.Call) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.got = append(o.got, c.Refunds)
 }
 
 // TestRefundAndSpendLoopIsBounded: a caller that sends [refund 1e9, take
@@ -88,7 +75,7 @@ func TestRefundAndSpendLoopIsBounded(t *testing.T) {
 // limit that counts requests gives nothing back; the observer learns what
 // was asked and given.
 func TestNegativeHitsGiveBackOnlyWhatWasTaken(t *testing.T) {
-	obs := &refundObserver{}
+	obs := &recorder[server.RefundOutcome]{keep: func(c server.Call) server.RefundOutcome { return c.Refunds }}
 	clock := clocktest.New()
 	c, _ := startServer(t, server.Options{Now: clock.Now, Observer: obs}, server.MustParse(t, refundConfig))
 	remaining := func(key string) int64 {
@@ -114,11 +101,11 @@ func TestNegativeHitsGiveBackOnlyWhatWasTaken(t *testing.T) {
 	}
 	for _, st := range steps {
 		obs.mu.Lock()
-		obs.got = nil
+		obs.calls = nil
 		obs.mu.Unlock()
 		call(t, c, st.req)
 		obs.mu.Lock()
-		got := obs.got[0]
+		got := obs.calls[0]
 		obs.mu.Unlock()
 		if got != st.outcome {
 			t.Errorf("%s: refund outcome %+v, want %+v", st.name, got, st.outcome)

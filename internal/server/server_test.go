@@ -72,21 +72,17 @@ func startServer(t testing.TB, opts server.Options, set *config.Set) (rlsv3.Rate
 	return servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: []grpc.ServerOption{server.Codec()}}).Client(), srv
 }
 
-func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
-	d := &ratelimitv3.RateLimitDescriptor{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	return d
-}
+// desc is servertest.Desc, short for the tables here.
+func desc(kv ...string) *ratelimitv3.RateLimitDescriptor { return servertest.Desc(kv...) }
 
 func withHits(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLimitDescriptor {
 	d.HitsAddend = wrapperspb.UInt64(n)
 	return d
 }
 
+// request is servertest.Request, short for the tables here.
 func request(domain string, descs ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
-	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: descs}
+	return servertest.Request(domain, descs...)
 }
 
 func header(resp *rlsv3.RateLimitResponse, name string) string {
@@ -569,18 +565,21 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}
 }
 
-// recorder is an Observer that keeps summary's summary of each call.
-type recorder struct {
-	summary func(server.Call) string
-	mu      sync.Mutex
-	calls   []string
+// recorder is an Observer that keeps, in the order observed, what keep
+// makes of each call. keep runs inside ObserveCall and must copy what it
+// keeps: a Call's strings and slices are the server's only until then.
+// Readers of calls hold mu while the server may still be observing.
+type recorder[T any] struct {
+	keep  func(server.Call) T
+	mu    sync.Mutex
+	calls []T
 }
 
-func (r *recorder) ObserveCall(c server.Call) {
-	line := r.summary(c)
+func (r *recorder[T]) ObserveCall(c server.Call) {
+	kept := r.keep(c)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.calls = append(r.calls, line)
+	r.calls = append(r.calls, kept)
 }
 
 // outcomes summarizes a call: its domain and codes, and each descriptor's
@@ -598,7 +597,7 @@ func outcomes(c server.Call) string {
 }
 
 func TestObserverSeesEveryOutcome(t *testing.T) {
-	rec := &recorder{summary: outcomes}
+	rec := &recorder[string]{keep: outcomes}
 	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Observer: rec}, server.MustParse(t, testConfig))
 	ctx := context.Background()
 	calls := []*rlsv3.RateLimitRequest{
@@ -679,20 +678,13 @@ func TestFailuresAndFallbacksAreLoggedOnceASecond(t *testing.T) {
 	}
 }
 
-// hitsObserver keeps, per call, each descriptor's observed Hits.
-type hitsObserver struct {
-	mu   sync.Mutex
-	hits [][]int64
-}
-
-func (o *hitsObserver) ObserveCall(c server.Call) {
+// descriptorHits is each descriptor's observed Hits in c.
+func descriptorHits(c server.Call) []int64 {
 	var h []int64
 	for _, d := range c.Descriptors {
 		h = append(h, d.Hits)
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.hits = append(o.hits, h)
+	return h
 }
 
 // TestObservedHitsAreThoseOfTheReportedLimit: when a descriptor denied
@@ -700,7 +692,7 @@ func (o *hitsObserver) ObserveCall(c server.Call) {
 // hits; the observer reports the hits of the limit it reports (the one
 // with the least left), not those of the rule's first limit.
 func TestObservedHitsAreThoseOfTheReportedLimit(t *testing.T) {
-	obs := &hitsObserver{}
+	obs := &recorder[[]int64]{keep: descriptorHits}
 	c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Observer: obs}, server.MustParse(t, `
 domain: obs
 descriptors:
@@ -718,7 +710,7 @@ descriptors:
 	}
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
-	if len(obs.hits) != 1 || len(obs.hits[0]) != 2 || obs.hits[0][1] != 50 {
-		t.Errorf("observed hits %v, want the user's 50 (tpm's charge)", obs.hits)
+	if len(obs.calls) != 1 || len(obs.calls[0]) != 2 || obs.calls[0][1] != 50 {
+		t.Errorf("observed hits %v, want the user's 50 (tpm's charge)", obs.calls)
 	}
 }

@@ -2,7 +2,7 @@ package server_test
 
 import (
 	"context"
-	"sync"
+	"slices"
 	"testing"
 	"time"
 
@@ -25,27 +25,24 @@ descriptors:
   - {key: own, shadow_mode: true, rate_limit: {unit: hour, requests_per_unit: 1}}
 `
 
-// shadowOutcomes records the outcome of each descriptor observed.
-type shadowOutcomes struct {
-	mu  sync.Mutex
-	got []server.Outcome
-}
-
-func (o *shadowOutcomes) ObserveCall(c server.Call) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
+// descriptorOutcomes is the outcome of each descriptor in c.
+func descriptorOutcomes(c server.Call) []server.Outcome {
+	var outcomes []server.Outcome
 	for _, d := range c.Descriptors {
-		o.got = append(o.got, d.Outcome)
+		outcomes = append(outcomes, d.Outcome)
 	}
+	return outcomes
 }
 
-func (o *shadowOutcomes) last() server.Outcome {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if len(o.got) == 0 {
+// lastOutcome is the outcome of the last descriptor observed, 0 if none.
+func lastOutcome(obs *recorder[[]server.Outcome]) server.Outcome {
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	all := slices.Concat(obs.calls...)
+	if len(all) == 0 {
 		return 0
 	}
-	return o.got[len(o.got)-1]
+	return all[len(all)-1]
 }
 
 // TestShadowModeEverywhere: with Options.ShadowMode every rule, a block
@@ -54,14 +51,11 @@ func (o *shadowOutcomes) last() server.Outcome {
 // ShadowOverLimit; without it they are denied.
 func TestShadowModeEverywhere(t *testing.T) {
 	override := func(key string) *ratelimitv3.RateLimitDescriptor {
-		return &ratelimitv3.RateLimitDescriptor{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: "x"}},
-			Limit:   &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR},
-		}
+		d := desc(key, "x")
+		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}
+		return d
 	}
-	entry := func(key string) *ratelimitv3.RateLimitDescriptor {
-		return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: "x"}}}
-	}
+	entry := func(key string) *ratelimitv3.RateLimitDescriptor { return desc(key, "x") }
 	tests := []struct {
 		name  string
 		desc  func() *ratelimitv3.RateLimitDescriptor
@@ -75,7 +69,7 @@ func TestShadowModeEverywhere(t *testing.T) {
 	for _, shadowAll := range []bool{false, true} {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				obs := &shadowOutcomes{}
+				obs := &recorder[[]server.Outcome]{keep: descriptorOutcomes}
 				srv, err := server.New(server.Options{
 					Store:      limiter.NewMemoryStore(limiter.MemoryOptions{}),
 					Observer:   obs,
@@ -90,7 +84,7 @@ func TestShadowModeEverywhere(t *testing.T) {
 				defer cancel()
 				var resp *rlsv3.RateLimitResponse
 				for range tt.calls {
-					if resp, err = rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{tt.desc()}}); err != nil {
+					if resp, err = rls.ShouldRateLimit(ctx, request("api", tt.desc())); err != nil {
 						t.Fatalf("ShouldRateLimit: %v", err)
 					}
 				}
@@ -105,7 +99,7 @@ func TestShadowModeEverywhere(t *testing.T) {
 				if got := resp.GetStatuses()[0].GetCode(); got != wantCode {
 					t.Errorf("ShadowMode %v: call %d status code = %v, want %v", shadowAll, tt.calls, got, wantCode)
 				}
-				if got := obs.last(); got != wantOutcome {
+				if got := lastOutcome(obs); got != wantOutcome {
 					t.Errorf("ShadowMode %v: call %d observed %v, want %v", shadowAll, tt.calls, got, wantOutcome)
 				}
 			})
