@@ -12,12 +12,12 @@ import (
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/limitspage"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -64,10 +64,7 @@ func newFixtureWith(t testing.TB, yaml string) *fixture {
 // newFixtureTracking is newFixtureWith with a Tracker made with opts.
 func newFixtureTracking(t testing.TB, yaml string, opts limitspage.TrackerOptions) *fixture {
 	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(yaml)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := servertest.ParseConfig(t, "ai.yaml", yaml)
 	clk := clocktest.New()
 	tr := limitspage.NewTracker(opts)
 	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: clk.Now, Observer: tr})
@@ -85,11 +82,7 @@ func newFixtureTracking(t testing.TB, yaml string, opts limitspage.TrackerOption
 // call sends n requests with one descriptor of the given key/value pairs.
 func (f *fixture) call(t testing.TB, n int, kv ...string) {
 	t.Helper()
-	d := &ratelimitv3.RateLimitDescriptor{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	req := &rlsv3.RateLimitRequest{Domain: "ai-gateway", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}
+	req := servertest.Request("ai-gateway", servertest.Desc(kv...))
 	for range n {
 		if _, err := f.srv.ShouldRateLimit(context.Background(), req); err != nil {
 			t.Fatalf("ShouldRateLimit(%v): %v", kv, err)

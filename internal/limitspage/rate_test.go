@@ -3,13 +3,13 @@ package limitspage
 import (
 	"testing"
 
-	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // TestRateSaysWhatIsCounted: the rate column of each rule, for every kind
 // of rule; each rule the test expects must be there, and only those.
 func TestRateSaysWhatIsCounted(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(`domain: ai
+	set := servertest.ParseConfig(t, "ai.yaml", `domain: ai
 quota_groups:
   azure: {unit: minute, requests_per_unit: 500}
 descriptors:
@@ -25,10 +25,7 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: blocked
     rate_limit: {unit: hour, requests_per_unit: 0}
-`)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	want := map[string]string{
 		"ai > model=gpt-4o": "500 per minute (group azure)",
 		"ai > model=claude": "50 per minute; 8000 tokens per minute (overdraft 64000)",

@@ -13,6 +13,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/limitspage"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -67,11 +68,7 @@ func (u use) call(tb testing.TB, set *config.Set, t0 time.Time) server.Call {
 // parseAdmission parses admissionConfig.
 func parseAdmission(t *testing.T) *config.Set {
 	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "adm.yaml", Data: []byte(admissionConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
+	return servertest.ParseConfig(t, "adm.yaml", admissionConfig)
 }
 
 // checkListed observes setup then calls on a tracker of 4, and checks
@@ -276,10 +273,7 @@ func zipfCalls(tb testing.TB, n int, t0 time.Time) (prime, calls []server.Call) 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: data}})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	set := servertest.ParseConfig(tb, "bench.yaml", string(data))
 	const keyspace = 10000
 	values := make([]string, keyspace)
 	for i := range values {

@@ -11,10 +11,11 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 func TestLeaseMetrics(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "c.yaml", Data: []byte(`domain: ai
+	set := servertest.ParseConfig(t, "c.yaml", `domain: ai
 descriptors:
   - key: model
     value: vllm
@@ -25,10 +26,7 @@ descriptors:
     descriptors:
       - key: request_id
         concurrency: {max_in_flight: 2, lease: 1m}
-`)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	vllm := set.Lookup("ai", []config.Entry{{Key: "model", Value: "vllm"}, {Key: "request_id", Value: "1"}})
 	perClient := set.Lookup("ai", []config.Entry{{Key: "client", Value: "a"}, {Key: "request_id", Value: "1"}})
 	reg := prometheus.NewRegistry()

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -20,6 +19,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -44,11 +44,7 @@ descriptors:
 // mustParse parses one descriptor file.
 func mustParse(t testing.TB, yaml string) *config.Set {
 	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(yaml)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
+	return servertest.ParseConfig(t, "api.yaml", yaml)
 }
 
 // newServer returns a server on the memory store, deciding at a fixed
@@ -78,11 +74,7 @@ func newServerWithoutConfig(t testing.TB, m server.Observer) *server.Server {
 func request(domain string, descs ...[]string) *rlsv3.RateLimitRequest {
 	req := &rlsv3.RateLimitRequest{Domain: domain}
 	for _, kv := range descs {
-		d := &ratelimitv3.RateLimitDescriptor{}
-		for i := 0; i+1 < len(kv); i += 2 {
-			d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-		}
-		req.Descriptors = append(req.Descriptors, d)
+		req.Descriptors = append(req.Descriptors, servertest.Desc(kv...))
 	}
 	return req
 }

@@ -8,6 +8,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // TestRemovedRuleStaysRemoved: a call that fetched a rule's counters, or
@@ -16,11 +17,7 @@ import (
 // detailed_metric rule, nor the rule itself.
 func TestRemovedRuleStaysRemoved(t *testing.T) {
 	parse := func(yaml string) *config.Set {
-		set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(yaml)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return set
+		return servertest.ParseConfig(t, "api.yaml", yaml)
 	}
 	old := parse("domain: api\ndescriptors:\n  - {key: user, detailed_metric: true, rate_limit: {unit: minute, requests_per_unit: 9}}\n  - {key: team, rate_limit: {unit: minute, requests_per_unit: 9}}\n")
 	m, err := New(Options{})

@@ -9,14 +9,14 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 func TestRuleLimitInfoSaysWhatIsCounted(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(`domain: ai
+	set := servertest.ParseConfig(t, "ai.yaml", `domain: ai
 descriptors:
   - key: model
     value: claude
@@ -27,10 +27,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 0, name: blocked}
   - key: free
     rate_limit: {unlimited: true, name: free}
-`)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	m, err := metrics.New(metrics.Options{})
 	if err != nil {
 		t.Fatal(err)

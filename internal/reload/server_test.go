@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/config"
@@ -82,12 +81,12 @@ func waitHash(t *testing.T, loaded <-chan string, dir string) {
 	}
 }
 
+// rlRequest is a request in domain d with a descriptor of one entry for
+// each key, value pair in kv.
 func rlRequest(kv ...string) *rlsv3.RateLimitRequest {
 	req := &rlsv3.RateLimitRequest{Domain: "d"}
 	for i := 0; i+1 < len(kv); i += 2 {
-		req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: kv[i], Value: kv[i+1]}},
-		})
+		req.Descriptors = append(req.Descriptors, servertest.Desc(kv[i], kv[i+1]))
 	}
 	return req
 }

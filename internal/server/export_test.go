@@ -6,6 +6,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // MustParse parses yaml as one descriptor file, test.yaml, failing t if
@@ -13,11 +14,7 @@ import (
 // the external tests share it.
 func MustParse(t testing.TB, yaml string) *config.Set {
 	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "test.yaml", Data: []byte(yaml)}})
-	if err != nil {
-		t.Fatalf("config.Parse: %v", err)
-	}
-	return set
+	return servertest.ParseConfig(t, "test.yaml", yaml)
 }
 
 // LeasePoolName is the pool that descriptor d of domain holds its lease

@@ -1,9 +1,13 @@
 package servertest
 
 import (
+	"testing"
+
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/config"
 )
 
 // OutcomesConfig has, in domain api, a rule for each way a descriptor's
@@ -50,4 +54,15 @@ func Desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
 // hits_addend: Request("api", Desc("client", "a")) is one call of client a.
 func Request(domain string, descs ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
 	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: descs}
+}
+
+// ParseConfig is the config of one descriptor file, name, holding yaml.
+// It fails the test if yaml does not parse.
+func ParseConfig(t testing.TB, name, yaml string) *config.Set {
+	t.Helper()
+	set, err := config.Parse([]config.File{{Name: name, Data: []byte(yaml)}})
+	if err != nil {
+		t.Fatalf("servertest: parse %s: %v", name, err)
+	}
+	return set
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
@@ -18,5 +19,12 @@ func TestRequest(t *testing.T) {
 	}
 	if strings.Join(got, " ") != "model=gpt-4o client=a" || req.GetDescriptors()[0].GetHitsAddend() != nil || len(req.GetDescriptors()[1].GetEntries()) != 0 {
 		t.Errorf("Request's descriptors = %v, want [model=gpt-4o client=a] without hits_addend, then an empty one", req.GetDescriptors())
+	}
+}
+
+func TestParseConfig(t *testing.T) {
+	set := servertest.ParseConfig(t, "api.yaml", servertest.OutcomesConfig)
+	if r := set.Lookup("api", []config.Entry{{Key: "a", Value: "x"}}); r == nil || r.Name != "a" {
+		t.Errorf("Lookup(api, a=x) = %+v, want rule a", r)
 	}
 }

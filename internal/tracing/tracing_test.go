@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -19,7 +18,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
@@ -95,15 +93,12 @@ func serveTraced(t *testing.T, tp *sdktrace.TracerProvider) (rlsv3.RateLimitServ
 // a minute, on the memory store.
 func serveModelLimit(t *testing.T, opts []grpc.ServerOption) *servertest.Server {
 	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "api.yaml", Data: []byte(`
+	set := servertest.ParseConfig(t, "api.yaml", `
 domain: api
 descriptors:
   - key: model
     rate_limit: {unit: minute, requests_per_unit: 1}
-`)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{})})
 	if err != nil {
 		t.Fatal(err)
@@ -117,8 +112,7 @@ func TestSpanHasDomainAndCode(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	defer tp.Shutdown(context.Background())
 	client, stop := serveTraced(t, tp)
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "x"}}}}}
+	req := servertest.Request("api", servertest.Desc("model", "x"))
 	for _, want := range []string{"OK", "OVER_LIMIT"} {
 		resp, err := client.ShouldRateLimit(context.Background(), req)
 		if err != nil || resp.GetOverallCode().String() != want {
@@ -160,8 +154,7 @@ func TestSpanJoinsEnvoysTrace(t *testing.T) {
 
 	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+traceID+"-"+parentID+"-01")
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "x"}}}}}
+	req := servertest.Request("api", servertest.Desc("model", "x"))
 	if _, err := client.ShouldRateLimit(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -219,8 +212,7 @@ func TestHTTPExporterPostsToTheCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := serveModelLimit(t, opts)
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "x"}}}}}
+	req := servertest.Request("api", servertest.Desc("model", "x"))
 	if _, err := s.Client().ShouldRateLimit(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
