@@ -64,7 +64,10 @@ const (
 	// backendTimeout and breakerOpenFor are --backend-timeout's and
 	// --breaker-open-for's defaults, which the tests keep.
 	backendTimeout = 10 * time.Millisecond
-	breakerOpenFor = 250 * time.Millisecond
+	breakerOpenFor = 100 * time.Millisecond
+	// probeEvery is how often ratelimitd's background probe, the open
+	// breaker's only one, is tried (at most).
+	probeEvery = 25 * time.Millisecond
 	// hotRate and hotBurst are the hot rule's.
 	hotRate, hotBurst = 100.0, 20.0
 	// callPause is how long each caller of a load pauses between calls:
@@ -698,9 +701,9 @@ type noise struct {
 //     slow ping, or its redis-server waiting for a CPU) stalled for
 //     --backend-timeout or more (a shorter stall cannot hold a round trip
 //     past it), from a deadline before c to as long after the stall as
-//     an open breaker answers without Redis (--breaker-open-for, 250 ms)
-//     and three deadlines (the breaker's probe and the calls then in
-//     flight).
+//     an open breaker answers without Redis (--breaker-open-for, 100 ms,
+//     and the background probe's 25 ms) and three deadlines (the
+//     breaker's probe and the calls then in flight).
 func (n noise) explains(c faultCall) bool {
 	if c.lostByClient() {
 		return true
@@ -722,7 +725,7 @@ func (n noise) explains(c faultCall) bool {
 		redisWait := e.kind == "sched" && strings.HasPrefix(e.node, "redis ")
 		ofNode := (e.kind == "slow" || redisWait) && (node == "" || who == node)
 		if e.d >= backendTimeout && (machine || ofNode) {
-			from, to := e.at.Add(-faultDeadline), e.at.Add(e.d+breakerOpenFor+3*faultDeadline)
+			from, to := e.at.Add(-faultDeadline), e.at.Add(e.d+breakerOpenFor+probeEvery+3*faultDeadline)
 			if !c.end.Before(from) && !c.start.After(to) {
 				return true
 			}
@@ -1001,9 +1004,10 @@ func nodeLines(p *proc) string {
 
 // readyzPoll is /readyz polled every interval: when, and the status.
 type readyzPoll struct {
-	at   time.Time
-	code int
-	body string
+	// at is when the poll was sent, end when its answer came.
+	at, end time.Time
+	code    int
+	body    string
 }
 
 // pollReadyz polls p's /readyz every interval until stop is called, which
@@ -1027,7 +1031,7 @@ func pollReadyz(p *proc, interval time.Duration) (stop func() []readyzPoll) {
 			} else {
 				body = err.Error()
 			}
-			polls = append(polls, readyzPoll{at: at, code: code, body: body})
+			polls = append(polls, readyzPoll{at: at, end: time.Now(), code: code, body: body})
 			select {
 			case <-ctx.Done():
 			case <-time.After(interval):

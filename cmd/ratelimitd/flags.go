@@ -100,7 +100,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&c.Failure.DefaultDeadline, "default-deadline", failover.DefaultDeadline, "the deadline of a call that comes without one (Envoy sends its ratelimit filter's timeout, 20ms by default, unless it is 0)")
 	fs.IntVar(&c.Failure.FailureThreshold, "breaker-failures", failover.DefaultFailureThreshold, "consecutive Redis failures that open the circuit breaker")
 	fs.DurationVar(&c.Failure.FailingFor, "breaker-failing-for", 0, "how long Redis must keep failing, with no call succeeding, before the breaker opens (0: --backend-timeout; negative: no minimum)")
-	fs.DurationVar(&c.Failure.OpenFor, "breaker-open-for", failover.DefaultOpenFor, "how long the open breaker answers without Redis before one call probes it")
+	fs.DurationVar(&c.Failure.OpenFor, "breaker-open-for", failover.DefaultOpenFor, "how long the open breaker answers without Redis before the background probe tries it again")
 	fs.Int64Var(&c.Failure.ReplicasHint, "replicas-hint", 1, "local mode: each rate and burst is divided by this (the number of replicas)")
 	fs.DurationVar(&c.Failure.Grace, "failure-grace", 0, "local mode: how long an outage is answered per --failure-grace-mode before limiting locally")
 	fs.BoolVar(&c.WatchConfig, "watch", true, "reload the config when its files change (SIGHUP reloads it in any case)")

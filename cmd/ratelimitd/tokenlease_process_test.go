@@ -72,7 +72,7 @@ func TestTokenLeasesAcrossReplicas(t *testing.T) {
 				admitted, denied, elapsed, bound, 100*float64(admitted)/bound, scripts, res.errs, time.Duration(res.slowest.Load()))
 			for code, n := range res.errs {
 				// The calls in flight when Redis pauses wait for it until
-				// their budget's margin (a tenth of the time left, at most
+				// their budget's margin (a fifth of the time left, at most
 				// 5 ms) before the failure mode answers them: about 595 of
 				// their 600 ms, the same with leases or without (seen:
 				// slowest 599 ms both ways). On a busy host a few of those

@@ -255,14 +255,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.serveExtra(wg.Go, errc)
 	if d.cfg.Redis.Enabled() {
 		wg.Go(d.awaitBackend)
-		// Half the open time (a due probe comes at most half of it late),
-		// and at least a millisecond.
+		// The open breaker's only probe (failover.Options.ProbeInBackground):
+		// a quarter of the open time, at most probeEvery (a due probe comes
+		// that late at most), at least a millisecond.
 		openFor := d.cfg.Failure.OpenFor
 		if openFor <= 0 {
 			openFor = failover.DefaultOpenFor
 		}
 		wg.Go(func() {
-			every(d.stopping, max(openFor/2, time.Millisecond), func(time.Time) {
+			every(d.stopping, min(max(openFor/4, time.Millisecond), probeEvery), func(time.Time) {
 				if err := d.backend.Probe(d.stopping); err != nil {
 					d.log.Debug("backend probe failed", "backend", d.backend.Name(), "err", err)
 				}

@@ -14,10 +14,17 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/timerlag"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
 	"github.com/ratelimitd/ratelimitd/internal/tokenlease"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
+
+// probeEvery is how often, at most, the daemon probes the open breakers
+// (failover.Store.Probe), so that a backend that answers again is used
+// within that much of its breaker's OpenFor ending: a probe is one round
+// trip per open breaker, and nothing when none is open.
+const probeEvery = 25 * time.Millisecond
 
 // Redis selects the Redis backend and tunes it: exactly one of URL,
 // SentinelMaster (with SentinelAddrs) or ClusterAddrs; none keeps buckets
@@ -134,7 +141,15 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 		client.Close()
 		return nil, fmt.Errorf("open the Redis backend: %w", err)
 	}
+	// The daemon's loop probes every open breaker (see probeEvery); no
+	// call waits on a backend that may still be down.
+	failure.ProbeInBackground = true
+	// How late this process's timers fire widens the margin a call's
+	// budget keeps before its deadline (failover.Options.TimerLateness).
+	lag := timerlag.Start(0, 0)
+	failure.TimerLateness = lag.Lateness
 	b := &redisBackend{name: "redis", store: store, client: client, closeAll: func() error {
+		lag.Stop()
 		store.Close()
 		return client.Close()
 	}}

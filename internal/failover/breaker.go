@@ -13,7 +13,9 @@ import (
 // between starts the count again. Open, it refuses calls for openFor,
 // then lets exactly one call (or Probe) through as the probe: a success
 // closes it, a failure opens it for another openFor, and a probe released
-// untried (see release) lets the next call probe instead. The failure of
+// untried (see release) lets the next call probe instead; with
+// probeByCheck (Options.ProbeInBackground), only a Probe's check is the
+// probe, never a call. The failure of
 // a call sent before it opened leaves it as it is: only the probe tells
 // anything new of an open breaker's backend.
 //
@@ -25,7 +27,9 @@ type breaker struct {
 	threshold  int
 	failingFor time.Duration
 	openFor    time.Duration
-	onChange   func(healthy bool, err error) // nil: not reported
+	// probeByCheck: only a Probe's check probes the open breaker.
+	probeByCheck bool
+	onChange     func(healthy bool, err error) // nil: not reported
 
 	mu          sync.Mutex
 	failures    int       // consecutive
@@ -43,12 +47,13 @@ type breaker struct {
 // defaulted) thresholds, clock and OnChange.
 func newBreaker(opts Options) *breaker {
 	return &breaker{
-		now:        opts.Now,
-		threshold:  opts.FailureThreshold,
-		failingFor: opts.FailingFor,
-		openFor:    opts.OpenFor,
-		onChange:   opts.OnChange,
-		notified:   true,
+		now:          opts.Now,
+		threshold:    opts.FailureThreshold,
+		failingFor:   opts.FailingFor,
+		openFor:      opts.OpenFor,
+		probeByCheck: opts.ProbeInBackground,
+		onChange:     opts.OnChange,
+		notified:     true,
 	}
 }
 
@@ -62,15 +67,16 @@ type outage struct {
 	err       error
 }
 
-// admit reports whether to call the backend now, and whether that call is
-// the one probe of a half-open breaker; when not, the outage as it is.
-func (b *breaker) admit() (probe, ok bool, o outage) {
+// admit reports whether to call the backend now, for a call (byCall) or
+// a Probe's check, and whether that is the one probe of a half-open
+// breaker; when not, the outage as it is.
+func (b *breaker) admit(byCall bool) (probe, ok bool, o outage) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.openUntil.IsZero() {
 		return false, true, outage{}
 	}
-	if b.probing || b.now().Before(b.openUntil) {
+	if b.probing || b.now().Before(b.openUntil) || byCall && b.probeByCheck {
 		return false, false, outage{start: b.outageStart, openUntil: b.openUntil, err: b.lastErr}
 	}
 	b.probing = true

@@ -148,7 +148,7 @@ func TestBreakerTransitions(t *testing.T) {
 					finish(t, b, end, held, where)
 					holding = false
 				} else {
-					probe, ok, o := b.admit()
+					probe, ok, o := b.admit(true)
 					got := "refused"
 					switch {
 					case ok && probe:

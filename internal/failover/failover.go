@@ -64,8 +64,12 @@ func (m Mode) String() string {
 
 // Defaults of Options.
 const (
-	// DefaultOpenFor is Options.OpenFor when it is not set.
-	DefaultOpenFor = 250 * time.Millisecond
+	// DefaultOpenFor is Options.OpenFor when it is not set: a backend
+	// that answers again is used within about that much of its fault's
+	// end (more when the probe in flight as it ended fails: within 0.3s
+	// on a busy host), and a breaker a stall of this process opened on a
+	// healthy backend costs that much of failure-mode answers.
+	DefaultOpenFor = 100 * time.Millisecond
 	// DefaultTimeout is Options.Timeout when it is not set.
 	DefaultTimeout = 10 * time.Millisecond
 	// DefaultDeadline is Options.DefaultDeadline when it is not set.
@@ -103,7 +107,7 @@ type Options struct {
 	FailingFor time.Duration
 	// OpenFor is how long the open breaker answers without the backend
 	// before one call (or Probe) probes it again. Default
-	// DefaultOpenFor, 250ms.
+	// DefaultOpenFor, 100ms.
 	OpenFor time.Duration
 	// ReplicasHint divides every rate, burst and max debt in Local mode, so
 	// that N replicas together stay near the configured limit. Default 1.
@@ -115,6 +119,13 @@ type Options struct {
 	GraceMode Mode
 	// Now is the clock for the breaker and grace; default time.Now.
 	Now func() time.Time
+	// TimerLateness, when set, returns how late this process's timers
+	// fire lately, at the given time (timerlag.Monitor.Lateness): the
+	// budget keeps twice that as its margin, as for the lateness of the
+	// calls whose budget ran out (see budget.go), so that a call
+	// answered at its budget's end reaches its caller in time on a host
+	// that wakes this process late, before any call has come back late.
+	TimerLateness func(time.Time) time.Duration
 	// Probe, when set, asks the backend whether it can decide calls (for
 	// Redis, redisstore.Store.Probe, a write rather than a PING, so that a
 	// read-only replica fails it), and is used by Probe; it gets a context
@@ -123,6 +134,15 @@ type Options struct {
 	// concurrent use. Its errors are judged as a call's. Nil: Probe does
 	// nothing, and only a call closes the open breaker.
 	Probe func(context.Context) error
+	// ProbeInBackground says that Probe is called often (every few
+	// milliseconds; the daemon calls it every quarter of OpenFor, at most
+	// 25ms apart), and makes it the open breaker's only probe: a call is
+	// never the probe, and is answered per the failure mode until a Probe
+	// succeeds. A call that probes waits for its whole budget when the
+	// backend still does not answer, and its answer then reaches its
+	// caller at the deadline's edge; a check costs no caller anything.
+	// It needs Probe (and, with Shard, ProbeShard).
+	ProbeInBackground bool
 	// OnBackendFailure, when set, is called with the error of every call
 	// or probe the backend failed, whatever the mode and whether or not the
 	// breaker opens; OnFallback with the cause of every call answered per
@@ -231,6 +251,9 @@ func New(backend limiter.Store, opts Options) (*Store, error) {
 	}
 	if opts.GraceMode < Error || opts.GraceMode > Deny {
 		return nil, fmt.Errorf("failover: grace mode %v: want error, allow or deny", opts.GraceMode)
+	}
+	if opts.ProbeInBackground && (opts.Probe == nil || opts.Shard != nil && opts.ProbeShard == nil) {
+		return nil, errors.New("failover: ProbeInBackground needs Probe (and, with Shard, ProbeShard)")
 	}
 	s := &Store{backend: backend, opts: opts, breakers: newBreakers(opts)}
 	if opts.Mode == Local {
@@ -470,7 +493,7 @@ const probeTimeouts = 3
 
 // probe gives b the probe a call would give it, with check (see Probe).
 func (s *Store) probe(ctx context.Context, b *breaker, check func(context.Context) error) error {
-	probe, _, _ := b.admit()
+	probe, _, _ := b.admit(false)
 	if !probe {
 		return nil // closed, within OpenFor, or a probe in flight
 	}

@@ -216,7 +216,7 @@ func (bs *breakers) admit(names []string) (admission, bool, outage) {
 	for _, n := range names {
 		sb := bs.get(n)
 		sb.lastUsed.Store(now)
-		probe, ok, o := sb.admit()
+		probe, ok, o := sb.admit(true)
 		if !ok {
 			a.release()
 			return admission{}, false, o
