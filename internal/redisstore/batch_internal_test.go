@@ -16,19 +16,29 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
+// ownServerStore returns a Store made with opts over a client of a
+// redis-server of the test's own, and that client (for hooks, or to read
+// what the Store wrote). The client's calls end at their context's
+// deadline (ContextTimeoutEnabled). All are stopped when the test ends.
+func ownServerStore(t *testing.T, opts Options) (*Store, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, opts)
+	if err != nil {
+		t.Fatalf("New(%+v): %v", opts, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, c
+}
+
 // TestALandingSendsTheFormingBatch: with BatchWait an hour, a batch that
 // forms while a direct call is held in flight collects every call
 // submitted meanwhile, and goes the moment that call lands, not when its
 // wait ends.
 func TestALandingSendsTheFormingBatch(t *testing.T) {
-	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Clock: CallerClock, Prefix: "landing:", BatchWait: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, c := ownServerStore(t, Options{Clock: CallerClock, Prefix: "landing:", BatchWait: time.Hour})
 	sizes := batchSizes(s)
 	gate := &holdKey{key: s.Key("direct"), release: make(chan struct{})}
 	c.AddHook(gate)
@@ -79,14 +89,7 @@ func TestALandingSendsTheFormingBatch(t *testing.T) {
 // directly: a batch waits for a round trip to land, never for the timer,
 // and no load makes the next lone call wait for company.
 func TestNoBatchWaitsOutItsWait(t *testing.T) {
-	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Clock: CallerClock, Prefix: "nowait:", BatchWait: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, _ := ownServerStore(t, Options{Clock: CallerClock, Prefix: "nowait:", BatchWait: time.Hour})
 	var batched atomic.Int64
 	s.server.batch.observe = func(batch []*call, _ int64) { batched.Add(int64(len(batch))) }
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -130,16 +133,9 @@ func TestNoBatchWaitsOutItsWait(t *testing.T) {
 // into a batch of its own.
 func TestOneBatchFormsAtATime(t *testing.T) {
 	const n = 6
-	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
 	// BatchMax n: the batch goes as soon as it holds all n; split in two,
 	// neither half would fill before its 10 s wait.
-	s, err := New(c, Options{Clock: CallerClock, Prefix: "forming-one:", BatchMax: n, BatchWait: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, c := ownServerStore(t, Options{Clock: CallerClock, Prefix: "forming-one:", BatchMax: n, BatchWait: 10 * time.Second})
 	sizes := batchSizes(s)
 	gate := &holdKey{key: s.Key("direct"), release: make(chan struct{})}
 	c.AddHook(gate)

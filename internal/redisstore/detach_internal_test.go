@@ -23,25 +23,13 @@ func TestADetachedRoundTripHoldsNoCallBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	c, err := Dial(ClientOptions{URL: "redis://" + proxy.Addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
 	reported := make(chan time.Duration, 16)
-	s, err := New(c, Options{Prefix: "detached:", SlowAfter: 10 * time.Millisecond,
+	s := dialedStore(t, proxy.Addr(), Options{Prefix: "detached:", SlowAfter: 10 * time.Millisecond,
 		OnBackend: func(_ string, held time.Duration, err error) {
 			if err != nil {
 				reported <- held
 			}
 		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if err := s.Prepare(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	b := s.server.batch
 	b.inflight.Add(1) // every call coalesced, none sent directly
 	t.Cleanup(func() { b.inflight.Add(-1) })

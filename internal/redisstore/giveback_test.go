@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 	"github.com/ratelimitd/ratelimitd/limiter/limitertest"
 )
@@ -13,12 +12,7 @@ import (
 // TestGiveBackAfterOtherTakes drives one slot of a multi-slot Take by hand:
 // take.lua, then other requests, then giveback.lua.
 func TestGiveBackAfterOtherTakes(t *testing.T) {
-	c := redistest.Start(t).Client()
-	s, err := New(c, Options{Prefix: "gb:", Clock: CallerClock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, c := ownServerStore(t, Options{Prefix: "gb:", Clock: CallerClock})
 	ctx := context.Background()
 	t0 := limitertest.T0
 	l := limiter.Limit{Count: 1, Period: time.Minute, Burst: 10}

@@ -19,18 +19,10 @@ import (
 // TestLeaseConformance runs limiter's lease table on both servers, at the
 // caller's clock (exact values).
 func TestLeaseConformance(t *testing.T) {
-	for _, tt := range []struct {
-		name   string
-		client func(testing.TB) redisstore.Client
-	}{
-		{"standalone", func(t testing.TB) redisstore.Client { return standalone(t).Client() }},
-		{"cluster", func(t testing.TB) redisstore.Client { return cluster(t).Client() }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			c := tt.client(t)
-			leasetest.Run(t, func(t *testing.T) limiter.LeaseStore { return newStore(t, c, redisstore.CallerClock) })
-		})
-	}
+	onBothServers(t, func(t *testing.T, newClient func() redis.UniversalClient) {
+		c := newClient()
+		leasetest.Run(t, func(t *testing.T) limiter.LeaseStore { return newStore(t, c, redisstore.CallerClock) })
+	})
 }
 
 // TestLeaseKeys pins the keys of a pool: apart from buckets' and the
@@ -144,168 +136,112 @@ func TestLeaseServerClock(t *testing.T) {
 // releases of a pool no one waits on, and releases that free nothing,
 // publish nothing.
 func TestLeaseReleasePublishes(t *testing.T) {
-	for _, tt := range []struct {
-		name string
-		sub  func(t *testing.T, ctx context.Context, pattern string) *redis.PubSub
-		c    func(t testing.TB) redisstore.Client
-	}{
-		{"standalone",
-			func(t *testing.T, ctx context.Context, p string) *redis.PubSub {
-				return standalone(t).Client().PSubscribe(ctx, p)
-			},
-			func(t testing.TB) redisstore.Client { return standalone(t).Client() }},
-		{"cluster",
-			func(t *testing.T, ctx context.Context, p string) *redis.PubSub {
-				return cluster(t).Client().PSubscribe(ctx, p)
-			},
-			func(t testing.TB) redisstore.Client { return cluster(t).Client() }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			p := prefix(t)
-			var replicas [2]*redisstore.Store
-			for i := range replicas {
-				s, err := redisstore.New(tt.c(t), redisstore.Options{Prefix: p})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { s.Close() })
-				replicas[i] = s
-			}
-			a, b := replicas[0], replicas[1]
-			sub := tt.sub(t, ctx, a.LeaseChannelPattern())
-			defer sub.Close()
-			if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+	onBothServers(t, func(t *testing.T, newClient func() redis.UniversalClient) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		replicas := replicasOf(t, 2, newClient)
+		a, b := replicas[0], replicas[1]
+		sub := newClient().PSubscribe(ctx, a.LeaseChannelPattern())
+		defer sub.Close()
+		if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+			t.Fatal(err)
+		}
+		msgs := sub.Channel()
+		l := limiter.PoolLimit{MaxInFlight: 1, Lease: time.Minute}
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
 				t.Fatal(err)
 			}
-			msgs := sub.Channel()
-			l := limiter.PoolLimit{MaxInFlight: 1, Lease: time.Minute}
-			must := func(err error) {
-				t.Helper()
-				if err != nil {
-					t.Fatal(err)
-				}
+		}
+		// next returns the next message, failing after a bound.
+		next := func() *redis.Message {
+			t.Helper()
+			select {
+			case m := <-msgs:
+				return m
+			case <-time.After(3 * time.Second):
+				t.Fatal("no message within 3s")
 			}
-			// next returns the next message, failing after a bound.
-			next := func() *redis.Message {
-				t.Helper()
-				select {
-				case m := <-msgs:
-					return m
-				case <-time.After(3 * time.Second):
-					t.Fatal("no message within 3s")
-				}
-				return nil
-			}
-			// A pool no one waits on: its releases publish nothing. The
-			// test's own PUBLISH then comes first.
-			quiet := "quiet"
-			_, err := a.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: quiet, ID: "x", Limit: l})
-			must(err)
-			d, err := b.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: quiet, ID: "y", Limit: l}) // full, no wait
-			must(err)
-			if d.Allowed {
-				t.Fatalf("Acquire(y) in a full pool = %+v", d)
-			}
-			r, err := a.Release(ctx, time.Time{}, quiet, "x")
-			must(err)
-			if !r.Released {
-				t.Fatalf("Release(x) = %+v, want released", r)
-			}
-			pub := standalonePublisher(t, tt.name)
-			must(pub(ctx, a.LeaseChannel(quiet), "marker-1"))
-			if m := next(); m.Payload != "marker-1" {
-				t.Fatalf("after a release no one waited for, got %q on %s, want the test's marker first", m.Payload, m.Channel)
-			}
+			return nil
+		}
+		// A pool no one waits on: its releases publish nothing. The
+		// test's own PUBLISH then comes first.
+		quiet := "quiet"
+		_, err := a.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: quiet, ID: "x", Limit: l})
+		must(err)
+		d, err := b.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: quiet, ID: "y", Limit: l}) // full, no wait
+		must(err)
+		if d.Allowed {
+			t.Fatalf("Acquire(y) in a full pool = %+v", d)
+		}
+		r, err := a.Release(ctx, time.Time{}, quiet, "x")
+		must(err)
+		if !r.Released {
+			t.Fatalf("Release(x) = %+v, want released", r)
+		}
+		pub := newClient()
+		must(pub.Publish(ctx, a.LeaseChannel(quiet), "marker-1").Err())
+		if m := next(); m.Payload != "marker-1" {
+			t.Fatalf("after a release no one waited for, got %q on %s, want the test's marker first", m.Payload, m.Channel)
+		}
 
-			// A pool someone waits on.
-			busy := "busy"
-			_, err = a.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: busy, ID: "x", Limit: l})
-			must(err)
-			d, err = b.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: busy, ID: "y", Limit: l, MaxWait: 2 * time.Second})
-			must(err)
-			if d.Allowed {
-				t.Fatalf("Acquire(y) in a full pool = %+v", d)
-			}
-			// A release that frees nothing publishes nothing.
-			_, err = a.Release(ctx, time.Time{}, busy, "unknown")
-			must(err)
-			released := time.Now()
-			_, err = a.Release(ctx, time.Time{}, busy, "x")
-			must(err)
-			m := next()
-			if m.Channel != b.LeaseChannel(busy) || m.Payload != "0" {
-				t.Fatalf("after the release, got %q on %s; want \"0\" on %s", m.Payload, m.Channel, b.LeaseChannel(busy))
-			}
-			t.Logf("the release reached the subscriber %v after it was sent", time.Since(released))
-			d, err = b.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: busy, ID: "y", Limit: l, MaxWait: 2 * time.Second})
-			if err != nil || !d.Allowed {
-				t.Fatalf("the woken Acquire(y) = %+v, %v; want admitted", d, err)
-			}
-			// The second release of x frees nothing: no message; the marker
-			// comes first.
-			_, err = a.Release(ctx, time.Time{}, busy, "x")
-			must(err)
-			must(pub(ctx, a.LeaseChannel(busy), "marker-2"))
-			if m := next(); m.Payload != "marker-2" {
-				t.Fatalf("after a release that freed nothing, got %q on %s, want the test's marker", m.Payload, m.Channel)
-			}
-		})
-	}
-}
-
-// standalonePublisher returns a PUBLISH through a fresh client of the
-// server kind named.
-func standalonePublisher(t *testing.T, kind string) func(ctx context.Context, channel, msg string) error {
-	if kind == "cluster" {
-		c := cluster(t).Client()
-		return func(ctx context.Context, ch, msg string) error { return c.Publish(ctx, ch, msg).Err() }
-	}
-	c := standalone(t).Client()
-	return func(ctx context.Context, ch, msg string) error { return c.Publish(ctx, ch, msg).Err() }
+		// A pool someone waits on.
+		busy := "busy"
+		_, err = a.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: busy, ID: "x", Limit: l})
+		must(err)
+		d, err = b.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: busy, ID: "y", Limit: l, MaxWait: 2 * time.Second})
+		must(err)
+		if d.Allowed {
+			t.Fatalf("Acquire(y) in a full pool = %+v", d)
+		}
+		// A release that frees nothing publishes nothing.
+		_, err = a.Release(ctx, time.Time{}, busy, "unknown")
+		must(err)
+		released := time.Now()
+		_, err = a.Release(ctx, time.Time{}, busy, "x")
+		must(err)
+		m := next()
+		if m.Channel != b.LeaseChannel(busy) || m.Payload != "0" {
+			t.Fatalf("after the release, got %q on %s; want \"0\" on %s", m.Payload, m.Channel, b.LeaseChannel(busy))
+		}
+		t.Logf("the release reached the subscriber %v after it was sent", time.Since(released))
+		d, err = b.Acquire(ctx, time.Time{}, limiter.LeaseRequest{Pool: busy, ID: "y", Limit: l, MaxWait: 2 * time.Second})
+		if err != nil || !d.Allowed {
+			t.Fatalf("the woken Acquire(y) = %+v, %v; want admitted", d, err)
+		}
+		// The second release of x frees nothing: no message; the marker
+		// comes first.
+		_, err = a.Release(ctx, time.Time{}, busy, "x")
+		must(err)
+		must(pub.Publish(ctx, a.LeaseChannel(busy), "marker-2").Err())
+		if m := next(); m.Payload != "marker-2" {
+			t.Fatalf("after a release that freed nothing, got %q on %s, want the test's marker", m.Payload, m.Channel)
+		}
+	})
 }
 
 // TestLeaseHammer: three replicas, each its own client and connections,
 // hammer one pool of 8 on Redis's clock while another client reads ZCARD
 // of the pool's key as fast as it can: never more than 8.
 func TestLeaseHammer(t *testing.T) {
-	for _, kind := range []string{"standalone", "cluster"} {
-		t.Run(kind, func(t *testing.T) {
-			p := prefix(t)
-			var stores []limiter.LeaseStore
-			var reader redis.Cmdable
-			var first *redisstore.Store
-			for range 3 {
-				var c redisstore.Client
-				if kind == "cluster" {
-					c = cluster(t).Client()
-				} else {
-					c = standalone(t).Client()
-				}
-				s, err := redisstore.New(c, redisstore.Options{Prefix: p})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { s.Close() })
-				stores = append(stores, s)
-				first = s
-			}
-			if kind == "cluster" {
-				reader = cluster(t).Client()
-			} else {
-				reader = standalone(t).Client()
-			}
-			leasetest.Hammer(t, "hammer", leasetest.HammerOptions{
-				Stores: stores,
-				Now:    time.Now,
-				Held: func(pool string) (int64, error) {
-					return reader.ZCard(context.Background(), first.LeaseKey(pool)).Result()
-				},
-				Goroutines: 24, Rounds: 40,
-			})
+	onBothServers(t, func(t *testing.T, newClient func() redis.UniversalClient) {
+		replicas := replicasOf(t, 3, newClient)
+		var stores []limiter.LeaseStore
+		for _, s := range replicas {
+			stores = append(stores, s)
+		}
+		first := replicas[len(replicas)-1]
+		reader := newClient()
+		leasetest.Hammer(t, "hammer", leasetest.HammerOptions{
+			Stores: stores,
+			Now:    time.Now,
+			Held: func(pool string) (int64, error) {
+				return reader.ZCard(context.Background(), first.LeaseKey(pool)).Result()
+			},
+			Goroutines: 24, Rounds: 40,
 		})
-	}
+	})
 }
 
 // TestLeaseErrors: a pool's key that holds something else is an error, not

@@ -58,20 +58,26 @@ func cluster(t testing.TB) *redistest.Cluster {
 // TestConformance runs limiter's conformance tables, pre-paid and
 // post-paid, on both servers.
 func TestConformance(t *testing.T) {
-	for _, tt := range []struct {
-		name   string
-		client func(testing.TB) redisstore.Client
-	}{
-		{"standalone", func(t testing.TB) redisstore.Client { return standalone(t).Client() }},
-		{"cluster", func(t testing.TB) redisstore.Client { return cluster(t).Client() }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			c := tt.client(t)
-			newStore := func(t *testing.T) limiter.Store { return newStore(t, c, redisstore.CallerClock) }
-			t.Run("prepaid", func(t *testing.T) { limitertest.RunStoreTests(t, newStore) })
-			t.Run("postpaid", func(t *testing.T) { limitertest.RunPostpaidTests(t, newStore) })
-		})
-	}
+	onBothServers(t, func(t *testing.T, newClient func() redis.UniversalClient) {
+		c := newClient()
+		newStore := func(t *testing.T) limiter.Store { return newStore(t, c, redisstore.CallerClock) }
+		t.Run("prepaid", func(t *testing.T) { limitertest.RunStoreTests(t, newStore) })
+		t.Run("postpaid", func(t *testing.T) { limitertest.RunPostpaidTests(t, newStore) })
+	})
+}
+
+// onBothServers runs f as two subtests, standalone and cluster, on the
+// shared standalone server and on the shared cluster: each call of
+// newClient returns a new client of that server, with connections of its
+// own, closed with the server.
+func onBothServers(t *testing.T, f func(t *testing.T, newClient func() redis.UniversalClient)) {
+	t.Helper()
+	t.Run("standalone", func(t *testing.T) {
+		f(t, func() redis.UniversalClient { return standalone(t).Client() })
+	})
+	t.Run("cluster", func(t *testing.T) {
+		f(t, func() redis.UniversalClient { return cluster(t).Client() })
+	})
 }
 
 // prefixes counts the prefixes handed out, so that tests run again
@@ -111,15 +117,22 @@ func newStoreOpts(t testing.TB, c redisstore.Client, opts redisstore.Options) *r
 
 // replicas returns two Stores on the standalone server with one prefix
 // and the server's clock, as two ratelimitd replicas sharing a Redis.
-func replicas(t *testing.T) [2]*redisstore.Store {
+func replicas(t *testing.T) []*redisstore.Store {
 	t.Helper()
-	srv := standalone(t)
+	return replicasOf(t, 2, func() redis.UniversalClient { return standalone(t).Client() })
+}
+
+// replicasOf returns n Stores, each over a client newClient returns, with
+// the test's prefix (one for all) and the server's clock: n ratelimitd
+// replicas sharing a Redis. They are closed when the test ends.
+func replicasOf(t *testing.T, n int, newClient func() redis.UniversalClient) []*redisstore.Store {
+	t.Helper()
 	p := prefix(t)
-	var stores [2]*redisstore.Store
+	stores := make([]*redisstore.Store, n)
 	for i := range stores {
-		s, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: p})
+		s, err := redisstore.New(newClient(), redisstore.Options{Prefix: p})
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("New(Prefix %q): %v", p, err)
 		}
 		t.Cleanup(func() { s.Close() })
 		stores[i] = s

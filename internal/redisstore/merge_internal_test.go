@@ -10,7 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -18,14 +17,7 @@ import (
 // the callers' now, and the client it uses.
 func newCallerClockStore(t *testing.T, prefix string) (*Store, *redis.Client) {
 	t.Helper()
-	c := redistest.Start(t).Client()
-	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Clock: CallerClock, Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s, c
+	return ownServerStore(t, Options{Clock: CallerClock, Prefix: prefix})
 }
 
 // loadScripts loads scripts into c's server, for batches sent by hand.

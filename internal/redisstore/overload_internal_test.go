@@ -23,25 +23,34 @@ import (
 // trip never lands: the count is never taken back).
 func queueingStore(t *testing.T, srv *redistest.Server, batchWait time.Duration, onAbandoned func(error)) *Store {
 	t.Helper()
-	c, err := Dial(ClientOptions{URL: "redis://" + srv.Addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
 	var onBackend func(string, time.Duration, error)
 	if onAbandoned != nil {
 		onBackend = func(_ string, _ time.Duration, err error) { onAbandoned(err) }
 	}
-	s, err := New(c, Options{Prefix: "overload:", BatchWait: batchWait, OnBackend: onBackend})
+	s := dialedStore(t, srv.Addr, Options{Prefix: "overload:", BatchWait: batchWait, OnBackend: onBackend})
+	s.server.batch.inflight.Add(1)
+	t.Cleanup(func() { s.server.batch.inflight.Add(-1) })
+	return s
+}
+
+// dialedStore is a Store made with opts over a client Dial makes for the
+// Redis at addr (so with ratelimitd's timeouts), its scripts loaded
+// (Prepare). Both are closed when the test ends.
+func dialedStore(t *testing.T, addr string, opts Options) *Store {
+	t.Helper()
+	c, err := Dial(ClientOptions{URL: "redis://" + addr})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("Dial(%s): %v", addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, opts)
+	if err != nil {
+		t.Fatalf("New(%+v): %v", opts, err)
 	}
 	t.Cleanup(func() { s.Close() })
 	if err := s.Prepare(context.Background()); err != nil {
-		t.Fatal(err)
+		t.Fatalf("Prepare: %v", err)
 	}
-	s.server.batch.inflight.Add(1)
-	t.Cleanup(func() { s.server.batch.inflight.Add(-1) })
 	return s
 }
 
@@ -216,19 +225,7 @@ func TestSubmitWaitsForRoomUntilBy(t *testing.T) {
 // a second before its caller's deadline, as sent (InFlight > 0).
 func TestTakeByOfADirectCall(t *testing.T) {
 	srv := redistest.Start(t)
-	c, err := Dial(ClientOptions{URL: "redis://" + srv.Addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	s, err := New(c, Options{Prefix: "direct:"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if err := s.Prepare(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	s := dialedStore(t, srv.Addr, Options{Prefix: "direct:"})
 	if err := srv.Client().Do(context.Background(), "CLIENT", "PAUSE", "500", "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +234,7 @@ func TestTakeByOfADirectCall(t *testing.T) {
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 10}
 	before := s.Stats()
 	start := time.Now()
-	_, err = s.TakeBy(ctx, start.Add(20*time.Millisecond), start, []limiter.Request{{Key: "paused", Limit: l, Hits: 1}})
+	_, err := s.TakeBy(ctx, start.Add(20*time.Millisecond), start, []limiter.Request{{Key: "paused", Limit: l, Hits: 1}})
 	took := time.Since(start)
 	var de *limiter.DeadlineError
 	if !errors.As(err, &de) || de.InFlight == 0 {
