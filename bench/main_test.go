@@ -52,10 +52,7 @@ func TestCheckLoopback(t *testing.T) {
 // TestMixMatchesConfig checks that every request the mixes generate matches
 // the rule meant for it in the config --write-config writes.
 func TestMixMatchesConfig(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: []byte(benchConfig)}})
-	if err != nil {
-		t.Fatalf("config.Parse(benchConfig): %v", err)
-	}
+	set := servertest.ParseConfig(t, "bench.yaml", benchConfig)
 	voc := newVocabulary(1000)
 	mixed := newMixer(mixParams{mix: MixMixed, keyspace: 1000, overLimitShare: 0.2, zipfS: 1.1}, voc, 7)
 	entriesSeen := map[int]int{}
@@ -272,10 +269,7 @@ func TestFloorKey(t *testing.T) {
 // TestLoadAgainstServer drives the real handler with the written config:
 // once primed, exactly the calls aimed over the limit are OVER_LIMIT.
 func TestLoadAgainstServer(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: []byte(benchConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := servertest.ParseConfig(t, "bench.yaml", benchConfig)
 	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{})})
 	if err != nil {
 		t.Fatal(err)
