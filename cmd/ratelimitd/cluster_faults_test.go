@@ -619,7 +619,7 @@ func testProxyFault(t *testing.T, rc *redistest.ReplicatedCluster, f proxyFault)
 		// own.
 		faulted := func(c faultCall) bool { return onNode[c.value] && duringFault(c, faultAt, passAt) }
 		checkInTime(t, mode+" mode, every call but the faulted node's during the fault", all.where(func(c faultCall) bool { return !faulted(c) }), base, nz)
-		checkFaultedInTime(t, mode+" mode", all.where(faulted), faultAt, passAt, nz)
+		checkFaultedInTime(t, mode+" mode", all.where(faulted), faultAt, passAt, nz, fp.p)
 		checkHealthy(t, mode+" mode, the other masters' buckets from the fault on", all.where(func(c faultCall) bool {
 			return wide(c) && !onNode[c.value] && !c.start.Before(faultAt)
 		}), base, nz)
@@ -996,7 +996,7 @@ func TestClusterFaultsStandaloneBlackhole(t *testing.T) {
 	base := measureBaseline(all.where(func(c faultCall) bool { return c.end.Before(faultAt) && c.value != hotValue }), nz)
 	faulted := func(c faultCall) bool { return duringFault(c, faultAt, passAt) }
 	checkInTime(t, "standalone black hole, every call but those during the fault", all.where(func(c faultCall) bool { return !faulted(c) }), base, nz)
-	checkFaultedInTime(t, "standalone black hole", all.where(faulted), faultAt, passAt, nz)
+	checkFaultedInTime(t, "standalone black hole", all.where(faulted), faultAt, passAt, nz, p)
 	opened, ok := loggedNode(p, "backend failing", "", faultAt)
 	switch {
 	case backendFailingAt(p, faultAt):
@@ -1062,11 +1062,11 @@ func TestClusterFaultsStandaloneBlackhole(t *testing.T) {
 // fault (see duringFault) were answered within their deadline at the
 // client, but for those a stall explains. ratelimitd answers a call it
 // could not decide (one in flight when the fault began, one sent before
-// the breaker opened, the breaker's probe, one sent on a connection the
-// fault still holds after it ends) per the failure mode at the end of
-// its budget, a margin before the deadline: the margin must leave room
-// for the answer to reach the caller.
-func checkFaultedInTime(t *testing.T, what string, cs callSet, faultAt, passAt time.Time, nz noise) {
+// the breaker opened, one sent on a connection the fault still holds
+// after it ends) per the failure mode at the end of its budget, a margin
+// before the deadline: the margin must leave room for the answer to
+// reach the caller. A failure shows p's breaker lines.
+func checkFaultedInTime(t *testing.T, what string, cs callSet, faultAt, passAt time.Time, nz noise, p *proc) {
 	t.Helper()
 	late, explained := nz.failures(cs, pastDeadline)
 	var edge int // answered past the deadline by less than 5 ms
@@ -1083,8 +1083,8 @@ func checkFaultedInTime(t *testing.T, what string, cs callSet, faultAt, passAt t
 			when = append(when, fmt.Sprintf("%v after the fault began (it ended at %v), took %v, %s", c.start.Sub(faultAt).Round(100*time.Microsecond),
 				passAt.Sub(faultAt).Round(time.Millisecond), c.end.Sub(c.start).Round(100*time.Microsecond), c.arrival()))
 		}
-		t.Errorf("%s: %d of the faulted node's %d calls during the fault missed their %v deadline at the client, with no stall to explain it, %d of them by less than 5 ms (ratelimitd answered them too close to the deadline): %s; %s",
-			what, len(late), len(cs), faultDeadline, edge, strings.Join(when, "; "), nz.summary())
+		t.Errorf("%s: %d of the faulted node's %d calls during the fault missed their %v deadline at the client, with no stall to explain it, %d of them by less than 5 ms (ratelimitd answered them too close to the deadline): %s; %s; breaker lines:\n%s",
+			what, len(late), len(cs), faultDeadline, edge, strings.Join(when, "; "), nz.summary(), nodeLines(p))
 	}
 }
 

@@ -141,6 +141,12 @@ type batcher struct {
 		sent []int64
 	}
 	detached atomic.Int32
+	// answering is closed, and replaced, when a probe finds the server
+	// answering again, at answeredAt (Unix ns; see answered): a sender
+	// waiting for a round trip a fault held, maxDetached being reached,
+	// then goes on.
+	answering  atomic.Pointer[chan struct{}]
+	answeredAt atomic.Int64
 	// observe, when set, learns each round trip's calls as it is written.
 	observe func(batch []*call, sentAt int64)
 	// timers are stopped *time.Timer, for the callers that wait until a

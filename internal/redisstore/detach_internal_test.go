@@ -61,3 +61,54 @@ func TestADetachedRoundTripHoldsNoCallBack(t *testing.T) {
 		t.Errorf("%d round trips detached, want 1 (its answer still awaited)", n)
 	}
 }
+
+// TestAProbeFreesTheSendersAfterAFault: a black hole under load holds
+// more round trips than maxDetached, so both senders wait for theirs,
+// which the read timeout (500 ms) ends. Once the fault is over, a probe
+// is not queued behind them (it goes directly), and its success lets
+// the senders go on: a call sent just after is decided by Redis at once,
+// not after the read timeout.
+func TestAProbeFreesTheSendersAfterAFault(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy, err := faultproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	s := dialedStore(t, proxy.Addr(), Options{Prefix: "freed:", SlowAfter: 5 * time.Millisecond})
+	b := s.server.batch
+	b.inflight.Add(1) // every call coalesced, none sent directly
+	t.Cleanup(func() { b.inflight.Add(-1) })
+	take := func(timeout time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		_, err := s.Take(ctx, time.Now(), []limiter.Request{{Key: "k", Limit: limiter.Limit{Count: 10, Period: time.Second, Burst: 10}, Hits: 1}})
+		return err
+	}
+
+	proxy.Blackhole()
+	// Each call's round trip is detached 5 ms after it was written; the
+	// ones past maxDetached hold their sender.
+	for i := 0; b.detached.Load() < maxDetached+senders; i++ {
+		if i == 100 {
+			t.Fatalf("%d round trips detached after 100 calls, want %d", b.detached.Load(), maxDetached+senders)
+		}
+		take(8 * time.Millisecond)
+	}
+	if err := take(20 * time.Millisecond); err == nil {
+		t.Fatal("Take with both senders held succeeded")
+	}
+	proxy.Pass()
+	passed := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := s.Probe(ctx); err != nil {
+		t.Fatalf("Probe after the fault: %v, want nil: it is sent directly, not behind the held round trips", err)
+	}
+	if err := take(100 * time.Millisecond); err != nil {
+		t.Fatalf("Take after the probe: %v, want Redis's answer: the senders go on", err)
+	}
+	if took := time.Since(passed); took > 250*time.Millisecond {
+		t.Errorf("decided by Redis %v after the fault ended, want well within the read timeout (500ms)", took)
+	}
+}

@@ -122,10 +122,16 @@ func (s *Store) clusterSlots(ctx context.Context, cc *redis.ClusterClient) ([]re
 	return nil, errors.Join(errs...)
 }
 
-// probeKey takes a token from the probe bucket at key.
+// probeKey takes a token from the probe bucket at key, sent directly
+// (scriptCall.probe).
 func (s *Store) probeKey(ctx context.Context, key string) error {
+	now := time.Now()
 	reqs := []limiter.Request{{Key: key, Limit: probeLimit, Hits: 1}}
-	if _, err := s.run(ctx, time.Time{}, time.Now(), []string{key}, reqs, false); err != nil {
+	c := scriptCall{script: s.take, keys: []string{key}, args: s.takeArgs(now, reqs), take: reqs, now: now, probe: true}
+	if !reqs[0].Charge() {
+		c.alone = s.takeOne
+	}
+	if _, err := decodeTakeCmd(s.script(ctx, time.Time{}, c), reqs, false); err != nil {
 		return fmt.Errorf("redis probe of %s: %w", key, err)
 	}
 	return nil

@@ -224,6 +224,12 @@ type scriptCall struct {
 	// of a batch that ask alike (alikeOf) travel as one group, decided in
 	// one step (see envelopes).
 	groupable bool
+	// probe says the call is a breaker's probe (probeKey): it is sent
+	// directly, on a connection of its own, never queued behind the
+	// batcher's round trips, whose senders may be waiting for one a
+	// fault holds (see batcher.exchange); its success tells them the
+	// server answers again.
+	probe bool
 }
 
 // alike is what a groupable call asks: its bucket, its spec and its now
@@ -252,8 +258,11 @@ func (s *Store) script(ctx context.Context, by time.Time, c scriptCall) *redis.C
 }
 
 // send runs c on r's server: through r's batcher when coalescing, else
-// directly.
+// directly (a probe always directly).
 func (s *Store) send(r *route, ctx context.Context, by time.Time, c scriptCall) *redis.Cmd {
+	if c.probe {
+		return s.sendProbe(r, ctx, by, c)
+	}
 	if r.batch != nil && (c.asking || !r.batch.claimIdle()) {
 		return r.batch.await(ctx, r.batch.submit(ctx, by, c))
 	}
@@ -279,6 +288,26 @@ func (s *Store) send(r *route, ctx context.Context, by time.Time, c scriptCall) 
 		c.script = c.alone
 	}
 	return s.directTimed(ctx, r.client, c)
+}
+
+// sendProbe runs c, a probe, directly on r's server, within ctx and by:
+// a connection of the pool's, which a fault that holds the round trip
+// past its deadline closes. When it is answered, r's batcher hears that
+// the server answers again (batcher.answered).
+func (s *Store) sendProbe(r *route, ctx context.Context, by time.Time, c scriptCall) *redis.Cmd {
+	if !by.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, by)
+		defer cancel()
+	}
+	if c.alone != nil {
+		c.script = c.alone
+	}
+	cmd := s.directTimed(ctx, r.client, c)
+	if cmd.Err() == nil && r.batch != nil {
+		r.batch.answered()
+	}
+	return cmd
 }
 
 // ioDeadline is its Context with the deadline by, or the Context's own if

@@ -13,9 +13,34 @@ import (
 )
 
 // maxDetached bounds the round trips a batcher's senders go on without
-// (see exchange): a server that stopped answering holds that many
-// connections, besides the senders', until the read timeout.
+// (see exchange) while the server does not answer: a server that
+// stopped answering holds that many connections, besides the senders',
+// until the read timeout. Once a probe finds it answering again, the
+// senders go on whatever the count (see answered): the round trips a
+// fault still holds are given up on by the read timeout, and new ones
+// are answered.
 const maxDetached = 8
+
+// answered tells the senders that a probe found the server answering:
+// one waiting for a round trip a fault held (see exchange) goes on.
+func (b *batcher) answered() {
+	b.answeredAt.Store(time.Now().UnixNano())
+	ch := make(chan struct{})
+	if old := b.answering.Swap(&ch); old != nil {
+		close(*old)
+	}
+}
+
+// answeringAgain is closed when a probe next finds the server answering.
+func (b *batcher) answeringAgain() <-chan struct{} {
+	for {
+		if ch := b.answering.Load(); ch != nil {
+			return *ch
+		}
+		ch := make(chan struct{})
+		b.answering.CompareAndSwap(nil, &ch)
+	}
+}
 
 // sending records a round trip written at sent (Unix ns) as unanswered;
 // the function it returns records its answer.
@@ -156,9 +181,18 @@ func (b *batcher) exchange(batch []*call, timer *time.Timer) {
 	}
 	b.reportSlow(sentAt.Load())
 	if b.detached.Add(1) > maxDetached {
-		<-done
-		b.detached.Add(-1)
-		return
+		// Wait for it, unless a probe sent after it finds the server
+		// answering: this round trip is then lost to the fault, and the
+		// next ones are not.
+		again := b.answeringAgain()
+		if b.answeredAt.Load() <= sentAt.Load() {
+			select {
+			case <-done:
+				b.detached.Add(-1)
+				return
+			case <-again:
+			}
+		}
 	}
 	b.detach(sentAt.Load())
 	go func() {
