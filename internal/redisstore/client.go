@@ -30,6 +30,16 @@ const (
 	// DefaultPoolTimeout bounds waiting for a free connection when all
 	// PoolSize are busy: better to fail one request than to queue them.
 	DefaultPoolTimeout = 50 * time.Millisecond
+	// DefaultMaxIdleConns is how many idle connections a server's pool
+	// keeps; one given back beyond them is closed. Under load a server's
+	// calls use a few at once (one a sender of batches, one a call sent
+	// directly, one a give-back or a lease, the breaker's probe): 7-8 a
+	// process were open to a Cluster master under the fault suite's load.
+	// After a fault the senders go on while the round trips the fault
+	// held keep their connections until the read timeout (see
+	// maxDetached), so the pool grows by their number; this bound gives
+	// the growth back once the fault is over.
+	DefaultMaxIdleConns = 8
 )
 
 // ClientOptions says how to reach Redis. Exactly one of URL, SentinelMaster
@@ -154,6 +164,7 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 			ReadTimeout:           read,
 			WriteTimeout:          write,
 			PoolTimeout:           pool,
+			MaxIdleConns:          DefaultMaxIdleConns,
 			ContextTimeoutEnabled: true,
 			Protocol:              protocol,
 			MaxRetries:            maxRetries,
@@ -192,6 +203,9 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 		o.ReadTimeout = pick(opts.ReadTimeout, o.ReadTimeout, read)
 		o.WriteTimeout = pick(opts.WriteTimeout, o.WriteTimeout, write)
 		o.PoolTimeout = pick(opts.PoolTimeout, o.PoolTimeout, pool)
+		if o.MaxIdleConns == 0 { // the URL's max_idle_conns wins
+			o.MaxIdleConns = DefaultMaxIdleConns
+		}
 		o.ContextTimeoutEnabled = true
 		o.Protocol = protocol
 		o.MaxRetries = maxRetries
