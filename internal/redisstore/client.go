@@ -31,15 +31,17 @@ const (
 	// PoolSize are busy: better to fail one request than to queue them.
 	DefaultPoolTimeout = 50 * time.Millisecond
 	// DefaultMaxIdleConns is how many idle connections a server's pool
-	// keeps; one given back beyond them is closed. Under load a server's
-	// calls use a few at once (one a sender of batches, one a call sent
-	// directly, one a give-back or a lease, the breaker's probe): 7-8 a
-	// process were open to a Cluster master under the fault suite's load.
+	// keeps; one given back beyond them is closed (more may be in use, up
+	// to PoolSize). A server's calls use a few at once: one for each of
+	// the two senders of batches, one for a call sent directly when none
+	// is in flight, one for a give-back, a lease or the breaker's probe.
 	// After a fault the senders go on while the round trips the fault
 	// held keep their connections until the read timeout (see
 	// maxDetached), so the pool grows by their number; this bound gives
-	// the growth back once the fault is over.
-	DefaultMaxIdleConns = 8
+	// the growth back once the fault is over. (With 8, the fault suite
+	// once saw 15 connections to a master before a black hole and 20
+	// after; with 4, 15-21 before and 15-18 after, in 8 runs.)
+	DefaultMaxIdleConns = 4
 )
 
 // ClientOptions says how to reach Redis. Exactly one of URL, SentinelMaster
