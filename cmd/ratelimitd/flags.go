@@ -85,7 +85,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&c.redis.TLSCert, "redis-tls-cert", "", "PEM client certificate for Redis servers that require one (with --redis-tls-key)")
 	fs.StringVar(&c.redis.TLSKey, "redis-tls-key", "", "PEM key of --redis-tls-cert")
 	fs.StringVar(&c.redis.Prefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key")
-	fs.IntVar(&c.redis.PoolSize, "redis-pool-size", 0, "connections per Redis node (0: 10 per CPU)")
+	fs.IntVar(&c.redis.PoolSize, "redis-pool-size", 0, "most connections per Redis node (0: 32)")
 	fs.DurationVar(&c.redis.DialTimeout, "redis-dial-timeout", 0, fmt.Sprintf("Redis dial timeout (0: %v)", redisstore.DefaultDialTimeout))
 	fs.DurationVar(&c.redis.ReadTimeout, "redis-read-timeout", 0, fmt.Sprintf("how long Redis may hold a round trip before it has failed it (0: %v)", redisstore.DefaultReadTimeout))
 	fs.DurationVar(&c.redis.WriteTimeout, "redis-write-timeout", 0, fmt.Sprintf("Redis write timeout (0: %v)", redisstore.DefaultWriteTimeout))

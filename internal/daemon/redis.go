@@ -303,7 +303,7 @@ func redisCollectors(store func() redisstore.Stats, cache func() denialcache.Sta
 			"Round trips to Redis (one pipeline, to each node it names on a Cluster, counts once).",
 			func() int64 { return store().RoundTrips }),
 		counter("ratelimitd_redis_direct_calls_total",
-			"Script calls sent at once from their caller's goroutine because no round trip was in flight.",
+			"Script calls sent at once from their caller's goroutine, because no round trip was in flight or as a probe.",
 			func() int64 { return store().Direct }),
 		counter("ratelimitd_redis_give_back_failures_total",
 			"Cluster give-backs (a request across hash slots that one slot denied) that failed or missed the request's deadline: their tokens stay spent until they refill.",

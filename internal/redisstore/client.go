@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -30,6 +31,18 @@ const (
 	// DefaultPoolTimeout bounds waiting for a free connection when all
 	// PoolSize are busy: better to fail one request than to queue them.
 	DefaultPoolTimeout = 50 * time.Millisecond
+	// DefaultPoolSize is the most connections a server's pool opens. A
+	// fault holds, until the read timeout, a round trip for each of the
+	// two senders of batches and up to maxDetached (8) they went on
+	// without, and as many again once a probe finds the server answering
+	// (see maxDetached); beside them go a call sent directly, give-backs,
+	// leases, the breaker's probe and, on a Cluster, the slot map's
+	// reloads: about 24 at the worst. go-redis's default, 10 a P, was 10
+	// here (the process starts on one P): a black hole filled it, and the
+	// probes after the fault waited for a connection until the read
+	// timeout freed one, so Redis decided again only 0.55 s after the
+	// fault ended (in about one run in five of the fault suite).
+	DefaultPoolSize = 32
 	// DefaultMaxIdleConns is how many idle connections a server's pool
 	// keeps; one given back beyond them is closed (more may be in use, up
 	// to PoolSize). A server's calls use a few at once: one for each of
@@ -75,8 +88,8 @@ type ClientOptions struct {
 	// its own; clusters have only 0).
 	DB int
 
-	// PoolSize is the number of connections per server. Default the URL's
-	// pool_size, else go-redis's 10 per GOMAXPROCS.
+	// PoolSize is the most connections per server. Default the URL's
+	// pool_size, else DefaultPoolSize.
 	PoolSize int
 	// DialTimeout, ReadTimeout, WriteTimeout and PoolTimeout default to the
 	// URL's dial_timeout, read_timeout, write_timeout and pool_timeout if
@@ -161,7 +174,7 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 		return &redis.UniversalOptions{
 			Username:              opts.Username,
 			Password:              opts.Password,
-			PoolSize:              opts.PoolSize,
+			PoolSize:              cmp.Or(opts.PoolSize, DefaultPoolSize),
 			DialTimeout:           dial,
 			ReadTimeout:           read,
 			WriteTimeout:          write,
@@ -198,9 +211,7 @@ func Dial(opts ClientOptions) (redis.UniversalClient, error) {
 		}
 		// Options set here win over the URL's query, which wins over the
 		// defaults.
-		if opts.PoolSize != 0 {
-			o.PoolSize = opts.PoolSize
-		}
+		o.PoolSize = cmp.Or(opts.PoolSize, o.PoolSize, DefaultPoolSize)
 		o.DialTimeout = pick(opts.DialTimeout, o.DialTimeout, dial)
 		o.ReadTimeout = pick(opts.ReadTimeout, o.ReadTimeout, read)
 		o.WriteTimeout = pick(opts.WriteTimeout, o.WriteTimeout, write)

@@ -101,6 +101,42 @@ func TestDialDefaults(t *testing.T) {
 	}
 }
 
+// TestDialPoolSizes: a server's pool opens at most DefaultPoolSize
+// connections (go-redis's 10 a P is 10 on one P, fewer than a fault
+// holds) and keeps at most DefaultMaxIdleConns idle, unless the URL's
+// query or ClientOptions say otherwise (ClientOptions win).
+func TestDialPoolSizes(t *testing.T) {
+	for _, tt := range []struct {
+		name              string
+		opts              redisstore.ClientOptions
+		wantSize, wantIdl int
+	}{
+		{"URL", redisstore.ClientOptions{URL: "redis://localhost:6379"}, redisstore.DefaultPoolSize, redisstore.DefaultMaxIdleConns},
+		{"URL's query", redisstore.ClientOptions{URL: "redis://localhost:6379?pool_size=7&max_idle_conns=2"}, 7, 2},
+		{"options over the URL's query", redisstore.ClientOptions{URL: "redis://localhost:6379?pool_size=7", PoolSize: 5}, 5, redisstore.DefaultMaxIdleConns},
+		{"Sentinel", redisstore.ClientOptions{SentinelMaster: "m", SentinelAddrs: []string{"localhost:26379"}}, redisstore.DefaultPoolSize, redisstore.DefaultMaxIdleConns},
+		{"Cluster, options", redisstore.ClientOptions{ClusterAddrs: []string{"localhost:7000"}, PoolSize: 3}, 3, redisstore.DefaultMaxIdleConns},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := redisstore.Dial(tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var size, idle int
+			switch c := c.(type) {
+			case *redis.Client:
+				size, idle = c.Options().PoolSize, c.Options().MaxIdleConns
+			case *redis.ClusterClient:
+				size, idle = c.Options().PoolSize, c.Options().MaxIdleConns
+			}
+			if size != tt.wantSize || idle != tt.wantIdl {
+				t.Errorf("pool size %d, max idle %d; want %d, %d", size, idle, tt.wantSize, tt.wantIdl)
+			}
+		})
+	}
+}
+
 // takeOnce checks that a store over c answers a Take spanning several keys.
 func takeOnce(t *testing.T, c redisstore.Client) {
 	t.Helper()

@@ -303,6 +303,7 @@ func (s *Store) sendProbe(r *route, ctx context.Context, by time.Time, c scriptC
 	if c.alone != nil {
 		c.script = c.alone
 	}
+	s.stats.direct.Add(1)
 	cmd := s.directTimed(ctx, r.client, c)
 	if cmd.Err() == nil && r.batch != nil {
 		r.batch.answered()

@@ -215,7 +215,8 @@ type Stats struct {
 	// with EVAL after NOSCRIPT adds one.
 	RoundTrips int64
 	// Direct is the number of calls sent from their caller's goroutine
-	// because, coalescing, they found Redis idle (a subset of Calls).
+	// because, coalescing, they found Redis idle, or because they were a
+	// probe (a subset of Calls).
 	Direct int64
 	// GiveBackFailures is the number of give-back calls (a Take across
 	// hash slots that one slot denied) that failed or were not answered
