@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,6 +17,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 const concurrencyConfig = `domain: ai
@@ -37,20 +37,17 @@ descriptors:
 // leaseReq is the request-time (or, release, the stream-done) call for
 // lease id of model.
 func leaseReq(model, id string, release bool) *rlsv3.RateLimitRequest {
-	d := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: model}, {Key: "request_id", Value: id}}}
+	d := servertest.Desc("model", model, "request_id", id)
 	if release {
 		d.HitsAddend, d.IsNegativeHits = wrapperspb.UInt64(1), true
 	}
-	return &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}
+	return servertest.Request("ai", d)
 }
 
 // poolKey is the Redis key of model's pool under the default prefix.
 func poolKey(t *testing.T, srv *redistest.Server, model string) string {
 	t.Helper()
-	set, err := config.Parse([]config.File{{Name: "ai.yaml", Data: []byte(concurrencyConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := servertest.ParseConfig(t, "ai.yaml", concurrencyConfig)
 	entries := []config.Entry{{Key: "model", Value: model}, {Key: "request_id", Value: "x"}}
 	st, err := redisstore.New(srv.Client(), redisstore.Options{})
 	if err != nil {
@@ -71,7 +68,7 @@ func TestConcurrencyAcrossReplicas(t *testing.T) {
 	var conns []rlsv3.RateLimitServiceClient
 	for range 3 {
 		p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr)
-		conns = append(conns, rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr)))
+		conns = append(conns, rlsClient(t, p.grpcAddr))
 	}
 	key := poolKey(t, srv, "vllm")
 	rc := srv.Client()
@@ -162,8 +159,8 @@ func TestConcurrencyAcrossReplicas(t *testing.T) {
 func TestConcurrencyWaitAcrossReplicas(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := writeConfig(t, map[string]string{"ai.yaml": concurrencyConfig})
-	a := rlsv3.NewRateLimitServiceClient(dial(t, startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr).grpcAddr))
-	b := rlsv3.NewRateLimitServiceClient(dial(t, startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr).grpcAddr))
+	a := rlsClient(t, startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr).grpcAddr)
+	b := rlsClient(t, startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr).grpcAddr)
 	key := poolKey(t, srv, "solo")
 	ctx := context.Background()
 	call := func(c rlsv3.RateLimitServiceClient, ctx context.Context, id string, release bool) (rlsv3.RateLimitResponse_Code, error) {

@@ -10,6 +10,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // TestDrainCutExitStatus runs the binary with a call held for its token
@@ -31,7 +33,7 @@ func TestDrainCutExitStatus(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := writeConfig(t, map[string]string{"agents.yaml": holdConfig})
 			p := startProc(t, "--config", cfg, "--shutdown-timeout", tt.timeout)
-			held := holdCall(t, dial(t, p.grpcAddr))
+			held := holdCall(t, servertest.Dial(t, p.grpcAddr))
 			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // launchAs starts the test binary under the name prog (a link to it in a
@@ -92,8 +92,7 @@ func ask(t *testing.T, client rlsv3.RateLimitServiceClient, key, value string) r
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "istio", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}})
+	resp, err := client.ShouldRateLimit(ctx, servertest.Request("istio", servertest.Desc(key, value)))
 	if err != nil {
 		t.Fatalf("ShouldRateLimit(%s=%s): %v", key, value, err)
 	}
@@ -148,7 +147,7 @@ func TestRunAsRatelimitWithIstiosEnvironment(t *testing.T) {
 			if !strings.HasPrefix(p.grpcAddr, "127.0.0.1:") {
 				t.Fatalf("gRPC on %q, want GRPC_HOST's 127.0.0.1", p.grpcAddr)
 			}
-			client := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
+			client := rlsClient(t, p.grpcAddr)
 			for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
 				if got := ask(t, client, "user", "alice"); got != want {
 					t.Fatalf("call %d for user=alice: %v, want %v\n%s", i+1, got, want, p.logs)
@@ -260,7 +259,7 @@ func TestRunAsRatelimitFollowsTheRootLink(t *testing.T) {
 	env := istioProcessEnv(current, "BACKEND_TYPE", "memory", "REDIS_URL", "", "REDIS_SOCKET_TYPE", "")
 	delete(env, "RUNTIME_WATCH_ROOT") // the default, true
 	p := launchAs(t, "ratelimit", env)
-	client := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
+	client := rlsClient(t, p.grpcAddr)
 	if got := [2]rlsv3.RateLimitResponse_Code{ask(t, client, "path", "/a"), ask(t, client, "path", "/a")}; got[1] != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("path unlimited before the swap: got %v", got)
 	}

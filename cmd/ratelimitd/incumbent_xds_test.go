@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -42,8 +41,7 @@ func egRule0(t *testing.T, client rlsv3.RateLimitServiceClient, domain, route st
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: route, Value: route}, {Key: "rule-0-match-0", Value: "rule-0-match-0"}}}}})
+	resp, err := client.ShouldRateLimit(ctx, servertest.Request(domain, servertest.Desc(route, route, "rule-0-match-0", "rule-0-match-0")))
 	if err != nil {
 		t.Fatalf("ShouldRateLimit: %v", err)
 	}
@@ -197,19 +195,17 @@ func TestRunAsRatelimitWithAIGatewaysEnvironment(t *testing.T) {
 		}
 	}
 
-	client := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
-	desc := func(name string) *ratelimitv3.RateLimitDescriptor {
-		return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
-			{Key: "backend_name", Value: name}, {Key: "model_name_override", Value: "gpt-4o"}}}
-	}
+	client := rlsClient(t, p.grpcAddr)
+	req := servertest.Request(xdstest.AIGatewayDomain,
+		servertest.Desc("backend_name", "default/openai", "model_name_override", "gpt-4o"),
+		servertest.Desc("backend_name", "default/azure", "model_name_override", "gpt-4o"))
 	type answer struct{ overall, openai, azure rlsv3.RateLimitResponse_Code }
 	const ok, over = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
 	// openai allows 1 a minute, azure 3: the first call passes both; the
 	// next two are OK on azure's room alone; then both are over.
 	for i, want := range []answer{{ok, ok, ok}, {ok, over, ok}, {ok, over, ok}, {over, over, over}} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: xdstest.AIGatewayDomain,
-			Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("default/openai"), desc("default/azure")}})
+		resp, err := client.ShouldRateLimit(ctx, req)
 		cancel()
 		if err != nil {
 			t.Fatalf("call %d: %v", i+1, err)

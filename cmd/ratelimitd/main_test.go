@@ -15,11 +15,10 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 const fivePerMinute = `domain: api
@@ -29,16 +28,12 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 5, name: gpt-4o}
 `
 
-// writeConfig writes files into a fresh directory and returns it.
+// writeConfig is the config directory of a run or a process, holding
+// files (name → descriptor YAML): servertest.DescriptorDir's, removed when
+// the test ends. It fails the test if a file cannot be written.
 func writeConfig(t *testing.T, files map[string]string) string {
 	t.Helper()
-	dir := t.TempDir()
-	for name, body := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
+	return servertest.DescriptorDir(t, files)
 }
 
 // addrWatcher is a log writer that remembers where the server listens.
@@ -112,19 +107,17 @@ func startRunWith(t *testing.T, files map[string]string, extra ...string) (grpcA
 	return
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+// rlsClient is a RateLimitService client of the server at addr on a
+// connection of its own (servertest.Dial's: it connects at the first call
+// and is closed when the test ends).
+func rlsClient(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return rlsv3.NewRateLimitServiceClient(servertest.Dial(t, addr))
 }
 
 func TestServeAnswersHealthAndLimits(t *testing.T) {
 	grpcAddr, httpAddr, cancel, waitErr := startRun(t)
-	conn := dial(t, grpcAddr)
+	conn := servertest.Dial(t, grpcAddr)
 	ctx := context.Background()
 
 	hc := healthpb.NewHealthClient(conn)
@@ -135,20 +128,13 @@ func TestServeAnswersHealthAndLimits(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/healthz", "/readyz"} {
-		resp, err := http.Get("http://" + httpAddr + path)
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("GET %s = %d, want 200", path, resp.StatusCode)
+		if code, _ := servertest.Get(t, "http://"+httpAddr+path); code != http.StatusOK {
+			t.Errorf("GET %s = %d, want 200", path, code)
 		}
 	}
 
 	rls := rlsv3.NewRateLimitServiceClient(conn)
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "gpt-4o"}},
-	}}}
+	req := servertest.Request("api", servertest.Desc("model", "gpt-4o"))
 	var remaining []uint32
 	for range 5 {
 		resp, err := rls.ShouldRateLimit(ctx, req)

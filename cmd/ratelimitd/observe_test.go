@@ -8,9 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
@@ -29,10 +26,8 @@ func TestServeObservability(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			grpcAddr, httpAddr, _, _ := startRun(t, tt.args...)
-			rls := rlsv3.NewRateLimitServiceClient(dial(t, grpcAddr))
-			req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-				Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "gpt-4o"}},
-			}}}
+			rls := rlsClient(t, grpcAddr)
+			req := servertest.Request("api", servertest.Desc("model", "gpt-4o"))
 			for range 7 { // 5 pass, 2 are shed
 				if _, err := rls.ShouldRateLimit(context.Background(), req); err != nil {
 					t.Fatal(err)

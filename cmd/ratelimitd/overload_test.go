@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -368,9 +367,7 @@ func pauseRedis(srv *redistest.Server, p *proc, rls rlsv3.RateLimitServiceClient
 		time.Sleep(2 * time.Millisecond)
 	}
 	end := at.Add(pause)
-	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "after-the-pause"}},
-	}}}
+	req := servertest.Request("mesh", servertest.Desc("k", "after-the-pause"))
 	for time.Since(end) < within {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		resp, err := rls.ShouldRateLimit(ctx, req)
@@ -405,11 +402,9 @@ func callUnique(ctx context.Context, rls rlsv3.RateLimitServiceClient, tag strin
 	for i := range callers {
 		wg.Go(func() {
 			for j := 0; j < maxCalls && ctx.Err() == nil; j++ {
-				req := &rlsv3.RateLimitRequest{Domain: "many"}
+				req := servertest.Request("many")
 				for d := range descs {
-					req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{
-						Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: fmt.Sprintf("%s-caller-%d-call-%d-desc-%d", tag, i, j, d)}},
-					})
+					req.Descriptors = append(req.Descriptors, servertest.Desc("k", fmt.Sprintf("%s-caller-%d-call-%d-desc-%d", tag, i, j, d)))
 				}
 				callCtx, cancel := context.WithTimeout(context.Background(), callTimeout)
 				resp, err := rls.ShouldRateLimit(callCtx, req)
@@ -512,7 +507,7 @@ descriptors:
 		t.Run(fmt.Sprintf("%dx%d", tt.callers, tt.descs), func(t *testing.T) {
 			srv := redistest.Start(t)
 			p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr)
-			rls := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
+			rls := rlsClient(t, p.grpcAddr)
 			// At most 400k buckets a case, whatever the machine's speed.
 			maxCalls := 400_000 / (tt.callers * tt.descs)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -557,51 +552,13 @@ descriptors:
 // check answered), so that a load's clock does not run while it connects.
 func openConn(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
-	conn := dial(t, addr)
+	conn := servertest.Dial(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("health check of %s: %v", addr, err)
 	}
 	return conn
-}
-
-// meshLoad is runLoad over open connections: callers goroutines, spread
-// over clients in turn, call ShouldRateLimit on runLoad's bucket (domain
-// mesh, k=one) until ctx ends, each call with its own deadline.
-func meshLoad(ctx context.Context, clients []rlsv3.RateLimitServiceClient, callers int, callTimeout time.Duration) *loadResult {
-	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "one"}},
-	}}}
-	res := &loadResult{errs: map[codes.Code]int{}}
-	var wg sync.WaitGroup
-	for i := range callers {
-		c := clients[i%len(clients)]
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				callCtx, cancel := context.WithTimeout(context.Background(), callTimeout)
-				start := time.Now()
-				resp, err := c.ShouldRateLimit(callCtx, req)
-				took := time.Since(start)
-				cancel()
-				for old := res.slowest.Load(); int64(took) > old && !res.slowest.CompareAndSwap(old, int64(took)); old = res.slowest.Load() {
-				}
-				switch {
-				case err != nil:
-					res.mu.Lock()
-					res.errs[status.Code(err)]++
-					res.mu.Unlock()
-				case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
-					res.admitted.Add(1)
-				default:
-					res.denied.Add(1)
-				}
-				time.Sleep(time.Millisecond) // pace, as runLoad does
-			}
-		})
-	}
-	wg.Wait()
-	return res
 }
 
 // warnings returns p's log lines above info level.
@@ -705,7 +662,7 @@ func TestNotServingUntilRedisIsReady(t *testing.T) {
 	// startProc returns once the first preparation failed ("backend not
 	// ready" logged).
 	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "error")
-	conn := dial(t, p.grpcAddr)
+	conn := servertest.Dial(t, p.grpcAddr)
 	hc := healthpb.NewHealthClient(conn)
 	health := func() (map[string]healthpb.HealthCheckResponse_ServingStatus, bool) {
 		t.Helper()
@@ -764,16 +721,13 @@ func TestNotServingUntilRedisIsReady(t *testing.T) {
 	for i := range 8 {
 		wg.Go(func() {
 			for j := range 25 {
-				req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-					Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: fmt.Sprintf("first-%d-%d", i, j)}},
-				}}}
+				req := servertest.Request("mesh", servertest.Desc("k", fmt.Sprintf("first-%d-%d", i, j)))
 				ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
 				start := time.Now()
 				resp, err := rls.ShouldRateLimit(ctx, req)
 				took := time.Since(start)
 				cancel()
-				for old := slowest.Load(); int64(took) > old && !slowest.CompareAndSwap(old, int64(took)); old = slowest.Load() {
-				}
+				raiseTo(&slowest, int64(took))
 				switch {
 				case err != nil:
 					mu.Lock()

@@ -30,8 +30,8 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -228,15 +228,27 @@ func (l launchingProc) await(t *testing.T) *proc {
 	return nil
 }
 
+// readiness is what p tells its probes: gRPC health of the service
+// "ratelimit", asked on conn (a connection to p), and the status code and
+// body of GET /readyz. It fails the test if either cannot be asked.
+func (p *proc) readiness(t *testing.T, conn *grpc.ClientConn) (health healthpb.HealthCheckResponse_ServingStatus, code int, body string) {
+	t.Helper()
+	h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	if err != nil {
+		t.Fatalf("health check: %v", err)
+	}
+	code, body = servertest.Get(t, "http://"+p.httpAddr+"/readyz")
+	return h.GetStatus(), code, body
+}
+
 const meshConfig = `domain: mesh
 descriptors:
   - key: k
     rate_limit: {unit: second, requests_per_unit: 100, burst: 20, name: hot}
 `
 
-// load runs clients that call ShouldRateLimit on one bucket through the
-// given servers, round-robin, until ctx is done, each call with its own
-// deadline. It returns the admitted and denied counts and the other errors.
+// loadResult is what a load's calls were answered: the admitted and
+// denied counts, the other errors by code, and the slowest call's time.
 type loadResult struct {
 	admitted, denied atomic.Int64
 	mu               sync.Mutex
@@ -244,47 +256,83 @@ type loadResult struct {
 	slowest          atomic.Int64 // ns
 }
 
-func runLoad(ctx context.Context, t *testing.T, addrs []string, clients int, callTimeout time.Duration) *loadResult {
-	t.Helper()
-	conns := make([]rlsv3.RateLimitServiceClient, len(addrs))
-	for i, a := range addrs {
-		conns[i] = rlsv3.NewRateLimitServiceClient(dial(t, a))
+// record counts one call of the load that took took and was answered
+// resp, err. It is safe for concurrent use.
+func (r *loadResult) record(took time.Duration, resp *rlsv3.RateLimitResponse, err error) {
+	raiseTo(&r.slowest, int64(took))
+	switch {
+	case err != nil:
+		r.mu.Lock()
+		r.errs[status.Code(err)]++
+		r.mu.Unlock()
+	case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+		r.admitted.Add(1)
+	default:
+		r.denied.Add(1)
 	}
-	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "one"}},
-	}}}
-	res := &loadResult{errs: map[codes.Code]int{}}
+}
+
+// raiseTo raises *a to v if it is less: *a is the maximum of the values
+// raised to, whatever the goroutines' order.
+func raiseTo(a *atomic.Int64, v int64) {
+	for old := a.Load(); v > old && !a.CompareAndSwap(old, v); old = a.Load() {
+	}
+}
+
+// meshRequest is a call on runLoad's bucket: domain mesh, k=one (the
+// bucket of meshConfig, wideConfig and sentinelFailoverConfig).
+func meshRequest() *rlsv3.RateLimitRequest {
+	return servertest.Request("mesh", servertest.Desc("k", "one"))
+}
+
+// callEach runs callers goroutines, spread over clients in turn, each
+// calling ShouldRateLimit with req until ctx is done (or it has made
+// 100,000 calls, more than a test's load makes), each call with its own
+// deadline callTimeout and a 1 ms pause after it: about one call a
+// millisecond a caller at most. After each call it calls seen, in the
+// caller's goroutine, with the caller's index (0 to callers-1), when the
+// call started and ended, and its answer. It returns once every caller
+// has stopped.
+func callEach(ctx context.Context, clients []rlsv3.RateLimitServiceClient, callers int, callTimeout time.Duration, req *rlsv3.RateLimitRequest,
+	seen func(caller int, start, end time.Time, resp *rlsv3.RateLimitResponse, err error)) {
 	var wg sync.WaitGroup
-	for i := range clients {
-		c := conns[i%len(conns)]
+	for i := range callers {
+		c := clients[i%len(clients)]
 		wg.Go(func() {
 			for n := 0; n < 100_000 && ctx.Err() == nil; n++ {
 				callCtx, cancel := context.WithTimeout(context.Background(), callTimeout)
 				start := time.Now()
 				resp, err := c.ShouldRateLimit(callCtx, req)
-				took := time.Since(start)
+				end := time.Now()
 				cancel()
-				for {
-					old := res.slowest.Load()
-					if int64(took) <= old || res.slowest.CompareAndSwap(old, int64(took)) {
-						break
-					}
-				}
-				switch {
-				case err != nil:
-					res.mu.Lock()
-					res.errs[status.Code(err)]++
-					res.mu.Unlock()
-				case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
-					res.admitted.Add(1)
-				default:
-					res.denied.Add(1)
-				}
-				time.Sleep(time.Millisecond) // pace: 50 clients, ~1 call per ms each at most
+				seen(i, start, end, resp, err)
+				time.Sleep(time.Millisecond)
 			}
 		})
 	}
 	wg.Wait()
+}
+
+// runLoad runs clients callers that call ShouldRateLimit on one bucket
+// (meshRequest) through the servers at addrs, round-robin, each on a
+// connection of its own server's, until ctx is done, each call with its
+// own deadline, as callEach does. It returns what the calls were answered.
+func runLoad(ctx context.Context, t *testing.T, addrs []string, clients int, callTimeout time.Duration) *loadResult {
+	t.Helper()
+	conns := make([]rlsv3.RateLimitServiceClient, len(addrs))
+	for i, a := range addrs {
+		conns[i] = rlsClient(t, a)
+	}
+	return meshLoad(ctx, conns, clients, callTimeout)
+}
+
+// meshLoad is runLoad over clients already made (connected, say, so that
+// the load's clock does not run while they connect).
+func meshLoad(ctx context.Context, clients []rlsv3.RateLimitServiceClient, callers int, callTimeout time.Duration) *loadResult {
+	res := &loadResult{errs: map[codes.Code]int{}}
+	callEach(ctx, clients, callers, callTimeout, meshRequest(), func(_ int, start, end time.Time, resp *rlsv3.RateLimitResponse, err error) {
+		res.record(end.Sub(start), resp, err)
+	})
 	return res
 }
 
@@ -400,13 +448,9 @@ func TestRedisKilledDuringLoad(t *testing.T) {
 // has.
 func goroutines(t *testing.T, httpAddr string) int {
 	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/debug/pprof/goroutine?debug=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	_, body := servertest.Get(t, "http://"+httpAddr+"/debug/pprof/goroutine?debug=1")
 	var n int
-	if _, err := fmt.Fscanf(resp.Body, "goroutine profile: total %d", &n); err != nil {
+	if _, err := fmt.Sscanf(body, "goroutine profile: total %d", &n); err != nil {
 		t.Fatalf("reading the goroutine profile: %v", err)
 	}
 	return n
@@ -567,10 +611,8 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 	cfg := writeConfig(t, map[string]string{"api.yaml": fivePerMinute})
 	url := fmt.Sprintf("rediss://limiter:s3cret@127.0.0.1:%d", port)
 	p := startProc(t, "--config", cfg, "--redis-url", url, "--redis-tls-ca", caFile, "--backend-timeout", "1s")
-	rls := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "gpt-4o"}},
-	}}}
+	rls := rlsClient(t, p.grpcAddr)
+	req := servertest.Request("api", servertest.Desc("model", "gpt-4o"))
 	var codesSeen []rlsv3.RateLimitResponse_Code
 	deadline := time.Now().Add(10 * time.Second) // redis-server may still be starting
 	for len(codesSeen) < 6 && time.Now().Before(deadline) {
@@ -589,13 +631,13 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 	// The wrong password is refused: calls fail, never admit.
 	bad := startProc(t, "--config", cfg, "--redis-url", fmt.Sprintf("rediss://limiter:wrong@127.0.0.1:%d", port),
 		"--redis-tls-ca", caFile, "--backend-timeout", "1s")
-	_, err = rlsv3.NewRateLimitServiceClient(dial(t, bad.grpcAddr)).ShouldRateLimit(context.Background(), req)
+	_, err = rlsClient(t, bad.grpcAddr).ShouldRateLimit(context.Background(), req)
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("wrong password: %v, want Unavailable", err)
 	}
 	// Without the CA the server's certificate is not trusted.
 	untrusted := startProc(t, "--config", cfg, "--redis-url", url, "--backend-timeout", "1s")
-	_, err = rlsv3.NewRateLimitServiceClient(dial(t, untrusted.grpcAddr)).ShouldRateLimit(context.Background(), req)
+	_, err = rlsClient(t, untrusted.grpcAddr).ShouldRateLimit(context.Background(), req)
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("untrusted certificate: %v, want Unavailable", err)
 	}
@@ -616,14 +658,12 @@ descriptors:
 	var clients []rlsv3.RateLimitServiceClient
 	for range 2 {
 		p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--backend-timeout", "1s")
-		clients = append(clients, rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr)))
+		clients = append(clients, rlsClient(t, p.grpcAddr))
 	}
 	aliases := []string{"gpt-4o", "gpt-4o-latest", "chat-default"}
 	var got []string
 	for i := range 12 {
-		req := &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: aliases[i%3]}},
-		}}}
+		req := servertest.Request("ai", servertest.Desc("model", aliases[i%3]))
 		resp, err := clients[i%2].ShouldRateLimit(context.Background(), req)
 		if err != nil {
 			t.Fatalf("call %d: %v", i+1, err)
@@ -647,24 +687,12 @@ func TestHealthFollowsTheFailureMode(t *testing.T) {
 		"--breaker-open-for", "100ms", "--redis-dial-timeout", "50ms"}
 	strict := startProc(t, append(args, "--on-backend-failure", "error")...)
 	lenient := startProc(t, append(args, "--on-backend-failure", "deny")...)
-	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "health"}},
-	}}}
+	req := servertest.Request("mesh", servertest.Desc("k", "health"))
 	state := func(p *proc) (healthpb.HealthCheckResponse_ServingStatus, int, string) {
 		t.Helper()
-		conn := dial(t, p.grpcAddr)
+		conn := servertest.Dial(t, p.grpcAddr)
 		rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), req)
-		h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
-		if err != nil {
-			t.Fatalf("health check: %v", err)
-		}
-		resp, err := http.Get("http://" + p.httpAddr + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return h.GetStatus(), resp.StatusCode, string(body)
+		return p.readiness(t, conn)
 	}
 	serving := healthpb.HealthCheckResponse_SERVING
 	if h, code, _ := state(strict); h != serving || code != http.StatusOK {
@@ -720,10 +748,8 @@ descriptors:
   - {key: client, rate_limit: {unit: hour, requests_per_unit: 1}}
 `})
 	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--backend-timeout", "1s")
-	rls := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}},
-	}}}
+	rls := rlsClient(t, p.grpcAddr)
+	req := servertest.Request("api", servertest.Desc("client", "a"))
 	var got []string
 	for range 3 {
 		resp, err := rls.ShouldRateLimit(context.Background(), req)

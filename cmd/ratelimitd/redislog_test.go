@@ -13,10 +13,8 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // TestRedisLoggerWritesThroughSlog: a go-redis line comes out as one record
@@ -133,9 +131,7 @@ func TestRefusingAddr(t *testing.T) {
 func TestGoRedisLogsAreJSON(t *testing.T) {
 	refusing := refusingAddr(t)
 	dir := writeConfig(t, map[string]string{"api.yaml": fivePerMinute})
-	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "gpt-4o"}},
-	}}}
+	req := servertest.Request("api", servertest.Desc("model", "gpt-4o"))
 	tests := []struct {
 		level       string
 		wantGoRedis bool
@@ -147,7 +143,7 @@ func TestGoRedisLogsAreJSON(t *testing.T) {
 		t.Run(tt.level, func(t *testing.T) {
 			p := startProc(t, "--config", dir, "--redis-url", "redis://"+refusing, "--log-level", tt.level,
 				"--on-backend-failure", "allow", "--redis-dial-timeout", "50ms", "--backend-timeout", "100ms")
-			rls := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
+			rls := rlsClient(t, p.grpcAddr)
 			// Calls until failover has logged the outage: by then go-redis
 			// has failed to dial, and logged it, several times.
 			deadline := time.Now().Add(10 * time.Second)

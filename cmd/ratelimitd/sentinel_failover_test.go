@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -107,7 +106,7 @@ func testSentinelFailover(t *testing.T, tt failoverCase) {
 	procs := []*proc{startProc(t, args...), startProc(t, args...)}
 	conns := make([]rlsv3.RateLimitServiceClient, len(procs))
 	for i, p := range procs {
-		conns[i] = rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
+		conns[i] = rlsClient(t, p.grpcAddr)
 	}
 	dump := func() string {
 		var b strings.Builder
@@ -400,26 +399,11 @@ func (c timedCall) answer() string {
 // until ctx is done, each call with its own deadline. The calls are
 // returned in the order they started.
 func runTimedLoad(ctx context.Context, conns []rlsv3.RateLimitServiceClient, clients int, callTimeout time.Duration) []timedCall {
-	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "one"}},
-	}}}
 	per := make([][]timedCall, clients)
-	var wg sync.WaitGroup
-	for i := range clients {
-		c := conns[i%len(conns)]
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				callCtx, cancel := context.WithTimeout(context.Background(), callTimeout)
-				start := time.Now()
-				resp, err := c.ShouldRateLimit(callCtx, req)
-				cancel()
-				per[i] = append(per[i], timedCall{start: start, end: time.Now(), code: status.Code(err),
-					admitted: err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OK})
-				time.Sleep(time.Millisecond) // pace, as runLoad does
-			}
-		})
-	}
-	wg.Wait()
+	callEach(ctx, conns, clients, callTimeout, meshRequest(), func(i int, start, end time.Time, resp *rlsv3.RateLimitResponse, err error) {
+		per[i] = append(per[i], timedCall{start: start, end: end, code: status.Code(err),
+			admitted: err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OK})
+	})
 	all := slices.Concat(per...)
 	slices.SortFunc(all, func(a, b timedCall) int { return a.start.Compare(b.start) })
 	return all
@@ -511,9 +495,7 @@ func (p *failoverProbes) run(ctx context.Context, conns []rlsv3.RateLimitService
 		callCtx, cancel := context.WithTimeout(context.Background(), failoverCallTimeout)
 		defer cancel()
 		pc := probeCall{proc: proc, start: time.Now()}
-		resp, err := conns[proc].ShouldRateLimit(callCtx, &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "probe", Value: value}},
-		}}})
+		resp, err := conns[proc].ShouldRateLimit(callCtx, servertest.Request("mesh", servertest.Desc("probe", value)))
 		pc.end = time.Now()
 		if err != nil {
 			pc.got = status.Code(err).String()

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -45,9 +44,7 @@ type callResult struct {
 func holdCall(t *testing.T, conn *grpc.ClientConn) <-chan callResult {
 	t.Helper()
 	rls := rlsv3.NewRateLimitServiceClient(conn)
-	req := &rlsv3.RateLimitRequest{Domain: "agents", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "agent", Value: "a"}},
-	}}}
+	req := servertest.Request("agents", servertest.Desc("agent", "a"))
 	if resp, err := rls.ShouldRateLimit(context.Background(), req); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("first ShouldRateLimit = %v, %v; want OK", resp.GetOverallCode(), err)
 	}
@@ -86,7 +83,7 @@ func checkHeldCall(t *testing.T, held <-chan callResult) {
 // --shutdown-timeout (GracefulStop waits for every open stream).
 func TestShutdownDoesNotWaitForHealthWatches(t *testing.T) {
 	grpcAddr, _, cancel, waitErr := startRunWith(t, map[string]string{"agents.yaml": holdConfig}, "--shutdown-timeout", "1m")
-	conn := dial(t, grpcAddr)
+	conn := servertest.Dial(t, grpcAddr)
 	watch, err := healthpb.NewHealthClient(conn).Watch(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
@@ -127,7 +124,7 @@ func TestReadyzFailsDuringShutdown(t *testing.T) {
 	if code, body := servertest.Get(t, "http://"+httpAddr+"/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz before shutdown = %d %q, want 200", code, body)
 	}
-	held := holdCall(t, dial(t, grpcAddr))
+	held := holdCall(t, servertest.Dial(t, grpcAddr))
 	cancel()
 	var code int
 	var body string
@@ -192,7 +189,7 @@ func TestSIGHUPNeverEndsTheProcess(t *testing.T) {
 	t.Run("while draining", func(t *testing.T) {
 		cfg := writeConfig(t, map[string]string{"agents.yaml": holdConfig})
 		p := startProc(t, "--config", cfg, "--shutdown-timeout", "1m")
-		held := holdCall(t, dial(t, p.grpcAddr))
+		held := holdCall(t, servertest.Dial(t, p.grpcAddr))
 		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
@@ -279,21 +276,15 @@ func TestHealthStaysDownOnReadOnlyRedis(t *testing.T) {
 	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
 	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "error",
 		"--backend-timeout", "50ms", "--breaker-open-for", "50ms")
-	conn := dial(t, p.grpcAddr)
+	conn := servertest.Dial(t, p.grpcAddr)
 	// health says whether gRPC health is SERVING and /readyz 200.
 	health := func() (serving, ready bool) {
 		t.Helper()
-		h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
-		if err != nil {
-			t.Fatalf("health check: %v", err)
-		}
-		code, _ := servertest.Get(t, "http://"+p.httpAddr+"/readyz")
-		return h.GetStatus() == healthpb.HealthCheckResponse_SERVING, code == http.StatusOK
+		h, code, _ := p.readiness(t, conn)
+		return h == healthpb.HealthCheckResponse_SERVING, code == http.StatusOK
 	}
 	rls := rlsv3.NewRateLimitServiceClient(conn)
-	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "probe"}},
-	}}}
+	req := servertest.Request("mesh", servertest.Desc("k", "probe"))
 	redisDo := func(args ...any) {
 		t.Helper()
 		if err := srv.Client().Do(context.Background(), args...).Err(); err != nil {
@@ -344,27 +335,16 @@ func TestHealthComesBackWithoutCalls(t *testing.T) {
 	dir := writeConfig(t, map[string]string{"mesh.yaml": meshConfig})
 	p := startProc(t, "--config", dir, "--redis-url", "redis://"+srv.Addr, "--on-backend-failure", "error",
 		"--backend-timeout", "50ms", "--breaker-open-for", "100ms", "--redis-dial-timeout", "50ms")
-	conn := dial(t, p.grpcAddr)
-	health := func() (healthpb.HealthCheckResponse_ServingStatus, int) {
-		t.Helper()
-		h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
-		if err != nil {
-			t.Fatalf("health check: %v", err)
-		}
-		code, _ := servertest.Get(t, "http://"+p.httpAddr+"/readyz")
-		return h.GetStatus(), code
-	}
+	conn := servertest.Dial(t, p.grpcAddr)
 	rls := rlsv3.NewRateLimitServiceClient(conn)
-	req := &rlsv3.RateLimitRequest{Domain: "mesh", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "probe"}},
-	}}}
+	req := servertest.Request("mesh", servertest.Desc("k", "probe"))
 
 	srv.Stop()
 	// Calls fail until the breaker opens.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rls.ShouldRateLimit(context.Background(), req)
-		if h, code := health(); h == healthpb.HealthCheckResponse_NOT_SERVING && code == http.StatusServiceUnavailable {
+		if h, code, _ := p.readiness(t, conn); h == healthpb.HealthCheckResponse_NOT_SERVING && code == http.StatusServiceUnavailable {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -379,7 +359,7 @@ func TestHealthComesBackWithoutCalls(t *testing.T) {
 	back := time.Now()
 	// No call from here on: only health checks.
 	for {
-		h, code := health()
+		h, code, _ := p.readiness(t, conn)
 		if h == healthpb.HealthCheckResponse_SERVING && code == http.StatusOK {
 			t.Logf("serving again %v after Redis came back, with no call", time.Since(back).Round(time.Millisecond))
 			break
