@@ -1,7 +1,6 @@
 package envoygateway
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
@@ -13,10 +12,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/proctest"
 )
 
 const (
@@ -34,30 +34,13 @@ const (
 type process struct {
 	name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *proctest.Buffer
 	done chan struct{}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 func start(t *testing.T, name string, env []string, bin string, args ...string) *process {
 	t.Helper()
-	p := &process{name: name, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &process{name: name, out: &proctest.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = env
 	var w io.Writer = p.out
