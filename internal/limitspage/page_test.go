@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/limitspage"
@@ -301,7 +299,7 @@ func BenchmarkTrackerObserveCall(b *testing.B) {
 	f := newFixture(b)
 	set := f.srv.Config()
 	rule := set.Lookup("ai-gateway", []config.Entry{{Key: "model", Value: "gpt-4o"}, {Key: "client", Value: "acme"}})
-	d := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "gpt-4o"}, {Key: "client", Value: "acme"}}}
+	d := servertest.Desc("model", "gpt-4o", "client", "acme")
 	tr := limitspage.NewTracker(limitspage.TrackerOptions{})
 	call := server.Call{Domain: "ai-gateway", Start: f.clock.Now(), Descriptors: []server.DescriptorOutcome{
 		{Descriptor: d, Rule: rule, Outcome: server.WithinLimit, Hits: 1, Limit: rule.Limits[0].Limit, Decision: limiter.Decision{Allowed: true, Remaining: 4}},

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/limitspage"
@@ -55,7 +53,7 @@ func (u use) call(tb testing.TB, set *config.Set, t0 time.Time) server.Call {
 		l = u.limit
 	}
 	o := server.DescriptorOutcome{
-		Descriptor: &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: u.key, Value: u.value}}},
+		Descriptor: servertest.Desc(u.key, u.value),
 		Rule:       rule, Outcome: server.WithinLimit, Hits: 1, Limit: l,
 		Decision: limiter.Decision{Allowed: true, Remaining: l.Burst - u.used},
 	}
@@ -285,10 +283,9 @@ func zipfCalls(tb testing.TB, n int, t0 time.Time) (prime, calls []server.Call) 
 	}
 	methods := []string{"GET", "POST", "PUT", "DELETE"}
 	call := func(at time.Time, allowed bool, kv ...string) server.Call {
-		d := &ratelimitv3.RateLimitDescriptor{}
+		d := servertest.Desc(kv...)
 		var entries []config.Entry
 		for i := 0; i+1 < len(kv); i += 2 {
-			d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
 			entries = append(entries, config.Entry{Key: kv[i], Value: kv[i+1]})
 		}
 		rule := set.Lookup("bench", entries)
