@@ -9,7 +9,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redact"
 	"github.com/ratelimitd/ratelimitd/internal/server"
-	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 // TestDetailedValuesAgeOut walks a timeline of calls on a detailed_metric
@@ -39,19 +38,9 @@ func TestDetailedValuesAgeOut(t *testing.T) {
 		// A clock that went back evicts nothing and ages nothing.
 		{5 * min, "junk4", []string{"_other", "junk3", "real2"}, 3},
 	}
-	m, err := metrics.New(metrics.Options{MaxValuesPerRule: 2, ValueIdle: 10 * min})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{MaxValuesPerRule: 2, ValueIdle: 10 * min})
 	now := t0
-	srv, err := server.New(server.Options{
-		Store:    limiter.NewMemoryStore(limiter.MemoryOptions{}),
-		Now:      func() time.Time { return now },
-		Observer: m,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := newServerClocked(t, m, func() time.Time { return now })
 	srv.SetConfig(mustParse(t, testConfig))
 	for i, s := range steps {
 		now = t0.Add(s.at)
@@ -122,10 +111,7 @@ func TestDetailedValuesRedacted(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode.String(), func(t *testing.T) {
-			m, err := metrics.New(metrics.Options{Redact: tt.mode})
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := newMetrics(t, metrics.Options{Redact: tt.mode})
 			srv := newServer(t, m)
 			for _, u := range tt.users {
 				if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"user", u})); err != nil {
@@ -159,10 +145,7 @@ func TestIncumbentValuesRedacted(t *testing.T) {
 // TestPolicyCounted: calls a policy answered are counted by cause and
 // action (the server sets Call.Guard; internal/server's tests pin when).
 func TestPolicyCounted(t *testing.T) {
-	m, err := metrics.New(metrics.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{})
 	for _, g := range []server.Guard{
 		{Cause: server.CauseInvalidOverride, Action: "deny"},
 		{Cause: server.CauseInvalidOverride, Action: "deny"},

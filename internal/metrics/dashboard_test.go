@@ -46,10 +46,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 		t.Fatalf("dashboard has title %q and %d panels, want both", dash.Title, len(dash.Panels))
 	}
 
-	m, err := metrics.New(metrics.Options{Backend: "memory"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{Backend: "memory"})
 	srv := newServer(t, m)
 	for _, d := range [][]string{{"model", "gpt-4o"}, {"model", "unknown"}, {"caller", "internal"}} {
 		if _, err := srv.ShouldRateLimit(context.Background(), request("api", d)); err != nil {
@@ -100,10 +97,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 // query selects is one ratelimitd_descriptor_requests_total exports.
 func TestGrafanaDashboardFollowsItsVariables(t *testing.T) {
 	dash := readDashboard(t)
-	m, err := metrics.New(metrics.Options{Backend: "memory"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{Backend: "memory"})
 	srv := newServer(t, m)
 	for _, d := range [][]string{{"model", "gpt-4o"}, {"model", "unknown"}} {
 		if _, err := srv.ShouldRateLimit(context.Background(), request("api", d)); err != nil {

@@ -56,10 +56,7 @@ func TestBackendErrorKinds(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m, err := metrics.New(metrics.Options{Backend: "redis"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := newMetrics(t, metrics.Options{Backend: "redis"})
 			srv, err := server.New(server.Options{Store: failingStore{tt.err}, Observer: m})
 			if err != nil {
 				t.Fatal(err)

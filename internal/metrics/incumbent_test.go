@@ -39,10 +39,7 @@ descriptors:
 // them, both with incumbentKeysConfig loaded.
 func incumbentKeysServer(t *testing.T, opts metrics.Options) (*metrics.Metrics, *server.Server) {
 	t.Helper()
-	m, err := metrics.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, opts)
 	srv := newServerWithoutConfig(t, m)
 	set := mustParse(t, incumbentKeysConfig)
 	m.ConfigLoaded(set)
@@ -88,10 +85,7 @@ func TestIncumbentStatKeys(t *testing.T) {
 // request's entries (key alone for an empty value); a domain with a dot
 // shifts the labels, as the mapper splits the stat key at every dot.
 func TestIncumbentOverrideAndDottedDomain(t *testing.T) {
-	m, err := metrics.New(metrics.Options{IncumbentNames: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{IncumbentNames: true})
 	srv := newServerWithoutConfig(t, m)
 	// An override applies only in a domain the config has (as in the
 	// incumbent): api has a file, with no rule for tenant.
@@ -146,10 +140,7 @@ func TestIncumbentNearLimit(t *testing.T) {
 		{1, 4, 4, 0},     // no near threshold below the limit
 	}
 	for _, tt := range tests {
-		m, err := metrics.New(metrics.Options{IncumbentNames: true, NearLimitRatio: tt.ratio})
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := newMetrics(t, metrics.Options{IncumbentNames: true, NearLimitRatio: tt.ratio})
 		srv := newServerWithoutConfig(t, m)
 		set := mustParse(t, "domain: api\ndescriptors:\n  - {key: k, rate_limit: {unit: hour, requests_per_unit: "+strconv.Itoa(tt.limit)+"}}\n")
 		m.ConfigLoaded(set)

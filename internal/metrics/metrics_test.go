@@ -60,15 +60,34 @@ func newServer(t testing.TB, m server.Observer) *server.Server {
 func newServerWithoutConfig(t testing.TB, m server.Observer) *server.Server {
 	t.Helper()
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	return newServerClocked(t, m, func() time.Time { return now })
+}
+
+// newServerClocked returns a server on the memory store, without a config
+// yet, that reads the time from now and reports to m. It fails the test if
+// server.New does.
+func newServerClocked(t testing.TB, m server.Observer, now func() time.Time) *server.Server {
+	t.Helper()
 	srv, err := server.New(server.Options{
 		Store:    limiter.NewMemoryStore(limiter.MemoryOptions{}),
-		Now:      func() time.Time { return now },
+		Now:      now,
 		Observer: m,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return srv
+}
+
+// newMetrics returns the metrics opts describe. It fails the test if
+// metrics.New does.
+func newMetrics(t testing.TB, opts metrics.Options) *metrics.Metrics {
+	t.Helper()
+	m, err := metrics.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 func request(domain string, descs ...[]string) *rlsv3.RateLimitRequest {
@@ -121,10 +140,7 @@ func value(t *testing.T, reg prometheus.Gatherer, name string, labels map[string
 }
 
 func TestMetricsFollowScriptedCalls(t *testing.T) {
-	m, err := metrics.New(metrics.Options{Backend: "memory", MaxValuesPerRule: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{Backend: "memory", MaxValuesPerRule: 3})
 	srv := newServer(t, m)
 	ctx := context.Background()
 	call := func(req *rlsv3.RateLimitRequest) {
@@ -225,10 +241,7 @@ func TestDetailedValuesAreBounded(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("max%d_users%d", tt.max, tt.users), func(t *testing.T) {
-			m, err := metrics.New(metrics.Options{MaxValuesPerRule: tt.max})
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := newMetrics(t, metrics.Options{MaxValuesPerRule: tt.max})
 			srv := newServer(t, m)
 			for i := range tt.users {
 				if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"user", fmt.Sprint(i)})); err != nil {
@@ -258,10 +271,7 @@ func TestDetailedValuesAreBounded(t *testing.T) {
 }
 
 func TestRefundDoesNotPanic(t *testing.T) {
-	m, err := metrics.New(metrics.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{})
 	set := mustParse(t, testConfig)
 	gpt := set.Lookup("api", []config.Entry{{Key: "model", Value: "gpt-4o"}})
 	req := request("api", []string{"model", "gpt-4o"})
@@ -295,10 +305,7 @@ func TestNearLimitRatio(t *testing.T) {
 		{0.01, 5}, // remaining < 4.95: all
 	}
 	for _, tt := range tests {
-		m, err := metrics.New(metrics.Options{NearLimitRatio: tt.ratio})
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := newMetrics(t, metrics.Options{NearLimitRatio: tt.ratio})
 		srv := newServer(t, m)
 		for range 5 {
 			if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"model", "gpt-4o"})); err != nil {
@@ -313,10 +320,7 @@ func TestNearLimitRatio(t *testing.T) {
 }
 
 func TestHandlerServesText(t *testing.T) {
-	m, err := metrics.New(metrics.Options{ProcessMetrics: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{ProcessMetrics: true})
 	srv := newServer(t, m)
 	if _, err := srv.ShouldRateLimit(context.Background(), request("api", []string{"model", "gpt-4o"})); err != nil {
 		t.Fatal(err)
@@ -339,10 +343,7 @@ func BenchmarkObserveCall(b *testing.B) {
 }
 
 func benchmarkObserveCall(b *testing.B, opts metrics.Options) {
-	m, err := metrics.New(opts)
-	if err != nil {
-		b.Fatal(err)
-	}
+	m := newMetrics(b, opts)
 	set := mustParse(b, testConfig)
 	gpt := set.Lookup("api", []config.Entry{{Key: "model", Value: "gpt-4o"}})
 	user := set.Lookup("api", []config.Entry{{Key: "user", Value: "u1"}})
@@ -366,10 +367,7 @@ func benchmarkObserveCall(b *testing.B, opts metrics.Options) {
 // deletes its series (they could never move again); the rules it keeps go
 // on counting from where they were.
 func TestReloadDropsSeriesOfRemovedRules(t *testing.T) {
-	m, err := metrics.New(metrics.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{})
 	srv := newServer(t, m)
 	m.ConfigLoaded(mustParse(t, testConfig))
 	ctx := context.Background()
@@ -462,10 +460,7 @@ func ruleSeries(t *testing.T, reg prometheus.Gatherer, rule string) map[string]i
 // detailed_metric rule keeps its labelled values, so the bound on them
 // holds across any number of reloads.
 func TestReloadKeepsDetailedValuesBounded(t *testing.T) {
-	m, err := metrics.New(metrics.Options{MaxValuesPerRule: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{MaxValuesPerRule: 2})
 	srv := newServer(t, m)
 	for reload := range 5 {
 		m.ConfigLoaded(mustParse(t, testConfig))
@@ -485,10 +480,7 @@ func TestReloadKeepsDetailedValuesBounded(t *testing.T) {
 // value, and turning it back on does the reverse; the new series start at
 // zero.
 func TestReloadFlipsDetailedMetric(t *testing.T) {
-	m, err := metrics.New(metrics.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{})
 	rule := func(detailed bool) string {
 		return fmt.Sprintf(`
 domain: api

@@ -76,10 +76,7 @@ func TestDescriptorCountersCountTokensAsked(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m, err := metrics.New(metrics.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := newMetrics(t, metrics.Options{})
 			srv := newServerWithoutConfig(t, m)
 			srv.SetConfig(mustParse(t, servertest.OutcomesConfig))
 			for _, descs := range tt.calls {
@@ -115,10 +112,7 @@ func TestDescriptorCountersCountTokensAsked(t *testing.T) {
 // one of the bounded domains; such calls count as domain="_invalid", and
 // a later valid domain still gets its own label.
 func TestInvalidRequestsTakeNoDomain(t *testing.T) {
-	m, err := metrics.New(metrics.Options{MaxDomains: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{MaxDomains: 2})
 	srv := newServer(t, m)
 	ctx := context.Background()
 	invalid := []*rlsv3.RateLimitRequest{
@@ -170,10 +164,7 @@ func TestRuleLimitInfoIgnoresReplacedRules(t *testing.T) {
 	cfg := func(n int) string {
 		return fmt.Sprintf("domain: api\ndescriptors:\n  - key: model\n    rate_limit: {unit: minute, requests_per_unit: %d, name: models}\n", n)
 	}
-	m, err := metrics.New(metrics.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{})
 	srv := newServerWithoutConfig(t, m)
 	old, next := mustParse(t, cfg(100)), mustParse(t, cfg(200))
 	srv.SetConfig(old)
@@ -230,10 +221,7 @@ func TestNearLimitIsExact(t *testing.T) {
 	gpt := set.Lookup("api", []config.Entry{{Key: "model", Value: "gpt-4o"}})
 	req := request("api", []string{"model", "gpt-4o"})
 	for _, tt := range tests {
-		m, err := metrics.New(metrics.Options{NearLimitRatio: tt.ratio})
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := newMetrics(t, metrics.Options{NearLimitRatio: tt.ratio})
 		l := limiter.Limit{Count: tt.burst, Period: time.Minute, Burst: tt.burst}
 		m.ObserveCall(server.Call{Domain: "api", Checked: true, Code: codes.OK, Overall: rlsv3.RateLimitResponse_OK,
 			Descriptors: []server.DescriptorOutcome{{Descriptor: req.Descriptors[0], Rule: gpt, Outcome: server.WithinLimit,

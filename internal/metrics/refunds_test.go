@@ -12,10 +12,7 @@ import (
 // TestRefundTokensCounted: the tokens refunds asked back count as given or
 // refused, per domain; a call without refunds counts nothing.
 func TestRefundTokensCounted(t *testing.T) {
-	m, err := metrics.New(metrics.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{})
 	for _, r := range []server.RefundOutcome{{Asked: 1000, Given: 1000}, {Asked: 1e9, Given: 4}, {Asked: 7}, {}} {
 		m.ObserveCall(server.Call{Domain: "ai", Checked: true, Code: codes.OK, Refunds: r})
 	}

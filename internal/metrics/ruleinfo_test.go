@@ -4,15 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
-	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
-	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 func TestRuleLimitInfoSaysWhatIsCounted(t *testing.T) {
@@ -28,22 +25,13 @@ descriptors:
   - key: free
     rate_limit: {unlimited: true, name: free}
 `)
-	m, err := metrics.New(metrics.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Observer: m})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMetrics(t, metrics.Options{})
+	srv := newServerClocked(t, m, time.Now)
 	srv.SetConfig(set)
 	m.ConfigLoaded(set)
 	// Rules without a bucket (deny-all, unlimited) describe no limit.
-	for _, e := range []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "model", Value: "claude"}, {Key: "blocked", Value: "x"}, {Key: "free", Value: "x"}} {
-		req := &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{e},
-		}}}
-		if _, err := srv.ShouldRateLimit(context.Background(), req); err != nil {
+	for _, d := range [][]string{{"model", "claude"}, {"blocked", "x"}, {"free", "x"}} {
+		if _, err := srv.ShouldRateLimit(context.Background(), request("ai", d)); err != nil {
 			t.Fatal(err)
 		}
 	}
