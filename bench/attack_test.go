@@ -17,6 +17,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -35,11 +36,7 @@ func parseBenchConfigs(t *testing.T) *config.Set {
 }
 
 func lookup(set *config.Set, domain string, kv ...string) string {
-	var entries []config.Entry
-	for i := 0; i+1 < len(kv); i += 2 {
-		entries = append(entries, config.Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	if r := set.Lookup(domain, entries); r != nil {
+	if r := set.Lookup(domain, servertest.Entries(kv...)); r != nil {
 		return r.Name
 	}
 	return ""

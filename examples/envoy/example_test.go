@@ -29,6 +29,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 
 	// Extensions that envoy.yaml names only in typed_config "@type" URLs;
 	// the import registers them so that protojson can resolve the Any.
@@ -851,22 +852,22 @@ func TestDescriptorFilesLoad(t *testing.T) {
 		group     string // Limits[0].Group
 		unlimited bool
 	}{
-		{entries: entries("model", "gpt-4o"), group: "openai-gpt-4o"},
-		{entries: entries("model", "gpt-4o", "client", "team-a"), group: "openai-gpt-4o-per-client"},
-		{entries: entries("model", "chat-default", "client", "team-a"), group: "openai-gpt-4o-per-client"},
-		{entries: entries("model", "claude-sonnet", "kind", "requests"), name: "claude-sonnet-rpm"},
-		{entries: entries("model", "claude-sonnet", "kind", "tokens"), name: "claude-sonnet-otpm"},
-		{entries: entries("model", "claude-sonnet")},                        // only its kinds are limited
-		{entries: entries("model", "claude-sonnet", "client", "team-a")},    // no per-client level
-		{entries: entries("model", "llama-3.1-70b"), name: "llama-3.1-70b"}, // waits
-		{entries: entries("model", "gpt-4o-mini"), name: "gpt-4o-mini-rpm"}, // not a gpt-4o alias
-		{entries: entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"), name: "gpt-4o-mini-client-tokens"},
-		{entries: entries("model", "gpt-4o-mini", "kind", "budget")},   // only per client
-		{entries: entries("model", "gpt-4o-mini", "client", "team-a")}, // no per-client request limit
-		{entries: entries("model", "some-new-model"), name: "other-models"},
-		{entries: entries("model", "some-new-model", "client", "team-a")},
-		{entries: entries("caller", "internal"), name: "internal", unlimited: true},
-		{entries: entries("caller", "someone-else")},
+		{entries: servertest.Entries("model", "gpt-4o"), group: "openai-gpt-4o"},
+		{entries: servertest.Entries("model", "gpt-4o", "client", "team-a"), group: "openai-gpt-4o-per-client"},
+		{entries: servertest.Entries("model", "chat-default", "client", "team-a"), group: "openai-gpt-4o-per-client"},
+		{entries: servertest.Entries("model", "claude-sonnet", "kind", "requests"), name: "claude-sonnet-rpm"},
+		{entries: servertest.Entries("model", "claude-sonnet", "kind", "tokens"), name: "claude-sonnet-otpm"},
+		{entries: servertest.Entries("model", "claude-sonnet")},                        // only its kinds are limited
+		{entries: servertest.Entries("model", "claude-sonnet", "client", "team-a")},    // no per-client level
+		{entries: servertest.Entries("model", "llama-3.1-70b"), name: "llama-3.1-70b"}, // waits
+		{entries: servertest.Entries("model", "gpt-4o-mini"), name: "gpt-4o-mini-rpm"}, // not a gpt-4o alias
+		{entries: servertest.Entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"), name: "gpt-4o-mini-client-tokens"},
+		{entries: servertest.Entries("model", "gpt-4o-mini", "kind", "budget")},   // only per client
+		{entries: servertest.Entries("model", "gpt-4o-mini", "client", "team-a")}, // no per-client request limit
+		{entries: servertest.Entries("model", "some-new-model"), name: "other-models"},
+		{entries: servertest.Entries("model", "some-new-model", "client", "team-a")},
+		{entries: servertest.Entries("caller", "internal"), name: "internal", unlimited: true},
+		{entries: servertest.Entries("caller", "someone-else")},
 	}
 	for _, tt := range tests {
 		r := set.Lookup(domain, tt.entries)
@@ -885,25 +886,25 @@ func TestDescriptorFilesLoad(t *testing.T) {
 	}
 
 	// The tokens rule is post-paid and counts tokens; the llama rule waits.
-	if r := set.Lookup(domain, entries("model", "claude-sonnet", "kind", "tokens")); r != nil {
+	if r := set.Lookup(domain, servertest.Entries("model", "claude-sonnet", "kind", "tokens")); r != nil {
 		if l := r.Limits[0]; l.Counts != config.Tokens || l.Limit.MaxDebt <= 0 {
 			t.Errorf("claude-sonnet tokens: counts %v, max_debt %d; want tokens with an overdraft", l.Counts, l.Limit.MaxDebt)
 		}
 	}
 	// The gpt-4o-mini budget is refunded and post-paid: it counts tokens
 	// and has an overdraft, one bucket per client.
-	a := set.Lookup(domain, entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"))
-	b := set.Lookup(domain, entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-b"))
+	a := set.Lookup(domain, servertest.Entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"))
+	b := set.Lookup(domain, servertest.Entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-b"))
 	if a != nil {
 		if l := a.Limits[0]; l.Counts != config.Tokens || l.Limit.MaxDebt <= 0 {
 			t.Errorf("gpt-4o-mini budget: counts %v, max_debt %d; want tokens with an overdraft", l.Counts, l.Limit.MaxDebt)
 		}
-		ea, eb := entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"), entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-b")
+		ea, eb := servertest.Entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"), servertest.Entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-b")
 		if b == nil || string(a.AppendKey(nil, 0, ea)) == string(b.AppendKey(nil, 0, eb)) {
 			t.Errorf("gpt-4o-mini budget: team-a and team-b share a bucket; want one per client (refunds reach only their own)")
 		}
 	}
-	if r := set.Lookup(domain, entries("model", "llama-3.1-70b")); r != nil && r.Limits[0].MaxWait <= 0 {
+	if r := set.Lookup(domain, servertest.Entries("model", "llama-3.1-70b")); r != nil && r.Limits[0].MaxWait <= 0 {
 		t.Errorf("llama-3.1-70b: no max_wait")
 	}
 }
@@ -926,29 +927,20 @@ func TestAliasesShareOneBucket(t *testing.T) {
 		}
 		return r.Limits[0].Group, string(r.AppendKey(nil, 0, e))
 	}
-	group, bucket := key(entries("model", gpt4oAliases[0]))
-	clientGroup, clientBucket := key(entries("model", gpt4oAliases[0], "client", "team-a"))
+	group, bucket := key(servertest.Entries("model", gpt4oAliases[0]))
+	clientGroup, clientBucket := key(servertest.Entries("model", gpt4oAliases[0], "client", "team-a"))
 	if group == "" || clientGroup == "" || group == clientGroup {
 		t.Fatalf("gpt-4o: groups %q and per-client %q; want two distinct groups", group, clientGroup)
 	}
 	for _, alias := range gpt4oAliases[1:] {
-		if g, b := key(entries("model", alias)); g != group || b != bucket {
+		if g, b := key(servertest.Entries("model", alias)); g != group || b != bucket {
 			t.Errorf("model=%s: group %q, bucket %q; want %q's group %q and its bucket", alias, g, b, gpt4oAliases[0], group)
 		}
-		if g, b := key(entries("model", alias, "client", "team-a")); g != clientGroup || b != clientBucket {
+		if g, b := key(servertest.Entries("model", alias, "client", "team-a")); g != clientGroup || b != clientBucket {
 			t.Errorf("model=%s, client=team-a: group %q, bucket %q; want group %q and the same bucket as under %s", alias, g, b, clientGroup, gpt4oAliases[0])
 		}
 	}
-	if _, b := key(entries("model", "chat-default", "client", "team-b")); b == clientBucket {
+	if _, b := key(servertest.Entries("model", "chat-default", "client", "team-b")); b == clientBucket {
 		t.Errorf("team-b shares team-a's per-client bucket; want one bucket per client")
 	}
-}
-
-// entries builds a descriptor from key, value pairs.
-func entries(kv ...string) []config.Entry {
-	var out []config.Entry
-	for i := 0; i+1 < len(kv); i += 2 {
-		out = append(out, config.Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	return out
 }

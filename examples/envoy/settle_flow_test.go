@@ -14,6 +14,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -192,7 +193,7 @@ func TestReserveThenSettleRouting(t *testing.T) {
 	if r == nil || r.GetName() != "gpt-4o-mini" {
 		t.Fatal("x-max-tokens 99999: not the gpt-4o-mini route")
 	}
-	rule := loadSet(t).Lookup(s.domain, entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"))
+	rule := loadSet(t).Lookup(s.domain, servertest.Entries("model", "gpt-4o-mini", "kind", "budget", "client", "team-a"))
 	if rule == nil || rule.Limits[0].Limit.MaxDebt < 99999 {
 		t.Fatalf("gpt-4o-mini budget rule %v: max_debt below 99999, the largest estimate the route admits", rule)
 	}

@@ -284,11 +284,7 @@ func zipfCalls(tb testing.TB, n int, t0 time.Time) (prime, calls []server.Call) 
 	methods := []string{"GET", "POST", "PUT", "DELETE"}
 	call := func(at time.Time, allowed bool, kv ...string) server.Call {
 		d := servertest.Desc(kv...)
-		var entries []config.Entry
-		for i := 0; i+1 < len(kv); i += 2 {
-			entries = append(entries, config.Entry{Key: kv[i], Value: kv[i+1]})
-		}
-		rule := set.Lookup("bench", entries)
+		rule := set.Lookup("bench", servertest.Entries(kv...))
 		if rule == nil {
 			tb.Fatalf("no rule for %v", kv)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -65,10 +66,7 @@ func backends(t *testing.T) map[string]func(t *testing.T) limiter.Store {
 // (hits 0) taken at now: limit is the index into the rule's limits.
 func left(t *testing.T, store limiter.Store, set *config.Set, now time.Time, limit int, kv ...string) int64 {
 	t.Helper()
-	var entries []config.Entry
-	for i := 0; i+1 < len(kv); i += 2 {
-		entries = append(entries, config.Entry{Key: kv[i], Value: kv[i+1]})
-	}
+	entries := servertest.Entries(kv...)
 	r := set.Lookup("ai", entries)
 	if r == nil {
 		t.Fatalf("no rule for %v", kv)

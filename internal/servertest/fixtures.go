@@ -50,6 +50,18 @@ func Desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
 	return d
 }
 
+// Entries is the config entries of kv, read as Desc reads it (key, value,
+// key, value, …; a last key without a value is left out): what
+// config.Set.Lookup takes for the descriptor Desc(kv...). It is nil
+// without a pair.
+func Entries(kv ...string) []config.Entry {
+	var entries []config.Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		entries = append(entries, config.Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return entries
+}
+
 // Request is the RateLimitRequest of domain with descs, in order, and no
 // hits_addend: Request("api", Desc("client", "a")) is one call of client a.
 func Request(domain string, descs ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {

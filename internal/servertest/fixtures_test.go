@@ -1,6 +1,7 @@
 package servertest_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -26,5 +27,16 @@ func TestParseConfig(t *testing.T) {
 	set := servertest.ParseConfig(t, "api.yaml", servertest.OutcomesConfig)
 	if r := set.Lookup("api", []config.Entry{{Key: "a", Value: "x"}}); r == nil || r.Name != "a" {
 		t.Errorf("Lookup(api, a=x) = %+v, want rule a", r)
+	}
+}
+
+func TestEntries(t *testing.T) {
+	got := servertest.Entries("model", "gpt-4o", "client", "a", "odd")
+	want := []config.Entry{{Key: "model", Value: "gpt-4o"}, {Key: "client", Value: "a"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("Entries(model, gpt-4o, client, a, odd) = %v, want %v", got, want)
+	}
+	if got := servertest.Entries("odd"); got != nil {
+		t.Errorf("Entries(odd) = %v, want nil", got)
 	}
 }
