@@ -327,7 +327,21 @@ func TestSlowRoundTripIsReported(t *testing.T) {
 	if sent.Load() < 3 {
 		t.Errorf("%d of 8 Takes sent while Redis held two round trips: want the senders to go on (at least 3)", sent.Load())
 	}
-	time.Sleep(100 * time.Millisecond) // the pause ends
+	// Wait for the pause to end: Redis may lift it well after its 80 ms
+	// (runs that slept 100 ms once the Takes were done found it still
+	// paused 20 ms later, 2 in 15), and answers a PING once it has. The
+	// paused round trips are answered then too.
+	for start := time.Now(); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		err := srv.Client().Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("Redis still paused 2s after an 80ms CLIENT PAUSE: %v", err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	if _, err := s.Take(ctx, time.Now(), []limiter.Request{{Key: "after", Limit: l, Hits: 1}}); err != nil {
