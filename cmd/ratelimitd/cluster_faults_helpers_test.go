@@ -1195,8 +1195,8 @@ const (
 	// canaryStall is how long a stall of the client or of ratelimitd
 	// during a call must be to explain its answer past its deadline at
 	// the client: ratelimitd answers a call it could not decide a margin
-	// before the deadline, 4 ms of 20 ms on an idle host (up to 6.7 ms on
-	// a busy one), and a stall of 5 ms with the timer's own lateness may
+	// before the deadline, 4 ms of 20 ms on an idle host (up to 5 ms on a
+	// busy one), and a stall of 5 ms with the timer's own lateness may
 	// push the answer past it. (A failure of Redis needs
 	// a stall of --backend-timeout: see noise.explains.)
 	canaryStall = 5 * time.Millisecond
