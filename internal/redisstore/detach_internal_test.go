@@ -10,6 +10,25 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
+// coalescingBehindProxy returns a Store with opts on a redis-server of
+// the test's own, reached through a fault proxy, whose batcher coalesces
+// every call (it counts one round trip in flight for the whole test, so
+// none is sent directly), and the proxy.
+func coalescingBehindProxy(t *testing.T, opts Options) (*Store, *faultproxy.Proxy) {
+	t.Helper()
+	srv := redistest.Start(t)
+	proxy, err := faultproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	s := dialedStore(t, proxy.Addr(), opts)
+	b := s.server.batch
+	b.inflight.Add(1)
+	t.Cleanup(func() { b.inflight.Add(-1) })
+	return s, proxy
+}
+
 // TestADetachedRoundTripHoldsNoCallBack: a round trip Redis does not
 // answer (a black hole) is reported after SlowAfter and its sender goes
 // on without it; from then on it holds no queued call back, so it is no
@@ -17,22 +36,14 @@ import (
 // another reason, once the fault has ended, is not Redis's failure),
 // though its answer is still awaited.
 func TestADetachedRoundTripHoldsNoCallBack(t *testing.T) {
-	srv := redistest.Start(t)
-	proxy, err := faultproxy.Start(srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
 	reported := make(chan time.Duration, 16)
-	s := dialedStore(t, proxy.Addr(), Options{Prefix: "detached:", SlowAfter: 10 * time.Millisecond,
+	s, proxy := coalescingBehindProxy(t, Options{Prefix: "detached:", SlowAfter: 10 * time.Millisecond,
 		OnBackend: func(_ string, held time.Duration, err error) {
 			if err != nil {
 				reported <- held
 			}
 		}})
 	b := s.server.batch
-	b.inflight.Add(1) // every call coalesced, none sent directly
-	t.Cleanup(func() { b.inflight.Add(-1) })
 
 	proxy.Blackhole()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -69,16 +80,8 @@ func TestADetachedRoundTripHoldsNoCallBack(t *testing.T) {
 // the senders go on: a call sent just after is decided by Redis at once,
 // not after the read timeout.
 func TestAProbeFreesTheSendersAfterAFault(t *testing.T) {
-	srv := redistest.Start(t)
-	proxy, err := faultproxy.Start(srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	s := dialedStore(t, proxy.Addr(), Options{Prefix: "freed:", SlowAfter: 5 * time.Millisecond})
+	s, proxy := coalescingBehindProxy(t, Options{Prefix: "freed:", SlowAfter: 5 * time.Millisecond})
 	b := s.server.batch
-	b.inflight.Add(1) // every call coalesced, none sent directly
-	t.Cleanup(func() { b.inflight.Add(-1) })
 	take := func(timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
