@@ -947,47 +947,38 @@ func loggedNode(p *proc, msg, node string, t time.Time) (time.Time, bool) {
 // nodeFailingAt reports whether p's last log line about Redis Cluster
 // node node at or before t says it is failing (its breaker open then).
 func nodeFailingAt(p *proc, node string, t time.Time) bool {
-	failing := false
-	for line := range strings.Lines(p.logs.String()) {
-		var l struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
-			Node string    `json:"node"`
-		}
-		if json.Unmarshal([]byte(line), &l) != nil || l.Node != node || l.Time.After(t) {
-			continue
-		}
-		switch {
-		case strings.HasPrefix(l.Msg, "Redis Cluster node failing"):
-			failing = true
-		case strings.HasPrefix(l.Msg, "Redis Cluster node answers again"):
-			failing = false
-		}
-	}
-	return failing
+	return failingAt(p, node, "Redis Cluster node failing", "Redis Cluster node answers again", t)
 }
 
 // backendFailingAt reports whether p's last "backend failing" or
 // "backend answers again" line at or before t says failing (the breaker
 // of a backend without shards open then).
 func backendFailingAt(p *proc, t time.Time) bool {
-	failing := false
+	return failingAt(p, "", "backend failing", "backend answers again", t)
+}
+
+// failingAt reports whether, of p's lines at or before t that start with
+// failing or back (and name node, unless it is ""), the last is a
+// failing one.
+func failingAt(p *proc, node, failing, back string, t time.Time) bool {
+	last := false
 	for line := range strings.Lines(p.logs.String()) {
 		var l struct {
 			Time time.Time `json:"time"`
 			Msg  string    `json:"msg"`
+			Node string    `json:"node"`
 		}
-		if json.Unmarshal([]byte(line), &l) != nil || l.Time.After(t) {
+		if json.Unmarshal([]byte(line), &l) != nil || node != "" && l.Node != node || l.Time.After(t) {
 			continue
 		}
 		switch {
-		case strings.HasPrefix(l.Msg, "backend failing"):
-			failing = true
-		case strings.HasPrefix(l.Msg, "backend answers again"):
-			failing = false
+		case strings.HasPrefix(l.Msg, failing):
+			last = true
+		case strings.HasPrefix(l.Msg, back):
+			last = false
 		}
 	}
-	return failing
+	return last
 }
 
 // nodeLines returns p's log lines about Redis Cluster nodes, for

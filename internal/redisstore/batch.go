@@ -175,6 +175,8 @@ func newBatcher(c pipeliner, max int, wait time.Duration, stats *counters) *batc
 		landings: make(chan struct{}, 1),
 		stats:    stats,
 	}
+	answering := make(chan struct{})
+	b.answering.Store(&answering)
 	return b
 }
 

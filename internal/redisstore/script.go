@@ -261,7 +261,7 @@ func (s *Store) script(ctx context.Context, by time.Time, c scriptCall) *redis.C
 // directly (a probe always directly).
 func (s *Store) send(r *route, ctx context.Context, by time.Time, c scriptCall) *redis.Cmd {
 	if c.probe {
-		return s.sendProbe(r, ctx, by, c)
+		return s.sendProbe(r, ctx, c)
 	}
 	if r.batch != nil && (c.asking || !r.batch.claimIdle()) {
 		return r.batch.await(ctx, r.batch.submit(ctx, by, c))
@@ -290,16 +290,12 @@ func (s *Store) send(r *route, ctx context.Context, by time.Time, c scriptCall) 
 	return s.directTimed(ctx, r.client, c)
 }
 
-// sendProbe runs c, a probe, directly on r's server, within ctx and by:
-// a connection of the pool's, which a fault that holds the round trip
-// past its deadline closes. When it is answered, r's batcher hears that
-// the server answers again (batcher.answered).
-func (s *Store) sendProbe(r *route, ctx context.Context, by time.Time, c scriptCall) *redis.Cmd {
-	if !by.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, by)
-		defer cancel()
-	}
+// sendProbe runs c, a probe, directly on r's server, within ctx (a
+// probe has no by: probeKey's time is its context's): a connection of
+// the pool's, which a fault that holds the round trip past ctx's
+// deadline closes. When it is answered, r's batcher hears that the
+// server answers again (batcher.answered).
+func (s *Store) sendProbe(r *route, ctx context.Context, c scriptCall) *redis.Cmd {
 	if c.alone != nil {
 		c.script = c.alone
 	}

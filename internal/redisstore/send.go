@@ -26,20 +26,7 @@ const maxDetached = 8
 func (b *batcher) answered() {
 	b.answeredAt.Store(time.Now().UnixNano())
 	ch := make(chan struct{})
-	if old := b.answering.Swap(&ch); old != nil {
-		close(*old)
-	}
-}
-
-// answeringAgain is closed when a probe next finds the server answering.
-func (b *batcher) answeringAgain() <-chan struct{} {
-	for {
-		if ch := b.answering.Load(); ch != nil {
-			return *ch
-		}
-		ch := make(chan struct{})
-		b.answering.CompareAndSwap(nil, &ch)
-	}
+	close(*b.answering.Swap(&ch))
 }
 
 // sending records a round trip written at sent (Unix ns) as unanswered;
@@ -184,7 +171,7 @@ func (b *batcher) exchange(batch []*call, timer *time.Timer) {
 		// Wait for it, unless a probe sent after it finds the server
 		// answering: this round trip is then lost to the fault, and the
 		// next ones are not.
-		again := b.answeringAgain()
+		again := *b.answering.Load()
 		if b.answeredAt.Load() <= sentAt.Load() {
 			select {
 			case <-done:
