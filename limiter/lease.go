@@ -432,14 +432,9 @@ func (m *MemoryLeases) Sweep(now time.Time) (expired int64) {
 // Pools returns the number of pools held (with a lease held, or expired
 // leases not yet purged).
 func (m *MemoryLeases) Pools() int {
-	n := 0
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		n += len(sh.pools)
-		sh.mu.Unlock()
-	}
-	return n
+	return countLocked(m.shards,
+		func(sh *leaseShard) *sync.Mutex { return &sh.mu },
+		func(sh *leaseShard) int { return len(sh.pools) })
 }
 
 var _ LeaseStore = (*MemoryLeases)(nil)

@@ -186,12 +186,21 @@ func (sh *memoryShard) sweep(nowUS int64) {
 
 // Len returns the number of buckets held, full or not.
 func (m *MemoryStore) Len() int {
+	return countLocked(m.shards,
+		func(sh *memoryShard) *sync.Mutex { return &sh.mu },
+		func(sh *memoryShard) int { return len(sh.buckets) })
+}
+
+// countLocked returns the sum of count(sh) over the shards, each shard's
+// taken while holding its mutex mu(sh): MemoryStore's buckets and
+// MemoryLeases' pools are counted alike.
+func countLocked[S any](shards []S, mu func(*S) *sync.Mutex, count func(*S) int) int {
 	n := 0
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		n += len(sh.buckets)
-		sh.mu.Unlock()
+	for i := range shards {
+		sh := &shards[i]
+		mu(sh).Lock()
+		n += count(sh)
+		mu(sh).Unlock()
 	}
 	return n
 }
