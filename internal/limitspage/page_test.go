@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -101,19 +100,11 @@ func (f *fixture) script(t testing.TB) {
 
 func get(t *testing.T, srv *httptest.Server, path string) (string, *http.Response) {
 	t.Helper()
-	resp, err := http.Get(srv.URL + path)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
+	resp, body := servertest.GetResponse(t, srv.URL+path)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET %s = %d: %s", path, resp.StatusCode, body)
 	}
-	return string(body), resp
+	return body, resp
 }
 
 // scriptedPage serves the page of a fixture that has had the script's

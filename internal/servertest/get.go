@@ -11,6 +11,14 @@ import (
 // fails the test if the request or the reading of the body fails.
 func Get(t testing.TB, url string) (int, string) {
 	t.Helper()
+	resp, body := GetResponse(t, url)
+	return resp.StatusCode, body
+}
+
+// GetResponse is Get for a test that reads the headers too: it returns
+// the response, its body already read (returned as a string) and closed.
+func GetResponse(t testing.TB, url string) (*http.Response, string) {
+	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
@@ -20,5 +28,5 @@ func Get(t testing.TB, url string) (int, string) {
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
 	}
-	return resp.StatusCode, string(body)
+	return resp, string(body)
 }

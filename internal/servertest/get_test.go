@@ -14,6 +14,7 @@ func TestGet(t *testing.T) {
 			http.Error(w, "nothing at "+r.URL.Path, http.StatusNotFound)
 			return
 		}
+		w.Header().Set("X-Test", "yes")
 		w.Write([]byte("fine"))
 	}))
 	defer srv.Close()
@@ -30,5 +31,9 @@ func TestGet(t *testing.T) {
 		if code != tt.wantCode || body != tt.wantBody {
 			t.Errorf("Get(%s) = %d, %q; want %d, %q", tt.path, code, body, tt.wantCode, tt.wantBody)
 		}
+	}
+	resp, body := servertest.GetResponse(t, srv.URL+"/ok")
+	if resp.StatusCode != http.StatusOK || body != "fine" || resp.Header.Get("X-Test") != "yes" {
+		t.Errorf("GetResponse(/ok) = %d, %q, X-Test %q; want 200, \"fine\", \"yes\"", resp.StatusCode, body, resp.Header.Get("X-Test"))
 	}
 }
