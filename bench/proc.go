@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,8 +25,8 @@ const stopTimeout = 5 * time.Second
 type child struct {
 	name   string
 	cmd    *exec.Cmd
-	exited chan struct{} // closed once cmd has been waited for
-	tail   *tailBuffer
+	exited chan struct{}   // closed once cmd has been waited for
+	tail   *redisproc.Tail // its last lines of output
 }
 
 // children are the processes run started; stopAll stops them in reverse
@@ -60,7 +59,7 @@ func (cs *children) start(ctx context.Context, name, bin string, args []string, 
 	if err := cmd.Start(); err != nil {
 		return "", nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	c := &child{name: name, cmd: cmd, exited: make(chan struct{}), tail: &tailBuffer{max: 20}}
+	c := &child{name: name, cmd: cmd, exited: make(chan struct{}), tail: redisproc.NewTail(20)}
 	cs.add(c)
 	go func() {
 		cmd.Wait()
@@ -71,11 +70,10 @@ func (cs *children) start(ctx context.Context, name, bin string, args []string, 
 	go func() {
 		// Read every line until the child exits, so it never blocks on a
 		// full pipe; remember the last few for error messages.
-		sc := bufio.NewScanner(pr)
+		sc := bufio.NewScanner(io.TeeReader(pr, c.tail))
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		found := ready == nil
 		for sc.Scan() {
-			c.tail.add(sc.Text())
 			if !found {
 				if addr, ok := ready(sc.Bytes()); ok {
 					found = true
@@ -130,31 +128,6 @@ func (c *child) Terminate(timeout time.Duration) error {
 	c.cmd.Process.Kill()
 	<-c.exited
 	return fmt.Errorf("%s did not stop within %v of SIGTERM; killed", c.name, timeout)
-}
-
-// tailBuffer keeps the last max lines written to it.
-type tailBuffer struct {
-	mu    sync.Mutex
-	max   int
-	lines []string
-}
-
-func (t *tailBuffer) add(line string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(t.lines) == t.max {
-		t.lines = append(t.lines[:0], t.lines[1:]...)
-	}
-	t.lines = append(t.lines, line)
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(t.lines) == 0 {
-		return "(no output)"
-	}
-	return strings.Join(t.lines, " | ")
 }
 
 // jsonReady returns a ready func that waits for a JSON log line with the

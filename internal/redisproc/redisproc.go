@@ -6,7 +6,6 @@
 package redisproc
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -71,7 +70,7 @@ type Server struct {
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when cmd has been waited for
-	log    *tail
+	log    *Tail
 }
 
 // LookPath finds a Redis binary (redis-server, redis-cli) or says how to
@@ -168,7 +167,7 @@ func (s *Server) start(ctx context.Context) error {
 	}
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Dir = s.opts.Dir
-	log := &tail{max: logLines}
+	log := NewTail(logLines)
 	cmd.Stdout = log // redis-server logs to stdout
 	cmd.Stderr = log
 	if s.opts.Prepare != nil {
@@ -301,47 +300,4 @@ func (s *Server) Restart(ctx context.Context) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return err
-}
-
-// tail is an io.Writer that keeps the last max lines written to it.
-type tail struct {
-	mu      sync.Mutex
-	max     int
-	lines   []string
-	partial []byte
-}
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.partial = append(t.partial, p...)
-	for {
-		i := bytes.IndexByte(t.partial, '\n')
-		if i < 0 {
-			break
-		}
-		t.add(strings.TrimRight(string(t.partial[:i]), "\r"))
-		t.partial = t.partial[i+1:]
-	}
-	return len(p), nil
-}
-
-func (t *tail) add(line string) {
-	if len(t.lines) == t.max {
-		t.lines = append(t.lines[:0], t.lines[1:]...)
-	}
-	t.lines = append(t.lines, line)
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	lines := t.lines
-	if len(t.partial) > 0 {
-		lines = append(lines[:len(lines):len(lines)], string(t.partial))
-	}
-	if len(lines) == 0 {
-		return "(no output)"
-	}
-	return strings.Join(lines, " | ")
 }
