@@ -215,6 +215,22 @@ func (r *shardRig) take(where, keys string, want limiter.Fallback) (reached bool
 	return r.b.Calls() > calls
 }
 
+// step is step i of a timeline: d after t0, with the nodes failing ("n1,n2",
+// or ""), it asks for keys and checks the answer as take does. It returns
+// the step's name for messages.
+func (r *shardRig) step(i int, d time.Duration, failing, keys string, want limiter.Fallback) (where string) {
+	r.t.Helper()
+	r.at(d)
+	r.b.set(failOn(nodes(failing)...))
+	where = fmt.Sprintf("step %d (%v, failing %q)", i+1, d, failing)
+	r.take(where, keys, want)
+	return where
+}
+
+// perNode is the Options of most tests here: Allow mode, a breaker per
+// node that opens after 3 failures over 20ms, for a second.
+var perNode = failover.Options{Mode: failover.Allow, Shard: nodeOf, FailureThreshold: 3, FailingFor: 20 * time.Millisecond, OpenFor: time.Second}
+
 // TestShardIsolation: a failing node's breaker opens for its buckets
 // alone, which are then answered per the mode without the backend, while
 // the other node's keep reaching it; the backend is unhealthy only once
@@ -253,12 +269,9 @@ func TestShardIsolation(t *testing.T) {
 		{1050 * ms, "", "b", none, 10, "[n1:false n2:false n1:true n2:true]", "[false true]", true},
 		{1050 * ms, "", "a,b", none, 11, "[n1:false n2:false n1:true n2:true]", "[false true]", true},
 	}
-	r := newShardRig(t, failover.Options{Mode: failover.Allow, Shard: nodeOf, FailureThreshold: 3, FailingFor: 20 * ms, OpenFor: time.Second})
+	r := newShardRig(t, perNode)
 	for i, st := range steps {
-		r.at(st.at)
-		r.b.set(failOn(nodes(st.failing)...))
-		where := fmt.Sprintf("step %d (%v, failing %q)", i+1, st.at, st.failing)
-		r.take(where, st.keys, st.wantCause)
+		where := r.step(i, st.at, st.failing, st.keys, st.wantCause)
 		if got := r.b.Calls(); got != st.wantCalls {
 			t.Errorf("%s: Take(%q): %d backend calls in all, want %d", where, st.keys, got, st.wantCalls)
 		}
@@ -300,7 +313,7 @@ func TestFailuresCountAgainstTheShardsNamed(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newShardRig(t, failover.Options{Mode: failover.Allow, Shard: nodeOf, FailureThreshold: 3, FailingFor: 20 * time.Millisecond, OpenFor: time.Second})
+			r := newShardRig(t, perNode)
 			r.b.set(failWith(tt.err))
 			for i := range 21 {
 				r.at(time.Duration(i) * time.Millisecond)
@@ -700,12 +713,9 @@ func TestTheOtherShardsOfAFailedCallAreReleased(t *testing.T) {
 		{1020 * ms, "", "a", limiter.FallbackNone, "[n1:false n1:true]"},                     // the next call probes
 		{1020 * ms, "n2", "b", limiter.FallbackBackendFailed, "[n1:false n1:true n2:false]"}, // n2: 3 failures (15ms, 1020ms twice)
 	}
-	r := newShardRig(t, failover.Options{Mode: failover.Allow, Shard: nodeOf, FailureThreshold: 3, FailingFor: 20 * ms, OpenFor: time.Second})
+	r := newShardRig(t, perNode)
 	for i, st := range steps {
-		r.at(st.at)
-		r.b.set(failOn(nodes(st.failing)...))
-		where := fmt.Sprintf("step %d (%v, failing %q)", i+1, st.at, st.failing)
-		r.take(where, st.keys, st.wantCause)
+		where := r.step(i, st.at, st.failing, st.keys, st.wantCause)
 		if got := fmt.Sprint(r.shardChanges); got != st.wantShard {
 			t.Errorf("%s: Take(%q): OnShardChange calls %s, want %s", where, st.keys, got, st.wantShard)
 		}
