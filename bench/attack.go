@@ -15,9 +15,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 )
 
 // The hostile-matching cells (issue 21): legitimate mixed load on a domain
@@ -161,9 +159,7 @@ type attack struct {
 	sent    atomic.Int64
 	decided atomic.Int64
 	skipped atomic.Int64
-	mu      sync.Mutex
-	errors  map[codes.Code]int64
-	first   string
+	errs    errorTally
 }
 
 // startAttack dials o.clients connections to addr and starts the
@@ -177,7 +173,7 @@ func startAttack(ctx context.Context, addr string, o attackOptions) (*attack, er
 	if err := checkLoopback(addr); err != nil {
 		return nil, fmt.Errorf("attack: %w", err)
 	}
-	a := &attack{o: o, errors: map[codes.Code]int64{}}
+	a := &attack{o: o}
 	for range o.clients {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -231,12 +227,7 @@ func (a *attack) run(ctx context.Context, client rlsv3.RateLimitServiceClient, v
 				callCtx, cancel := context.WithTimeout(context.Background(), a.o.timeout)
 				defer cancel()
 				if _, err := client.ShouldRateLimit(callCtx, req); err != nil {
-					a.mu.Lock()
-					a.errors[status.Code(err)]++
-					if a.first == "" {
-						a.first = errorSample(err)
-					}
-					a.mu.Unlock()
+					a.errs.add(err)
 					return
 				}
 				a.decided.Add(1)
@@ -262,15 +253,9 @@ func (a *attack) stop() AttackUsage {
 	a.closeConns()
 	u := AttackUsage{
 		Clients: a.o.clients, ValueBytes: a.o.valueBytes, TargetRate: a.o.rate, Seconds: elapsed.Seconds(),
-		Calls: a.sent.Load(), Decided: a.decided.Load(), Skipped: a.skipped.Load(), FirstError: a.first,
+		Calls: a.sent.Load(), Decided: a.decided.Load(), Skipped: a.skipped.Load(),
 	}
-	for c, n := range a.errors {
-		if u.ErrorKind == nil {
-			u.ErrorKind = map[string]int64{}
-		}
-		u.ErrorKind[c.String()] += n
-		u.Errors += n
-	}
+	u.ErrorKind, u.Errors, u.FirstError = a.errs.counts()
 	if elapsed > 0 {
 		u.CallsPerSec = float64(u.Calls) / elapsed.Seconds()
 	}

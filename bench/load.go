@@ -246,9 +246,44 @@ type phaseCounts struct {
 	ok        atomic.Int64
 	over      atomic.Int64
 	aimedOver atomic.Int64
-	mu        sync.Mutex
-	errors    map[codes.Code]int64
-	first     string // the first error, as errorSample gives it
+	errs      errorTally
+}
+
+// errorTally counts failed calls by gRPC code and keeps the first error,
+// as errorSample gives it. The zero value is empty and ready to use; it is
+// safe for concurrent use.
+type errorTally struct {
+	mu    sync.Mutex
+	codes map[codes.Code]int64
+	first string
+}
+
+// add counts err.
+func (e *errorTally) add(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.codes == nil {
+		e.codes = map[codes.Code]int64{}
+	}
+	e.codes[status.Code(err)]++
+	if e.first == "" {
+		e.first = errorSample(err)
+	}
+}
+
+// counts returns the errors counted by code name (nil if none), their
+// total and the first.
+func (e *errorTally) counts() (kinds map[string]int64, total int64, first string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for c, n := range e.codes {
+		if kinds == nil {
+			kinds = map[string]int64{}
+		}
+		kinds[c.String()] += n
+		total += n
+	}
+	return kinds, total, e.first
 }
 
 // maxErrorLen bounds Result.FirstError, in bytes.
@@ -347,7 +382,6 @@ func load(ctx context.Context, o loadOptions, lat []int64) (Result, error) {
 // not kept. A call that fails for any reason but ctx is an error.
 func runPhase(ctx context.Context, o loadOptions, conns []rlsv3.RateLimitServiceClient, mixers []*mixer, d time.Duration, lat []int64) (Result, error) {
 	var pc phaseCounts
-	pc.errors = map[codes.Code]int64{}
 	limit := int64(o.maxRequests)
 	start := time.Now()
 	end := start.Add(d)
@@ -375,12 +409,7 @@ func runPhase(ctx context.Context, o loadOptions, conns []rlsv3.RateLimitService
 					if ctx.Err() != nil {
 						return // the run was stopped: not the server's fault
 					}
-					pc.mu.Lock()
-					pc.errors[status.Code(err)]++
-					if pc.first == "" {
-						pc.first = errorSample(err)
-					}
-					pc.mu.Unlock()
+					pc.errs.add(err)
 					continue
 				}
 				if lat != nil {
@@ -412,15 +441,8 @@ func runPhase(ctx context.Context, o loadOptions, conns []rlsv3.RateLimitService
 		AimedOver:   pc.aimedOver.Load(),
 		Capped:      pc.next.Load() >= limit,
 		TimeoutMs:   float64(o.timeout) / float64(time.Millisecond),
-		FirstError:  pc.first,
 	}
-	for c, n := range pc.errors {
-		if res.ErrorKind == nil {
-			res.ErrorKind = map[string]int64{}
-		}
-		res.ErrorKind[c.String()] += n
-		res.Errors += n
-	}
+	res.ErrorKind, res.Errors, res.FirstError = pc.errs.counts()
 	res.Calls = res.OK + res.OverLimit + res.Errors
 	res.ErrorsTotal = res.Errors
 	if res.Calls > 0 {
