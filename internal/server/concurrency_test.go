@@ -44,10 +44,12 @@ func release(d *ratelimitv3.RateLimitDescriptor) *ratelimitv3.RateLimitDescripto
 	return withHits(d, 1)
 }
 
-// leaseBackends are the lease stores the request path is checked on,
-// each at the caller's clock so that expiry is exact.
-func leaseBackends(t *testing.T) map[string]func(t *testing.T) (limiter.LeaseStore, limiter.Store) {
-	return map[string]func(t *testing.T) (limiter.LeaseStore, limiter.Store){
+// onLeaseBackends runs test on each lease backend the request path is
+// checked on (memory and Redis, each at the caller's clock so that expiry
+// is exact), with a server of both the backend's stores serving
+// leaseConfig on a fake clock.
+func onLeaseBackends(t *testing.T, test func(t *testing.T, clock *clocktest.Clock, client rlsv3.RateLimitServiceClient, srv *server.Server)) {
+	backends := map[string]func(t *testing.T) (limiter.LeaseStore, limiter.Store){
 		"memory": func(t *testing.T) (limiter.LeaseStore, limiter.Store) {
 			return limiter.NewMemoryLeases(limiter.MemoryOptions{}), limiter.NewMemoryStore(limiter.MemoryOptions{})
 		},
@@ -61,6 +63,14 @@ func leaseBackends(t *testing.T) map[string]func(t *testing.T) (limiter.LeaseSto
 			return st, st
 		},
 	}
+	for name, backend := range backends {
+		t.Run(name, func(t *testing.T) {
+			leases, store := backend(t)
+			clock := clocktest.New()
+			client, srv := startServer(t, server.Options{Store: store, Leases: leases, Now: clock.Now}, server.MustParse(t, leaseConfig))
+			test(t, clock, client, srv)
+		})
+	}
 }
 
 // TestConcurrencyRequestPath runs the table on both backends: 8
@@ -68,58 +78,53 @@ func leaseBackends(t *testing.T) map[string]func(t *testing.T) (limiter.LeaseSto
 // slot; release one and the 9th is admitted; releasing an unknown lease or
 // one twice changes nothing; a lease past its lease frees its slot.
 func TestConcurrencyRequestPath(t *testing.T) {
-	for name, backend := range leaseBackends(t) {
-		t.Run(name, func(t *testing.T) {
-			leases, store := backend(t)
-			clock := clocktest.New()
-			client, _ := startServer(t, server.Options{Store: store, Leases: leases, Now: clock.Now}, server.MustParse(t, leaseConfig))
-			ctx := context.Background()
-			call := func(step string, d *ratelimitv3.RateLimitDescriptor, wantCode rlsv3.RateLimitResponse_Code, wantRemaining uint32) *rlsv3.RateLimitResponse {
-				t.Helper()
-				resp, err := client.ShouldRateLimit(ctx, request("ai-gateway", d))
-				if err != nil {
-					t.Fatalf("%s: ShouldRateLimit: %v", step, err)
-				}
-				st := resp.GetStatuses()[0]
-				if resp.GetOverallCode() != wantCode || st.GetLimitRemaining() != wantRemaining {
-					t.Fatalf("%s: code %v, limit_remaining %d; want %v, %d", step, resp.GetOverallCode(), st.GetLimitRemaining(), wantCode, wantRemaining)
-				}
-				return resp
+	onLeaseBackends(t, func(t *testing.T, clock *clocktest.Clock, client rlsv3.RateLimitServiceClient, _ *server.Server) {
+		ctx := context.Background()
+		call := func(step string, d *ratelimitv3.RateLimitDescriptor, wantCode rlsv3.RateLimitResponse_Code, wantRemaining uint32) *rlsv3.RateLimitResponse {
+			t.Helper()
+			resp, err := client.ShouldRateLimit(ctx, request("ai-gateway", d))
+			if err != nil {
+				t.Fatalf("%s: ShouldRateLimit: %v", step, err)
 			}
-			take := func(id string) *ratelimitv3.RateLimitDescriptor { return desc("model", "llama", "request_id", id) }
-			for i := 1; i <= 8; i++ {
-				resp := call(fmt.Sprintf("acquire r%d", i), take(fmt.Sprintf("r%d", i)), rlsv3.RateLimitResponse_OK, uint32(8-i))
-				cl := resp.GetStatuses()[0].GetCurrentLimit()
-				if cl.GetName() != "llama-slots" || cl.GetRequestsPerUnit() != 8 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_UNKNOWN {
-					t.Fatalf("current_limit = %v, want llama-slots, 8, UNKNOWN", cl)
-				}
+			st := resp.GetStatuses()[0]
+			if resp.GetOverallCode() != wantCode || st.GetLimitRemaining() != wantRemaining {
+				t.Fatalf("%s: code %v, limit_remaining %d; want %v, %d", step, resp.GetOverallCode(), st.GetLimitRemaining(), wantCode, wantRemaining)
 			}
-			clock.Advance(time.Minute)
-			denied := call("acquire r9", take("r9"), rlsv3.RateLimitResponse_OVER_LIMIT, 0)
-			// r1 expires first, 9 minutes from now.
-			if got := headerValue(denied, "retry-after"); got != "540" {
-				t.Errorf("Retry-After = %q, want 540 (r1's lease ends in 9m)", got)
+			return resp
+		}
+		take := func(id string) *ratelimitv3.RateLimitDescriptor { return desc("model", "llama", "request_id", id) }
+		for i := 1; i <= 8; i++ {
+			resp := call(fmt.Sprintf("acquire r%d", i), take(fmt.Sprintf("r%d", i)), rlsv3.RateLimitResponse_OK, uint32(8-i))
+			cl := resp.GetStatuses()[0].GetCurrentLimit()
+			if cl.GetName() != "llama-slots" || cl.GetRequestsPerUnit() != 8 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_UNKNOWN {
+				t.Fatalf("current_limit = %v, want llama-slots, 8, UNKNOWN", cl)
 			}
-			if got := denied.GetStatuses()[0].GetDurationUntilReset().GetSeconds(); got != 540 {
-				t.Errorf("duration_until_reset = %ds, want 540", got)
-			}
-			call("renew r2 (an Envoy retry)", take("r2"), rlsv3.RateLimitResponse_OK, 0)
-			call("release r1", release(take("r1")), rlsv3.RateLimitResponse_OK, 1)
-			call("acquire r9 after the release", take("r9"), rlsv3.RateLimitResponse_OK, 0)
-			call("release unknown", release(take("nobody")), rlsv3.RateLimitResponse_OK, 0)
-			call("release r1 twice", release(take("r1")), rlsv3.RateLimitResponse_OK, 0)
-			call("acquire r10, still full", take("r10"), rlsv3.RateLimitResponse_OVER_LIMIT, 0)
-			call("release r3", release(take("r3")), rlsv3.RateLimitResponse_OK, 1)
-			call("release r3 again", release(take("r3")), rlsv3.RateLimitResponse_OK, 1)
-			call("acquire r10", take("r10"), rlsv3.RateLimitResponse_OK, 0)
-			call("acquire r11, full", take("r11"), rlsv3.RateLimitResponse_OVER_LIMIT, 0)
-			// r4…r8 were taken at 0 and end at 10m; r2, r9, r10 a minute later.
-			clock.Advance(9 * time.Minute)
-			call("acquire r11 once r4…r8 expired", take("r11"), rlsv3.RateLimitResponse_OK, 4)
-			clock.Advance(time.Minute)
-			call("check (hits 0) once all expired but r11", withHits(take("x"), 0), rlsv3.RateLimitResponse_OK, 7)
-		})
-	}
+		}
+		clock.Advance(time.Minute)
+		denied := call("acquire r9", take("r9"), rlsv3.RateLimitResponse_OVER_LIMIT, 0)
+		// r1 expires first, 9 minutes from now.
+		if got := headerValue(denied, "retry-after"); got != "540" {
+			t.Errorf("Retry-After = %q, want 540 (r1's lease ends in 9m)", got)
+		}
+		if got := denied.GetStatuses()[0].GetDurationUntilReset().GetSeconds(); got != 540 {
+			t.Errorf("duration_until_reset = %ds, want 540", got)
+		}
+		call("renew r2 (an Envoy retry)", take("r2"), rlsv3.RateLimitResponse_OK, 0)
+		call("release r1", release(take("r1")), rlsv3.RateLimitResponse_OK, 1)
+		call("acquire r9 after the release", take("r9"), rlsv3.RateLimitResponse_OK, 0)
+		call("release unknown", release(take("nobody")), rlsv3.RateLimitResponse_OK, 0)
+		call("release r1 twice", release(take("r1")), rlsv3.RateLimitResponse_OK, 0)
+		call("acquire r10, still full", take("r10"), rlsv3.RateLimitResponse_OVER_LIMIT, 0)
+		call("release r3", release(take("r3")), rlsv3.RateLimitResponse_OK, 1)
+		call("release r3 again", release(take("r3")), rlsv3.RateLimitResponse_OK, 1)
+		call("acquire r10", take("r10"), rlsv3.RateLimitResponse_OK, 0)
+		call("acquire r11, full", take("r11"), rlsv3.RateLimitResponse_OVER_LIMIT, 0)
+		// r4…r8 were taken at 0 and end at 10m; r2, r9, r10 a minute later.
+		clock.Advance(9 * time.Minute)
+		call("acquire r11 once r4…r8 expired", take("r11"), rlsv3.RateLimitResponse_OK, 4)
+		clock.Advance(time.Minute)
+		call("check (hits 0) once all expired but r11", withHits(take("x"), 0), rlsv3.RateLimitResponse_OK, 7)
+	})
 }
 
 func headerValue(resp *rlsv3.RateLimitResponse, key string) string {
@@ -134,53 +139,48 @@ func headerValue(resp *rlsv3.RateLimitResponse, key string) string {
 // TestConcurrencyAllOrNothing: a request denied by a rate limit takes no
 // slot, and one denied for a slot spends no tokens, on both backends.
 func TestConcurrencyAllOrNothing(t *testing.T) {
-	for name, backend := range leaseBackends(t) {
-		t.Run(name, func(t *testing.T) {
-			leases, store := backend(t)
-			clock := clocktest.New()
-			client, srv := startServer(t, server.Options{Store: store, Leases: leases, Now: clock.Now}, server.MustParse(t, leaseConfig))
-			ctx := context.Background()
-			code := func(step string, want rlsv3.RateLimitResponse_Code, descs ...*ratelimitv3.RateLimitDescriptor) {
-				t.Helper()
-				resp, err := client.ShouldRateLimit(ctx, request("ai-gateway", descs...))
-				if err != nil {
-					t.Fatalf("%s: %v", step, err)
-				}
-				if resp.GetOverallCode() != want {
-					t.Fatalf("%s: %v, want %v", step, resp.GetOverallCode(), want)
-				}
+	onLeaseBackends(t, func(t *testing.T, clock *clocktest.Clock, client rlsv3.RateLimitServiceClient, srv *server.Server) {
+		ctx := context.Background()
+		code := func(step string, want rlsv3.RateLimitResponse_Code, descs ...*ratelimitv3.RateLimitDescriptor) {
+			t.Helper()
+			resp, err := client.ShouldRateLimit(ctx, request("ai-gateway", descs...))
+			if err != nil {
+				t.Fatalf("%s: %v", step, err)
 			}
-			inFlight := func() int64 {
-				t.Helper()
-				pools := srv.LeasePools(10)
-				var n int64
-				for _, p := range pools {
-					n += p.InFlight
-				}
-				return n
+			if resp.GetOverallCode() != want {
+				t.Fatalf("%s: %v, want %v", step, resp.GetOverallCode(), want)
 			}
-			solo := func(id string) *ratelimitv3.RateLimitDescriptor { return desc("model", "solo", "request_id", id) }
+		}
+		inFlight := func() int64 {
+			t.Helper()
+			pools := srv.LeasePools(10)
+			var n int64
+			for _, p := range pools {
+				n += p.InFlight
+			}
+			return n
+		}
+		solo := func(id string) *ratelimitv3.RateLimitDescriptor { return desc("model", "solo", "request_id", id) }
 
-			// Denied by the rate limit: the slot is given back.
-			code("client a's one request", rlsv3.RateLimitResponse_OK, desc("client", "a"))
-			code("slot + spent client a", rlsv3.RateLimitResponse_OVER_LIMIT, solo("r1"), desc("client", "a"))
-			code("the slot is free", rlsv3.RateLimitResponse_OK, solo("r2"))
-			if n := inFlight(); n != 1 {
-				t.Errorf("in flight = %d, want 1 (r2's only)", n)
-			}
-			// Denied for the slot: client b's token is not spent.
-			code("full slot + client b", rlsv3.RateLimitResponse_OVER_LIMIT, solo("r3"), desc("client", "b"))
-			code("client b still has its token", rlsv3.RateLimitResponse_OK, desc("client", "b"))
-			// A renewed lease is not given back by a later denial.
-			code("renew r2 + spent client b", rlsv3.RateLimitResponse_OVER_LIMIT, solo("r2"), desc("client", "b"))
-			code("r2 still holds the slot", rlsv3.RateLimitResponse_OVER_LIMIT, solo("r4"))
-			code("release r2", rlsv3.RateLimitResponse_OK, release(solo("r2")))
-			code("admitted with client c", rlsv3.RateLimitResponse_OK, solo("r5"), desc("client", "c"))
-			if n := inFlight(); n != 1 {
-				t.Errorf("in flight = %d, want 1 (r5's)", n)
-			}
-		})
-	}
+		// Denied by the rate limit: the slot is given back.
+		code("client a's one request", rlsv3.RateLimitResponse_OK, desc("client", "a"))
+		code("slot + spent client a", rlsv3.RateLimitResponse_OVER_LIMIT, solo("r1"), desc("client", "a"))
+		code("the slot is free", rlsv3.RateLimitResponse_OK, solo("r2"))
+		if n := inFlight(); n != 1 {
+			t.Errorf("in flight = %d, want 1 (r2's only)", n)
+		}
+		// Denied for the slot: client b's token is not spent.
+		code("full slot + client b", rlsv3.RateLimitResponse_OVER_LIMIT, solo("r3"), desc("client", "b"))
+		code("client b still has its token", rlsv3.RateLimitResponse_OK, desc("client", "b"))
+		// A renewed lease is not given back by a later denial.
+		code("renew r2 + spent client b", rlsv3.RateLimitResponse_OVER_LIMIT, solo("r2"), desc("client", "b"))
+		code("r2 still holds the slot", rlsv3.RateLimitResponse_OVER_LIMIT, solo("r4"))
+		code("release r2", rlsv3.RateLimitResponse_OK, release(solo("r2")))
+		code("admitted with client c", rlsv3.RateLimitResponse_OK, solo("r5"), desc("client", "c"))
+		if n := inFlight(); n != 1 {
+			t.Errorf("in flight = %d, want 1 (r5's)", n)
+		}
+	})
 }
 
 // TestConcurrencyHeaders pins the IETF RateLimit fields (and draft 03's,

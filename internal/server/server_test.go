@@ -72,6 +72,14 @@ func startServer(t testing.TB, opts server.Options, set *config.Set) (rlsv3.Rate
 	return servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: []grpc.ServerOption{server.Codec()}}).Client(), srv
 }
 
+// startTestConfig runs startServer's server on the memory store, serving
+// testConfig on a fake clock that stands still, and returns its client.
+func startTestConfig(t testing.TB) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+	return c
+}
+
 // desc is servertest.Desc, short for the tables here.
 func desc(kv ...string) *ratelimitv3.RateLimitDescriptor { return servertest.Desc(kv...) }
 
@@ -173,7 +181,7 @@ func TestHitsAddend(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+			c := startTestConfig(t)
 			for i := range 3 {
 				d := desc("client", "bob")
 				if tt.descHits != nil {
@@ -203,7 +211,7 @@ func codes3(a, b, c rlsv3.RateLimitResponse_Code) []rlsv3.RateLimitResponse_Code
 func ptr[T any](v T) *T { return &v }
 
 func TestDeniedRequestSpendsFromNoDescriptor(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+	c := startTestConfig(t)
 	// per-client allows 2; free-plan allows 1.
 	both := request("api", desc("client", "ann"), desc("plan", "free"))
 	if resp := call(t, c, both); resp.GetOverallCode() != ok {
@@ -223,7 +231,7 @@ func TestDeniedRequestSpendsFromNoDescriptor(t *testing.T) {
 }
 
 func TestDescriptorsWithoutLimit(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+	c := startTestConfig(t)
 	tests := []struct {
 		name string
 		req  *rlsv3.RateLimitRequest
@@ -247,7 +255,7 @@ func TestDescriptorsWithoutLimit(t *testing.T) {
 }
 
 func TestShadowModeNeverDenies(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+	c := startTestConfig(t)
 	req := request("api", desc("shadow", "x"))
 	call(t, c, req)
 	resp := call(t, c, req)
@@ -264,7 +272,7 @@ func TestShadowModeNeverDenies(t *testing.T) {
 }
 
 func TestReplaces(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+	c := startTestConfig(t)
 	// trial-plan replaces free-plan: with both, free-plan's 1/hour is not applied.
 	req := request("api", desc("plan", "free"), desc("plan", "trial"))
 	for i := range 3 {
@@ -283,7 +291,7 @@ func TestReplaces(t *testing.T) {
 }
 
 func TestZeroRateDeniesEverything(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+	c := startTestConfig(t)
 	req := request("api", desc("client", "eve"), desc("ip", "10.0.0.66"))
 	for i := range 3 {
 		resp := call(t, c, req)
@@ -301,7 +309,7 @@ func TestZeroRateDeniesEverything(t *testing.T) {
 }
 
 func TestLimitOverride(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+	c := startTestConfig(t)
 	override := func(d *ratelimitv3.RateLimitDescriptor, n uint32) *ratelimitv3.RateLimitDescriptor {
 		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_HOUR}
 		return d
@@ -324,7 +332,7 @@ func TestLimitOverride(t *testing.T) {
 }
 
 func TestHitsAboveBurstAreDeniedForGood(t *testing.T) {
-	c, _ := startServer(t, server.Options{Now: clocktest.New().Now}, server.MustParse(t, testConfig))
+	c := startTestConfig(t)
 	resp := call(t, c, request("api", withHits(desc("model", "gpt-4o"), 6)))
 	if resp.GetOverallCode() != over {
 		t.Fatalf("6 hits on a burst of 5: %v, want OVER_LIMIT", resp.GetOverallCode())
