@@ -25,13 +25,16 @@ func nested(depth int, key, value string) string {
 	return b.String()
 }
 
+// rateLimitFile is a file of one rule, key k in domain d, whose rate_limit
+// is rl.
+func rateLimitFile(rl string) string {
+	return "domain: d\ndescriptors:\n  - key: k\n    rate_limit: " + rl + "\n"
+}
+
 // TestSizeLimits checks each bound on a file at and just past it: what a
 // request within the server's default limits could match is accepted, what
 // it could not, or what would overflow, is an error in the file's terms.
 func TestSizeLimits(t *testing.T) {
-	rule := func(rl string) string {
-		return "domain: d\ndescriptors:\n  - key: k\n    rate_limit: " + rl + "\n"
-	}
 	for _, tt := range []struct {
 		name, file string
 		want       string // a part of the error, "" for none
@@ -44,13 +47,22 @@ func TestSizeLimits(t *testing.T) {
 		{"domain past MaxDomainBytes", strings.Replace(nested(1, "k", "v"), "domain: d", "domain: "+strings.Repeat("d", MaxDomainBytes+1), 1), fmt.Sprintf("domain: too long: %d bytes, at most %d", MaxDomainBytes+1, MaxDomainBytes)},
 		{"MaxDepth levels", nested(MaxDepth, "k", "v"), ""},
 		{"past MaxDepth", nested(MaxDepth+1, "k", "v"), fmt.Sprintf("nested deeper than %d levels", MaxDepth)},
-		{"unit_multiplier of 2^32-1", rule("{unit: second, requests_per_unit: 2, burst: 1, unit_multiplier: 4294967295}"), ""},
-		{"unit_multiplier of 2^32", rule("{unit: second, requests_per_unit: 1, unit_multiplier: 4294967296}"), "rate_limit.unit_multiplier: 4294967296 is too large (at most 4294967295)"},
-		{"deny-all for 292 years", rule("{unit: year, requests_per_unit: 0, unit_multiplier: 292}"), ""},
-		{"deny-all for 293 years", rule("{unit: year, requests_per_unit: 0, unit_multiplier: 293}"), ":4:69: d > k: rate_limit.unit_multiplier: 293 years is too long a period (at most 292 years)"},
-		{"requests_per_unit of 2^64-1", rule("{unit: second, requests_per_unit: 18446744073709551615}"), "rate_limit.requests_per_unit: 18446744073709551615 is too large (at most 1099511627776)"},
-		{"count bound at its field", rule("\n      unit: second\n      requests_per_unit: 2000000000000"), ":6:26: d > k: rate_limit.requests_per_unit: 2000000000000 is too large"},
-		{"burst bound at its field", rule("\n      unit: second\n      requests_per_unit: 1\n      burst: 2000000000000"), ":7:14: d > k: rate_limit.burst: 2000000000000 is too large (at most 1099511627776)"},
+		{"unit_multiplier of 2^32-1", rateLimitFile("{unit: second, requests_per_unit: 2, burst: 1, unit_multiplier: 4294967295}"), ""},
+		{"unit_multiplier of 2^32", rateLimitFile("{unit: second, requests_per_unit: 1, unit_multiplier: 4294967296}"), "rate_limit.unit_multiplier: 4294967296 is too large (at most 4294967295)"},
+		{"deny-all for 292 years", rateLimitFile("{unit: year, requests_per_unit: 0, unit_multiplier: 292}"), ""},
+		{"deny-all for 293 years", rateLimitFile("{unit: year, requests_per_unit: 0, unit_multiplier: 293}"), ":4:69: d > k: rate_limit.unit_multiplier: 293 years is too long a period (at most 292 years)"},
+		{"requests_per_unit of 2^64-1", rateLimitFile("{unit: second, requests_per_unit: 18446744073709551615}"), "rate_limit.requests_per_unit: 18446744073709551615 is too large (at most 1099511627776)"},
+		{"count bound at its field", rateLimitFile("\n      unit: second\n      requests_per_unit: 2000000000000"), ":6:26: d > k: rate_limit.requests_per_unit: 2000000000000 is too large"},
+		{"burst bound at its field", rateLimitFile("\n      unit: second\n      requests_per_unit: 1\n      burst: 2000000000000"), ":7:14: d > k: rate_limit.burst: 2000000000000 is too large (at most 1099511627776)"},
+		// Bounds left beside the rates the incumbent accepts (uint32).
+		{"a burst far above the rate", rateLimitFile("{unit: second, requests_per_unit: 1000000000, burst: 1000000000000}"), ""},
+		{"an overdraft of 2^40 on a uint32 rate", rateLimitFile("{unit: second, requests_per_unit: 4294967295, overdraft: {max_debt: 1099511627776}}"), ""},
+		{"a uint32 rate over 100 years", rateLimitFile("{unit: year, requests_per_unit: 4294967295, unit_multiplier: 100}"), ""},
+		{"over 101 years", rateLimitFile("{unit: year, requests_per_unit: 4294967295, unit_multiplier: 101}"),
+			"rate_limit.unit_multiplier: 101 years is too long a period: the bucket (burst defaults to requests_per_unit) takes that long to fill, more than 100 years"},
+		{"a debt past 100 years", rateLimitFile("{unit: year, requests_per_unit: 4294967295, unit_multiplier: 50, overdraft: {max_debt: 4294967296}}"),
+			"rate_limit.overdraft.max_debt: paying a debt of 4294967296 and filling burst 4294967295 (the default, requests_per_unit) at 4294967295 per 50 years takes just over 100 years, more than 100 years"},
+		{"past 2^40", rateLimitFile("{unit: second, requests_per_unit: 1099511627777}"), "rate_limit.requests_per_unit: 1099511627777 is too large (at most 1099511627776)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s, err := Parse([]File{{"f.yaml", []byte(tt.file)}})
