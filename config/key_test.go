@@ -44,15 +44,14 @@ func TestAppendKeyUnambiguous(t *testing.T) {
 	}
 }
 
-// TestAppendKeyGoldenShapes pins the two other shapes of key, from a
-// parsed file: a quota group's (keyed by the key-only level's value) and
-// the limits of a rule with several (by name, else counts and period).
-// These keys live in Redis: changing them resets every bucket.
-func TestAppendKeyGoldenShapes(t *testing.T) {
-	set, err := Parse([]File{{Name: "k.yaml", Data: []byte(`domain: llm
+// keysFile has the rules whose keys the goldens pin: one per user, a
+// quota group's, and one with two limits.
+const keysFile = `domain: llm
 quota_groups:
   openai: {unit: minute, requests_per_unit: 10}
 descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 2}
   - key: model
     value: gpt-4o
     descriptors:
@@ -62,10 +61,14 @@ descriptors:
     rate_limits:
       - {unit: second, requests_per_unit: 10, name: rps}
       - {unit: minute, requests_per_unit: 100}
-`)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+`
+
+// TestAppendKeyGoldenShapes pins the two other shapes of key, from a
+// parsed file: a quota group's (keyed by the key-only level's value) and
+// the limits of a rule with several (by name, else counts and period).
+// These keys live in Redis: changing them resets every bucket.
+func TestAppendKeyGoldenShapes(t *testing.T) {
+	set := parseOne(t, keysFile)
 	group := []Entry{{"model", "gpt-4o"}, {"client", "ann"}}
 	route := []Entry{{"route", "/v1/chat"}}
 	tests := []struct {

@@ -12,21 +12,7 @@ import (
 // refund ledger, and shows that an override never names the rule's bucket,
 // a group's, or another override's.
 func TestAppendOverrideKeyGolden(t *testing.T) {
-	set, err := Parse([]File{{Name: "k.yaml", Data: []byte(`domain: llm
-quota_groups:
-  openai: {unit: minute, requests_per_unit: 10}
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 2}
-  - key: model
-    value: gpt-4o
-    descriptors:
-      - key: client
-        quota_group: openai
-`)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := parseOne(t, keysFile)
 	user := []Entry{{"user", "poison"}}
 	group := []Entry{{"model", "gpt-4o"}, {"client", "ann"}}
 	year := limiter.Limit{Count: 1, Period: 365 * 24 * time.Hour, Burst: 1}
