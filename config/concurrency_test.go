@@ -97,6 +97,12 @@ func TestConcurrencyRules(t *testing.T) {
 	}
 }
 
+// concurrencyFile is a file of one level, key request_id in domain d,
+// whose concurrency is c.
+func concurrencyFile(c string) string {
+	return "domain: d\ndescriptors:\n  - key: request_id\n    concurrency: " + c + "\n"
+}
+
 func TestConcurrencyBadShapes(t *testing.T) {
 	for _, tc := range []struct {
 		name, yaml, want string
@@ -113,51 +119,15 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1}
     concurrency: {max_in_flight: 1, lease: 1m}
 `, "b.yaml:4:5: d > request_id: rate_limit: not allowed beside concurrency"},
-		{"zero max_in_flight", `domain: d
-descriptors:
-  - key: request_id
-    concurrency: {max_in_flight: 0, lease: 1m}
-`, "b.yaml:4:34: d > request_id: concurrency.max_in_flight: must be at least 1, got 0"},
-		{"negative max_in_flight", `domain: d
-descriptors:
-  - key: request_id
-    concurrency: {max_in_flight: -3, lease: 1m}
-`, "concurrency.max_in_flight: must be at least 1, got -3"},
-		{"too many in flight", `domain: d
-descriptors:
-  - key: request_id
-    concurrency: {max_in_flight: 2000000, lease: 1m}
-`, "concurrency.max_in_flight: 2000000 is too large (at most 1048576)"},
-		{"lease too long", `domain: d
-descriptors:
-  - key: request_id
-    concurrency: {max_in_flight: 1, lease: 200h}
-`, "b.yaml:4:44: d > request_id: concurrency.lease: 200h0m0s is out of range [1ms, 168h0m0s]"},
-		{"lease too short", `domain: d
-descriptors:
-  - key: request_id
-    concurrency: {max_in_flight: 1, lease: 10us}
-`, "concurrency.lease: 10µs is out of range"},
-		{"negative lease", `domain: d
-descriptors:
-  - key: request_id
-    concurrency: {max_in_flight: 1, lease: -1s}
-`, "concurrency.lease: want a positive duration"},
-		{"no lease", `domain: d
-descriptors:
-  - key: request_id
-    concurrency: {max_in_flight: 1}
-`, "b.yaml:4:5: d > request_id: concurrency.lease: missing"},
-		{"zero max_waiters", `domain: d
-descriptors:
-  - key: request_id
-    concurrency: {max_in_flight: 1, lease: 1m, max_wait: 1s, max_waiters: 0}
-`, "concurrency.max_waiters: must be at least 1, got 0"},
-		{"max_waiters alone", `domain: d
-descriptors:
-  - key: request_id
-    concurrency: {max_in_flight: 1, lease: 1m, max_waiters: 3}
-`, "concurrency.max_waiters: only means something with max_wait"},
+		{"zero max_in_flight", concurrencyFile("{max_in_flight: 0, lease: 1m}"), "b.yaml:4:34: d > request_id: concurrency.max_in_flight: must be at least 1, got 0"},
+		{"negative max_in_flight", concurrencyFile("{max_in_flight: -3, lease: 1m}"), "concurrency.max_in_flight: must be at least 1, got -3"},
+		{"too many in flight", concurrencyFile("{max_in_flight: 2000000, lease: 1m}"), "concurrency.max_in_flight: 2000000 is too large (at most 1048576)"},
+		{"lease too long", concurrencyFile("{max_in_flight: 1, lease: 200h}"), "b.yaml:4:44: d > request_id: concurrency.lease: 200h0m0s is out of range [1ms, 168h0m0s]"},
+		{"lease too short", concurrencyFile("{max_in_flight: 1, lease: 10us}"), "concurrency.lease: 10µs is out of range"},
+		{"negative lease", concurrencyFile("{max_in_flight: 1, lease: -1s}"), "concurrency.lease: want a positive duration"},
+		{"no lease", concurrencyFile("{max_in_flight: 1}"), "b.yaml:4:5: d > request_id: concurrency.lease: missing"},
+		{"zero max_waiters", concurrencyFile("{max_in_flight: 1, lease: 1m, max_wait: 1s, max_waiters: 0}"), "concurrency.max_waiters: must be at least 1, got 0"},
+		{"max_waiters alone", concurrencyFile("{max_in_flight: 1, lease: 1m, max_waiters: 3}"), "concurrency.max_waiters: only means something with max_wait"},
 		{"group on a value", `domain: d
 quota_groups:
   g: {concurrency: {max_in_flight: 1, lease: 1m}}
