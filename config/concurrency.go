@@ -145,13 +145,8 @@ func (p *parser) concurrency(f field, path, pre string) *Concurrency {
 	}
 	c := &Concurrency{}
 	ok := true
-	if g, has := fields["max_in_flight"]; has {
-		var good bool
-		if c.Pool.MaxInFlight, good = p.positive(g.val, path, dot(pre, "max_in_flight"), limiter.MaxPoolSize); !good {
-			ok = false
-		}
-	} else {
-		p.errorf(f.key, path, "%s: missing", dot(pre, "max_in_flight"))
+	var good bool
+	if c.Pool.MaxInFlight, good = p.requiredPositive(fields, "max_in_flight", f.key, path, pre, limiter.MaxPoolSize); !good {
 		ok = false
 	}
 	if g, has := fields["lease"]; has {
@@ -181,7 +176,6 @@ func (p *parser) concurrency(f field, path, pre string) *Concurrency {
 			c.MaxWait = d
 		}
 	}
-	var good bool
 	if c.MaxWaiters, good = p.maxWaiters(fields, path, pre, c.MaxWait); !good {
 		ok = false
 	}

@@ -122,6 +122,7 @@ descriptors:
 		{"zero max_in_flight", concurrencyFile("{max_in_flight: 0, lease: 1m}"), "b.yaml:4:34: d > request_id: concurrency.max_in_flight: must be at least 1, got 0"},
 		{"negative max_in_flight", concurrencyFile("{max_in_flight: -3, lease: 1m}"), "concurrency.max_in_flight: must be at least 1, got -3"},
 		{"too many in flight", concurrencyFile("{max_in_flight: 2000000, lease: 1m}"), "concurrency.max_in_flight: 2000000 is too large (at most 1048576)"},
+		{"no max_in_flight", concurrencyFile("{lease: 1m}"), "b.yaml:4:5: d > request_id: concurrency.max_in_flight: missing"},
 		{"lease too long", concurrencyFile("{max_in_flight: 1, lease: 200h}"), "b.yaml:4:44: d > request_id: concurrency.lease: 200h0m0s is out of range [1ms, 168h0m0s]"},
 		{"lease too short", concurrencyFile("{max_in_flight: 1, lease: 10us}"), "concurrency.lease: 10µs is out of range"},
 		{"negative lease", concurrencyFile("{max_in_flight: 1, lease: -1s}"), "concurrency.lease: want a positive duration"},

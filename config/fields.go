@@ -155,6 +155,18 @@ func (p *parser) boolean(n *yaml.Node, path, name string) (bool, bool) {
 	return false, false
 }
 
+// requiredPositive reads field name of fields, a whole number from 1 to
+// most, as positive does; a missing one is an error at at (the node that
+// should have held it). pre is the path of the fields, as dot takes it.
+func (p *parser) requiredPositive(fields map[string]field, name string, at *yaml.Node, path, pre string, most int64) (int64, bool) {
+	g, has := fields[name]
+	if !has {
+		p.errorf(at, path, "%s: missing", dot(pre, name))
+		return 0, false
+	}
+	return p.positive(g.val, path, dot(pre, name), most)
+}
+
 // positive reads a whole number from 1 to most.
 func (p *parser) positive(n *yaml.Node, path, name string, most int64) (int64, bool) {
 	var v int64

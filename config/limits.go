@@ -106,14 +106,11 @@ func (p *parser) limit(fields map[string]field, at *yaml.Node, path, pre string,
 	if g, has := fields["overdraft"]; has {
 		if of := p.fields(g.val, path, dot(pre, "overdraft"), overdraftFields); of == nil {
 			ok = false
-		} else if d, has := of["max_debt"]; has {
+		} else {
 			var good bool
-			if rl.Limit.MaxDebt, good = p.positive(d.val, path, dot(pre, "overdraft.max_debt"), limiter.MaxTokens); !good {
+			if rl.Limit.MaxDebt, good = p.requiredPositive(of, "max_debt", g.val, path, dot(pre, "overdraft"), limiter.MaxTokens); !good {
 				ok = false
 			}
-		} else {
-			p.errorf(g.val, path, "%s: missing", dot(pre, "overdraft.max_debt"))
-			ok = false
 		}
 	}
 	if g, has := fields["max_wait"]; has {
