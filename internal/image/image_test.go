@@ -388,13 +388,17 @@ func sameBytes(t *testing.T, got, want string) {
 // gives others.
 func TestReproducible(t *testing.T) {
 	f := built(t)
-	digest := func(o image.Options) v1.Hash {
+	build := func(o image.Options) v1.ImageIndex {
 		t.Helper()
 		idx, err := image.Build(o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := idx.Digest()
+		return idx
+	}
+	digest := func(o image.Options) v1.Hash {
+		t.Helper()
+		d, err := build(o).Digest()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -413,10 +417,7 @@ func TestReproducible(t *testing.T) {
 	}
 	epoch := opts
 	epoch.Created = time.Time{}
-	idx, err := image.Build(epoch)
-	if err != nil {
-		t.Fatal(err)
-	}
+	idx := build(epoch)
 	im, err := idx.IndexManifest()
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -129,17 +128,6 @@ func TestRun(t *testing.T) {
 	}
 }
 
-// freeAddr is a loopback address whose port was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // runImage unpacks the image, starts r's process from it, waits until
 // gRPC health says SERVING, checks the HTTP paths, makes r's calls, stops
 // it with SIGTERM (it must exit 0) and checks that it wrote nothing.
@@ -152,8 +140,8 @@ func runImage(t *testing.T, r imageRun) {
 	if !root.chroot {
 		t.Log("not root: running the binary from the unpacked root without chroot or user 65534")
 	}
-	// A port freeAddr found free may be taken by another test before the
-	// process binds it: start again, with new ports, a few times.
+	// A port proctest.FreeAddr found free may be taken by another test
+	// before the process binds it: start again, with new ports, a few times.
 	var (
 		l       launch
 		before  string

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimitd/ratelimitd/internal/image"
+	"github.com/ratelimitd/ratelimitd/internal/proctest"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/xdstest"
 )
@@ -41,12 +42,24 @@ func repeat(n int, c call) []call {
 	return out
 }
 
-func kubernetesExample(t *testing.T, root rootfs) launch {
-	d, cm := exampleDeployment(t, "ratelimitd.yaml", "ratelimitd")
-	c := d.Spec.Template.Spec.Containers[0]
+// exampleLaunch reads the example Deployment in file, whose container is
+// named name, mounts its ConfigMap into root and starts a Redis for it. It
+// returns the container, the Redis, and a launch of the container's
+// command (as a runtime would: the image's entrypoint if it has none) with
+// free loopback gRPC and HTTP addresses.
+func exampleLaunch(t *testing.T, root rootfs, file, name string) (corev1.Container, *redistest.Server, launch) {
+	d, cm := exampleDeployment(t, file, name)
 	mountConfigMap(t, root, d, cm)
-	redis := redistest.Start(t)
-	l := launch{path: image.BinaryPath, grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
+	c := d.Spec.Template.Spec.Containers[0]
+	l := launch{path: image.BinaryPath, grpcAddr: proctest.FreeAddr(t), httpAddr: proctest.FreeAddr(t)}
+	if len(c.Command) > 0 {
+		l.path = c.Command[0]
+	}
+	return c, redistest.Start(t), l
+}
+
+func kubernetesExample(t *testing.T, root rootfs) launch {
+	c, redis, l := exampleLaunch(t, root, "ratelimitd.yaml", "ratelimitd")
 	paths := []string{"/healthz", "/readyz"}
 	// The Deployment's probes, which the manifest test pins to port 8080,
 	// the --http-addr port.
@@ -58,9 +71,6 @@ func kubernetesExample(t *testing.T, root rootfs) launch {
 	for _, p := range paths {
 		l.httpOK = append(l.httpOK, "http://"+l.httpAddr+p)
 	}
-	if len(c.Command) > 0 {
-		l.path = c.Command[0]
-	}
 	for _, a := range c.Args {
 		name, value, _ := strings.Cut(a, "=")
 		switch name {
@@ -69,9 +79,9 @@ func kubernetesExample(t *testing.T, root rootfs) launch {
 		case "--http-addr":
 			value = l.httpAddr
 		case "--debug-addr":
-			value = freeAddr(t)
+			value = proctest.FreeAddr(t)
 		case "--metrics-addr":
-			value = freeAddr(t)
+			value = proctest.FreeAddr(t)
 			l.httpOK = append(l.httpOK, "http://"+value+"/metrics")
 		case "--redis-url":
 			value = "redis://" + redis.Addr
@@ -89,15 +99,11 @@ func kubernetesExample(t *testing.T, root rootfs) launch {
 // its REDIS_URL, and the listeners (the sample's "::", every interface)
 // on free loopback ports.
 func istioExample(t *testing.T, root rootfs) launch {
-	d, cm := exampleDeployment(t, "istio/rate-limit-service.yaml", "ratelimit")
-	c := d.Spec.Template.Spec.Containers[0]
-	mountConfigMap(t, root, d, cm)
-	redis := redistest.Start(t)
-	l := launch{path: c.Command[0], grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
+	c, redis, l := exampleLaunch(t, root, "istio/rate-limit-service.yaml", "ratelimit")
 	l.httpOK = []string{"http://" + l.httpAddr + "/healthcheck"}
 	_, httpPort, _ := net.SplitHostPort(l.httpAddr)
 	_, grpcPort, _ := net.SplitHostPort(l.grpcAddr)
-	_, debugPort, _ := net.SplitHostPort(freeAddr(t))
+	_, debugPort, _ := net.SplitHostPort(proctest.FreeAddr(t))
 	for _, e := range c.Env {
 		v := e.Value
 		switch e.Name {
@@ -140,13 +146,13 @@ func envoyGatewayDeployment(t *testing.T, root rootfs) launch {
 		}
 		root.write(t, file, data)
 	}
-	l := launch{path: image.IncumbentPath, grpcAddr: freeAddr(t), httpAddr: freeAddr(t), grpcCA: certs.CA.File}
+	l := launch{path: image.IncumbentPath, grpcAddr: proctest.FreeAddr(t), httpAddr: proctest.FreeAddr(t), grpcCA: certs.CA.File}
 	l.httpOK = []string{"http://" + l.httpAddr + "/healthcheck"}
-	metrics := freeAddr(t)
+	metrics := proctest.FreeAddr(t)
 	l.httpOK = append(l.httpOK, "http://"+metrics+"/metrics")
 	_, httpPort, _ := net.SplitHostPort(l.httpAddr)
 	_, grpcPort, _ := net.SplitHostPort(l.grpcAddr)
-	_, debugPort, _ := net.SplitHostPort(freeAddr(t))
+	_, debugPort, _ := net.SplitHostPort(proctest.FreeAddr(t))
 	l.env = []string{
 		"RUNTIME_ROOT=" + root.path("/data"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
 		"LOG_LEVEL=info", "USE_STATSD=false",

@@ -1,6 +1,7 @@
 package proctest
 
 import (
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -28,4 +29,17 @@ func TestBufferConcurrent(t *testing.T) {
 	if got := strings.Count(b.String(), "line\n"); got != writers*lines {
 		t.Errorf("String holds %d lines, want %d", got, writers*lines)
 	}
+}
+
+// TestFreeAddr: the address is on loopback and can be listened on.
+func TestFreeAddr(t *testing.T) {
+	addr := FreeAddr(t)
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Errorf("FreeAddr = %q, want 127.0.0.1:port", addr)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen on FreeAddr %s: %v", addr, err)
+	}
+	l.Close()
 }

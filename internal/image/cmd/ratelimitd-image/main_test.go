@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
@@ -37,27 +38,12 @@ func TestRun(t *testing.T) {
 	if err := run(ctx, []string{"--out", out, "--platforms", platform, "--tag", tag, "--version", "v0.0.0-t1", "--revision", "abc", "--modified"}, func(k string) string { return env[k] }, &stdout, &stderr); err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
-	outer, err := layout.ImageIndexFromPath(filepath.Join(out, "oci"))
-	if err != nil {
-		t.Fatal(err)
+	index, entry, layoutImg := layoutImage(t, filepath.Join(out, "oci"))
+	if index.Annotations["org.opencontainers.image.ref.name"] != tag {
+		t.Fatalf("index.json %+v, want one index tagged %s", index, tag)
 	}
-	om, err := outer.IndexManifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(om.Manifests) != 1 || om.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != tag {
-		t.Fatalf("index.json %+v, want one index tagged %s", om.Manifests, tag)
-	}
-	idx, err := outer.ImageIndex(om.Manifests[0].Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(im.Manifests) != 1 || im.Manifests[0].Platform.String() != platform {
-		t.Fatalf("index %+v, want one image for %s", im.Manifests, platform)
+	if entry.Platform.String() != platform {
+		t.Fatalf("index %+v, want one image for %s", entry, platform)
 	}
 	ref, err := name.NewTag(tag)
 	if err != nil {
@@ -69,10 +55,6 @@ func TestRun(t *testing.T) {
 	}
 	// A docker tarball has a manifest of its own: the config and the
 	// layers are what must be the layout's.
-	layoutImg, err := idx.Image(im.Manifests[0].Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
 	got, err := tarImg.ConfigName()
 	if err != nil {
 		t.Fatal(err)
@@ -123,20 +105,55 @@ func TestRun(t *testing.T) {
 	}
 	// The binary says what the labels say, dated SOURCE_DATE_EPOCH.
 	bin := filepath.Join(out, "ratelimitd-linux-"+runtime.GOARCH)
-	printed, err := exec.Command(bin, "version", "--output", "json").Output()
-	if err != nil {
-		t.Fatalf("%s version: %v", bin, err)
-	}
-	var info buildinfo.Info
-	if err := json.Unmarshal(printed, &info); err != nil {
-		t.Fatalf("%s version --output json: %v\n%s", bin, err, printed)
-	}
+	info := binaryVersion(t, bin)
 	if want := (buildinfo.Info{Version: "v0.0.0-t1", Revision: "abc", Modified: true, BuildTime: "2025-12-01T12:00:00Z", GoVersion: info.GoVersion, Platform: platform}); info != want {
 		t.Errorf("%s version:\n %+v\nwant\n %+v", bin, info, want)
 	}
 	if !strings.Contains(stdout.String(), "docker load -i ") {
 		t.Errorf("stdout does not say how to load the tarball:\n%s", stdout.String())
 	}
+}
+
+// layoutImage reads the OCI layout at dir as a registry client would:
+// index.json must name one image index, and that index one image. It
+// returns index.json's entry, the index's entry and the image.
+func layoutImage(t *testing.T, dir string) (index, entry v1.Descriptor, img v1.Image) {
+	t.Helper()
+	outer, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	om, err := outer.IndexManifest()
+	if err != nil || len(om.Manifests) != 1 {
+		t.Fatalf("%s/index.json: %v, %+v; want one index", dir, err, om)
+	}
+	inner, err := outer.ImageIndex(om.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := inner.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("the image index: %v, %+v; want one image", err, im)
+	}
+	if img, err = inner.Image(im.Manifests[0].Digest); err != nil {
+		t.Fatal(err)
+	}
+	return om.Manifests[0], im.Manifests[0], img
+}
+
+// binaryVersion is what the ratelimitd binary bin says of itself (version
+// --output json).
+func binaryVersion(t *testing.T, bin string) buildinfo.Info {
+	t.Helper()
+	out, err := exec.Command(bin, "version", "--output", "json").Output()
+	if err != nil {
+		t.Fatalf("%s version --output json: %v", bin, err)
+	}
+	var info buildinfo.Info
+	if err := json.Unmarshal(out, &info); err != nil {
+		t.Fatalf("%s version --output json: %v\n%s", bin, err, out)
+	}
+	return info
 }
 
 func TestRunErrors(t *testing.T) {

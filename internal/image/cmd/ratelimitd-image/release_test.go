@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -15,10 +14,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-
-	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 )
 
 // TestMakeReleaseIsReproducible runs `make release` twice at one commit,
@@ -98,39 +93,13 @@ func TestMakeReleaseIsReproducible(t *testing.T) {
 		t.Errorf("SHA256SUMS =\n%s\nwant\n%s", got, wantSums)
 	}
 
-	out, err := exec.Command(filepath.Join(dirs[0], bin), "version", "--output", "json").Output()
-	if err != nil {
-		t.Fatalf("%s version --output json: %v", bin, err)
-	}
-	var info buildinfo.Info
-	if err := json.Unmarshal(out, &info); err != nil {
-		t.Fatalf("%s version --output json: %v\n%s", bin, err, out)
-	}
+	info := binaryVersion(t, filepath.Join(dirs[0], bin))
 	built := time.Unix(secs, 0).UTC().Format(time.RFC3339)
 	if info.Version != version || info.Revision != rev || info.BuildTime != built || info.Platform != platform {
 		t.Errorf("%s version = %+v, want version %s, revision %s, built %s (the commit's time), platform %s", bin, info, version, rev, built, platform)
 	}
 
-	idx, err := layout.ImageIndexFromPath(filepath.Join(dirs[0], "oci"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil || len(im.Manifests) != 1 {
-		t.Fatalf("oci/index.json: %v, %+v; want one index", err, im)
-	}
-	inner, err := idx.ImageIndex(im.Manifests[0].Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := inner.IndexManifest()
-	if err != nil || len(m.Manifests) != 1 {
-		t.Fatalf("the image index: %v, %+v; want one image", err, m)
-	}
-	img, err := inner.Image(m.Manifests[0].Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, img := layoutImage(t, filepath.Join(dirs[0], "oci"))
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
