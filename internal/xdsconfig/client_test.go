@@ -211,17 +211,12 @@ func TestRefusedDomain(t *testing.T) {
 	}{
 		{
 			name: "unknown unit",
-			bad: []*rlsconfv3.RateLimitConfig{one(&rlsconfv3.RateLimitDescriptor{Key: "route", Value: "r1", Descriptors: []*rlsconfv3.RateLimitDescriptor{
-				{Key: "user", RateLimit: policy0(rlsconfv3.RateLimitUnit_UNKNOWN, 5)},
-			}})},
+			bad:  unknownUnit(),
 			want: []string{"xds:api:", "api > route=r1 > user: rate_limit.unit: unknown unit"},
 		},
 		{
 			name: "two rules that conflict",
-			bad: []*rlsconfv3.RateLimitConfig{
-				one(&rlsconfv3.RateLimitDescriptor{Key: "k", Value: "v", RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, 1)}),
-				{Name: "api-2", Domain: "api", Descriptors: []*rlsconfv3.RateLimitDescriptor{{Key: "k", Value: "v", RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, 2)}}},
-			},
+			bad:  conflict(),
 			want: []string{"xds:api#2:", "api > k=v: rate_limit: this descriptor already has one"},
 		},
 	} {

@@ -25,6 +25,26 @@ func one(d ...*rlsconfv3.RateLimitDescriptor) *rlsconfv3.RateLimitConfig {
 	return &rlsconfv3.RateLimitConfig{Name: "api", Domain: "api", Descriptors: d}
 }
 
+// unknownUnit is domain api with a rule of an unknown unit, at
+// api > route=r1 > user: refused by the loader.
+func unknownUnit() []*rlsconfv3.RateLimitConfig {
+	return []*rlsconfv3.RateLimitConfig{one(&rlsconfv3.RateLimitDescriptor{Key: "route", Value: "r1", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+		{Key: "user", RateLimit: policy0(rlsconfv3.RateLimitUnit_UNKNOWN, 5)},
+	}})}
+}
+
+// conflict is domain api in two resources (api and api-2: a snapshot
+// holds one resource a name) that both have a rule for k=v: the second
+// (file xds:api#2) is refused by the loader.
+func conflict() []*rlsconfv3.RateLimitConfig {
+	second := one(&rlsconfv3.RateLimitDescriptor{Key: "k", Value: "v", RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, 2)})
+	second.Name = "api-2"
+	return []*rlsconfv3.RateLimitConfig{
+		one(&rlsconfv3.RateLimitDescriptor{Key: "k", Value: "v", RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, 1)}),
+		second,
+	}
+}
+
 // decode reads the converter's YAML back into plain Go values.
 func decode(t *testing.T, f config.File) any {
 	t.Helper()
@@ -262,9 +282,7 @@ func TestParseConverted(t *testing.T) {
 	}{
 		{
 			name: "unknown unit",
-			in: []*rlsconfv3.RateLimitConfig{one(&rlsconfv3.RateLimitDescriptor{Key: "route", Value: "r1", Descriptors: []*rlsconfv3.RateLimitDescriptor{
-				{Key: "user", RateLimit: policy0(rlsconfv3.RateLimitUnit_UNKNOWN, 5)},
-			}})},
+			in:   unknownUnit(),
 			want: []string{"xds:api:", ": api > route=r1 > user: rate_limit.unit: unknown unit \"unknown\" (want second"},
 		},
 		{
@@ -275,10 +293,7 @@ func TestParseConverted(t *testing.T) {
 		},
 		{
 			name: "the same descriptor twice in two resources of one domain",
-			in: []*rlsconfv3.RateLimitConfig{
-				one(&rlsconfv3.RateLimitDescriptor{Key: "k", Value: "v", RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, 1)}),
-				one(&rlsconfv3.RateLimitDescriptor{Key: "k", Value: "v", RateLimit: policy0(rlsconfv3.RateLimitUnit_SECOND, 2)}),
-			},
+			in:   conflict(),
 			want: []string{"xds:api", "api > k=v"},
 		},
 		{
