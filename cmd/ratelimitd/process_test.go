@@ -587,17 +587,12 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 	ca := newTestCA(t, dir)
 	caFile := ca.file
 	certFile, keyFile := ca.issue("redis", true)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := lis.Addr().(*net.TCPAddr).Port
-	lis.Close()
+	_, port, _ := net.SplitHostPort(proctest.FreeAddr(t))
 	redisBin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatal("redis-server not found: install it (apt-get install -y redis-server)")
 	}
-	redis := exec.Command(redisBin, "--port", "0", "--tls-port", fmt.Sprint(port), "--bind", "127.0.0.1",
+	redis := exec.Command(redisBin, "--port", "0", "--tls-port", port, "--bind", "127.0.0.1",
 		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no",
 		"--user", "default", "off", "--user", "limiter", "on", ">s3cret", "~*", "+@all",
 		"--save", "", "--appendonly", "no", "--dir", dir)
@@ -609,7 +604,7 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 	t.Cleanup(func() { redis.Process.Kill(); redis.Wait() })
 
 	cfg := writeConfig(t, map[string]string{"api.yaml": fivePerMinute})
-	url := fmt.Sprintf("rediss://limiter:s3cret@127.0.0.1:%d", port)
+	url := fmt.Sprintf("rediss://limiter:s3cret@127.0.0.1:%s", port)
 	p := startProc(t, "--config", cfg, "--redis-url", url, "--redis-tls-ca", caFile, "--backend-timeout", "1s")
 	rls := rlsClient(t, p.grpcAddr)
 	req := servertest.Request("api", servertest.Desc("model", "gpt-4o"))
@@ -629,7 +624,7 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 	}
 
 	// The wrong password is refused: calls fail, never admit.
-	bad := startProc(t, "--config", cfg, "--redis-url", fmt.Sprintf("rediss://limiter:wrong@127.0.0.1:%d", port),
+	bad := startProc(t, "--config", cfg, "--redis-url", fmt.Sprintf("rediss://limiter:wrong@127.0.0.1:%s", port),
 		"--redis-tls-ca", caFile, "--backend-timeout", "1s")
 	_, err = rlsClient(t, bad.grpcAddr).ShouldRateLimit(context.Background(), req)
 	if status.Code(err) != codes.Unavailable {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/daemon"
+	"github.com/ratelimitd/ratelimitd/internal/proctest"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
@@ -88,17 +89,23 @@ func TestHealthcheckFollowsRedis(t *testing.T) {
 	redis.Stop()
 	r := run(t, daemon.Config{Redis: daemon.Redis{URL: "redis://" + redis.Addr}, IncumbentMetrics: true}, oneAnHour)
 	base := "http://" + r.d.HTTPAddr().String()
+	// inStep checks that gRPC health and /readyz say what /healthcheck
+	// said.
+	inStep := func(when string, health healthpb.HealthCheckResponse_ServingStatus, readyz int) {
+		t.Helper()
+		if st := healthOf(t, r.conn); st != health {
+			t.Errorf("%s: gRPC health = %v, want %v", when, st, health)
+		}
+		if code, body := servertest.Get(t, base+"/readyz"); code != readyz {
+			t.Errorf("%s: GET /readyz = %d %q, want %d", when, code, body, readyz)
+		}
+	}
 
 	code, body := servertest.Get(t, base+"/healthcheck")
 	if code != http.StatusInternalServerError || body != "" {
 		t.Errorf("Redis down: GET /healthcheck = %d %q, want 500 with no body", code, body)
 	}
-	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_NOT_SERVING {
-		t.Errorf("Redis down: gRPC health = %v, want NOT_SERVING", st)
-	}
-	if code, body := servertest.Get(t, base+"/readyz"); code != http.StatusServiceUnavailable {
-		t.Errorf("Redis down: GET /readyz = %d %q, want 503", code, body)
-	}
+	inStep("Redis down", healthpb.HealthCheckResponse_NOT_SERVING, http.StatusServiceUnavailable)
 	// A call meanwhile fails, and counts as the incumbent's redis_error.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -123,12 +130,7 @@ func TestHealthcheckFollowsRedis(t *testing.T) {
 	if code != http.StatusOK || body != "OK" {
 		t.Fatalf("Redis up: GET /healthcheck = %d %q, want 200 \"OK\" within 15s", code, body)
 	}
-	if st := healthOf(t, r.conn); st != healthpb.HealthCheckResponse_SERVING {
-		t.Errorf("Redis up: gRPC health = %v, want SERVING", st)
-	}
-	if code, body := servertest.Get(t, base+"/readyz"); code != http.StatusOK {
-		t.Errorf("Redis up: GET /readyz = %d %q, want 200", code, body)
-	}
+	inStep("Redis up", healthpb.HealthCheckResponse_SERVING, http.StatusOK)
 	// Any method, as the incumbent's router answers.
 	resp, err := http.Head(base + "/healthcheck")
 	if err != nil {
@@ -261,18 +263,10 @@ func TestDebugAndMetricsListeners(t *testing.T) {
 func TestNewClosesListenersOnFailure(t *testing.T) {
 	taken := run(t, daemon.Config{}, oneAnHour)
 	dir := servertest.DescriptorDir(t, map[string]string{"api.yaml": oneAnHour})
-	free := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().String()
-	}
 	// The gRPC, HTTP and debug listeners open; the metrics one, on a port
 	// in use, fails.
-	cfg := daemon.Config{ConfigPath: dir, GRPCAddr: free(), HTTPAddr: free(),
-		DebugAddr: free(), MetricsAddr: taken.d.HTTPAddr().String()}
+	cfg := daemon.Config{ConfigPath: dir, GRPCAddr: proctest.FreeAddr(t), HTTPAddr: proctest.FreeAddr(t),
+		DebugAddr: proctest.FreeAddr(t), MetricsAddr: taken.d.HTTPAddr().String()}
 	if _, err := daemon.New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "metrics") {
 		t.Fatalf("New with the metrics port taken = %v, want an error naming the metrics listener", err)
 	}
