@@ -63,6 +63,19 @@ func (e *Env) set(flag, v, spelt string) {
 	e.Spelt[flag] = spelt
 }
 
+// flagVar is a flag, the value a variable gave it and that variable's
+// name.
+type flagVar struct{ flag, v, spelt string }
+
+// setGiven sets each of fs whose variable was given (not empty).
+func (e *Env) setGiven(fs ...flagVar) {
+	for _, f := range fs {
+		if f.v != "" {
+			e.set(f.flag, f.v, f.spelt)
+		}
+	}
+}
+
 // Read reads envoyproxy/ratelimit's settings through getenv,
 // with its defaults (src/settings/settings.go@f2fb157), and maps them onto
 // ratelimitd's flags. Every problem is returned, each naming its variable.
@@ -273,16 +286,12 @@ func (e *Env) mapXDS(s *incumbentSettings) []error {
 	}
 	if s.xdsTLS {
 		e.set("config-xds-tls", "true", "CONFIG_GRPC_XDS_SERVER_USE_TLS")
-		for _, f := range []struct{ flag, v, name string }{
-			{"config-xds-tls-cert", s.xdsCert, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"},
-			{"config-xds-tls-key", s.xdsKey, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"},
-			{"config-xds-tls-ca", s.xdsCA, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"},
-			{"config-xds-tls-server-name", s.xdsSAN, "CONFIG_GRPC_XDS_SERVER_TLS_SAN"},
-		} {
-			if f.v != "" {
-				e.set(f.flag, f.v, f.name)
-			}
-		}
+		e.setGiven(
+			flagVar{"config-xds-tls-cert", s.xdsCert, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"},
+			flagVar{"config-xds-tls-key", s.xdsKey, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"},
+			flagVar{"config-xds-tls-ca", s.xdsCA, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"},
+			flagVar{"config-xds-tls-server-name", s.xdsSAN, "CONFIG_GRPC_XDS_SERVER_TLS_SAN"},
+		)
 	} else {
 		s.notUsedWithout("CONFIG_GRPC_XDS_SERVER_USE_TLS=true", ": the xDS server is dialled in plaintext", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN")
 	}
@@ -380,15 +389,11 @@ func (e *Env) mapBackend(s *incumbentSettings) []error {
 		s.unhonoured = append(s.unhonoured, "REDIS_SENTINEL_AUTH: not used without REDIS_TYPE=sentinel")
 	}
 	if s.redisTLS {
-		for _, f := range []struct{ flag, v, name string }{
-			{"redis-tls-cert", s.redisCert, "REDIS_TLS_CLIENT_CERT"},
-			{"redis-tls-key", s.redisKey, "REDIS_TLS_CLIENT_KEY"},
-			{"redis-tls-ca", s.redisCA, "REDIS_TLS_CACERT"},
-		} {
-			if f.v != "" {
-				e.set(f.flag, f.v, f.name)
-			}
-		}
+		e.setGiven(
+			flagVar{"redis-tls-cert", s.redisCert, "REDIS_TLS_CLIENT_CERT"},
+			flagVar{"redis-tls-key", s.redisKey, "REDIS_TLS_CLIENT_KEY"},
+			flagVar{"redis-tls-ca", s.redisCA, "REDIS_TLS_CACERT"},
+		)
 	} else {
 		s.notUsedWithout("REDIS_TLS=true", "", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT")
 	}
