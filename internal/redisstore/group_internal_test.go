@@ -22,7 +22,6 @@ import (
 // buckets full, part spent, in debt, and written under another rate.
 func TestAlikeTakesMatchOneByOne(t *testing.T) {
 	s, c := newCallerClockStore(t, "group:")
-	loadScripts(t, c, s.take, s.takeOne)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(42, 7))
 	t0 := time.Unix(1_800_000_000, 0)

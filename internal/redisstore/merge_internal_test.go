@@ -14,20 +14,17 @@ import (
 )
 
 // newCallerClockStore returns a Store on a Redis of its own, deciding at
-// the callers' now, and the client it uses.
+// the callers' now, and the client it uses. The scripts a batch sent by
+// hand may call are loaded: such a batch gets no NOSCRIPT retry.
 func newCallerClockStore(t *testing.T, prefix string) (*Store, *redis.Client) {
 	t.Helper()
-	return ownServerStore(t, Options{Clock: CallerClock, Prefix: prefix})
-}
-
-// loadScripts loads scripts into c's server, for batches sent by hand.
-func loadScripts(t *testing.T, c *redis.Client, scripts ...*redis.Script) {
-	t.Helper()
-	for _, script := range scripts {
+	s, c := ownServerStore(t, Options{Clock: CallerClock, Prefix: prefix})
+	for _, script := range []*redis.Script{s.take, s.takeOne, s.refund} {
 		if err := script.Load(context.Background(), c).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return s, c
 }
 
 // TestMergedTakesAreDecidedInOrder sends one batch by hand: four Takes
@@ -43,7 +40,6 @@ func TestMergedTakesAreDecidedInOrder(t *testing.T) {
 	if err := c.Set(ctx, s.Key("bad"), "garbage", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	loadScripts(t, c, s.take, s.refund) // no NOSCRIPT retry
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
 	one := func(key string) []limiter.Request { return []limiter.Request{{Key: key, Limit: l, Hits: 1}} }
@@ -139,11 +135,8 @@ func oneBucketTake(ctx context.Context, s *Store, key string, l limiter.Limit, n
 // an hour later (admitted on the refilled token, its check too), and one
 // more at that time (denied). Decided all at t0, the third would be denied.
 func TestMergedTakesDecideAtTheirOwnNow(t *testing.T) {
-	s, c := newCallerClockStore(t, "nows:")
+	s, _ := newCallerClockStore(t, "nows:")
 	ctx := context.Background()
-	if err := s.take.Load(ctx, c).Err(); err != nil { // no NOSCRIPT retry
-		t.Fatal(err)
-	}
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
 	tests := []struct {
@@ -191,9 +184,6 @@ func TestMergedTakesDecideAtTheirOwnNow(t *testing.T) {
 func TestMergedTakeWithARepeatedKey(t *testing.T) {
 	s, c := newCallerClockStore(t, "repeat:")
 	ctx := context.Background()
-	if err := s.take.Load(ctx, c).Err(); err != nil { // no NOSCRIPT retry
-		t.Fatal(err)
-	}
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 3}
 	reqsOf := map[*call][]limiter.Request{}
@@ -257,9 +247,6 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 func TestASharedBucketIsWrittenTwiceACall(t *testing.T) {
 	s, c := newCallerClockStore(t, "shared:")
 	ctx := context.Background()
-	if err := s.take.Load(ctx, c).Err(); err != nil { // no NOSCRIPT retry
-		t.Fatal(err)
-	}
 	t0 := time.Unix(1_800_000_000, 0)
 	shared := limiter.Limit{Count: 10, Period: time.Second, Burst: 10}
 	own := limiter.Limit{Count: 1, Period: time.Second, Burst: 5}
@@ -419,7 +406,6 @@ func TestDecodeTake(t *testing.T) {
 func TestMalformedSpecFailsItsTakeAlone(t *testing.T) {
 	s, c := newCallerClockStore(t, "spec:")
 	ctx := context.Background()
-	loadScripts(t, c, s.take, s.takeOne) // no NOSCRIPT retry
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 2}
 	one := func(key string) []limiter.Request { return []limiter.Request{{Key: key, Limit: l, Hits: 1}} }

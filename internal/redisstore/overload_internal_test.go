@@ -139,12 +139,19 @@ func TestACancelledCallerIsNotCharged(t *testing.T) {
 		t.Errorf("Take cancelled after 5ms returned after %v, want before its batch went out (30ms)", took)
 	}
 	time.Sleep(40 * time.Millisecond) // the batch the call was queued in has gone out
-	got, err := s.Take(context.Background(), time.Now(), []limiter.Request{{Key: "gone", Limit: l, Hits: 0}})
+	wantUncharged(t, s, "gone", l, "a cancelled Take")
+}
+
+// wantUncharged checks that the bucket of key and l is full after what
+// was given up on (a check: Hits 0).
+func wantUncharged(t *testing.T, s *Store, key string, l limiter.Limit, after string) {
+	t.Helper()
+	got, err := s.Take(context.Background(), time.Now(), []limiter.Request{{Key: key, Limit: l, Hits: 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got[0].Remaining != l.Burst {
-		t.Errorf("after a cancelled Take, %d of %d tokens remain, want all: nothing charged", got[0].Remaining, l.Burst)
+		t.Errorf("after %s, %d of %d tokens remain, want all: nothing charged", after, got[0].Remaining, l.Burst)
 	}
 }
 
@@ -182,13 +189,7 @@ func TestTakeByGivesUpAtBy(t *testing.T) {
 	if st := s.Stats(); st.Calls-before.Calls != 1 || st.Late != before.Late {
 		t.Errorf("Stats = %+v: want the one call in time sent, the three given up on dropped unsent", st)
 	}
-	got, err := s.Take(context.Background(), time.Now(), []limiter.Request{{Key: "late", Limit: l, Hits: 0}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got[0].Remaining != l.Burst {
-		t.Errorf("after Takes given up at by, %d of %d tokens remain, want all: nothing charged", got[0].Remaining, l.Burst)
-	}
+	wantUncharged(t, s, "late", l, "Takes given up at by")
 }
 
 // TestSubmitWaitsForRoomUntilBy: a call that finds the batch queue full
