@@ -27,6 +27,24 @@ func newCallerClockStore(t *testing.T, prefix string) (*Store, *redis.Client) {
 	return s, c
 }
 
+// execTakes sends calls, Takes built by hand whose requests are reqs[i],
+// as one batch, and returns each one's decoded answer, failing the test if
+// one is an error.
+func execTakes(t *testing.T, s *Store, calls []*call, reqs [][]limiter.Request) []takeResult {
+	t.Helper()
+	s.server.batch.exec(calls)
+	res := make([]takeResult, len(calls))
+	for i, c := range calls {
+		<-c.done
+		r, err := decodeTakeCmd(c.cmd, reqs[i], false)
+		if err != nil {
+			t.Fatalf("Take %d: %v", i+1, err)
+		}
+		res[i] = r
+	}
+	return res
+}
+
 // TestMergedTakesAreDecidedInOrder sends one batch by hand: four Takes
 // that merge into one take.lua call (the second of two requests, one on a
 // bucket holding garbage; the last of two requests too) and a refund
@@ -157,16 +175,12 @@ func TestMergedTakesDecideAtTheirOwnNow(t *testing.T) {
 		calls = append(calls, c)
 		reqsOf = append(reqsOf, reqs)
 	}
-	s.server.batch.exec(calls)
+	results := execTakes(t, s, calls, reqsOf)
 	if st := s.Stats(); st.Scripts != 1 {
 		t.Fatalf("Stats = %+v, want the four Takes in one script call", st)
 	}
 	for i, tt := range tests {
-		<-calls[i].done
-		res, err := decodeTakeCmd(calls[i].cmd, reqsOf[i], false)
-		if err != nil {
-			t.Fatalf("Take %d: %v", i, err)
-		}
+		res := results[i]
 		if res.now != tt.at.UnixMicro() || res.allowed != tt.allowed || res.decisions[0].RetryAfter != tt.retryFirst {
 			t.Errorf("Take %d at t0+%v = decided at t0+%v, allowed %v, %+v; want allowed %v, retry after %v",
 				i, tt.at.Sub(t0), time.UnixMicro(res.now).Sub(t0), res.allowed, res.decisions, tt.allowed, tt.retryFirst)
@@ -186,10 +200,10 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Unix(1_800_000_000, 0)
 	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 3}
-	reqsOf := map[*call][]limiter.Request{}
+	var reqsOf [][]limiter.Request
 	takeCall := func(hits ...int64) *call {
 		c, reqs := oneBucketTake(ctx, s, "r", l, t0, hits...)
-		reqsOf[c] = reqs
+		reqsOf = append(reqsOf, reqs)
 		return c
 	}
 	calls := []*call{takeCall(1), takeCall(1, 2), takeCall(1, 1), takeCall(1)}
@@ -212,14 +226,7 @@ func TestMergedTakeWithARepeatedKey(t *testing.T) {
 		// Empty.
 		{false, []limiter.Decision{{RetryAfter: time.Hour, ResetAfter: 3 * time.Hour}}},
 	}
-	s.server.batch.exec(calls)
-
-	for i, c := range calls {
-		<-c.done
-		res, err := decodeTakeCmd(c.cmd, reqsOf[c], false)
-		if err != nil {
-			t.Fatalf("Take %d: %v", i+1, err)
-		}
+	for i, res := range execTakes(t, s, calls, reqsOf) {
 		if res.allowed != want[i].allowed || !slices.Equal(res.decisions, want[i].decisions) {
 			t.Errorf("Take %d = %+v (allowed %v), want %+v (allowed %v)",
 				i+1, res.decisions, res.allowed, want[i].decisions, want[i].allowed)
@@ -263,13 +270,7 @@ func TestASharedBucketIsWrittenTwiceACall(t *testing.T) {
 		}})
 		reqsOf = append(reqsOf, reqs)
 	}
-	s.server.batch.exec(calls)
-	for i, call := range calls {
-		<-call.done
-		res, err := decodeTakeCmd(call.cmd, reqsOf[i], false)
-		if err != nil {
-			t.Fatalf("Take %d: %v", i+1, err)
-		}
+	for i, res := range execTakes(t, s, calls, reqsOf) {
 		// The shared bucket has 10 tokens; Take i leaves 9-i.
 		if want := (limiter.Decision{Allowed: true, Remaining: int64(takes - 1 - i + 4), ResetAfter: time.Duration(i+1) * 100 * time.Millisecond}); !res.allowed || res.decisions[1] != want {
 			t.Errorf("Take %d's shared bucket = %+v (allowed %v), want %+v", i+1, res.decisions[1], res.allowed, want)
