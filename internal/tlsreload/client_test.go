@@ -22,7 +22,7 @@ func TestClientTLS(t *testing.T) {
 		return f
 	}
 	certPEM, keyPEM := ca.issue(t, "client", false)
-	caFile, cert, key := write("ca.pem", ca.pem), write("client.pem", certPEM), write("client.key", keyPEM)
+	caFile, cert, key := write("ca.pem", ca.PEM), write("client.pem", certPEM), write("client.key", keyPEM)
 	notPEM := filepath.Join(dir, "not.pem")
 	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
 		t.Fatal(err)

@@ -2,15 +2,8 @@ package tlsreload_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,82 +20,24 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
+	"github.com/ratelimitd/ratelimitd/internal/xdstest"
 )
 
-// authority is a CA made for one test.
-type authority struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
+// authority is a CA made for one test, whose certificates the tests
+// write themselves.
+type authority struct{ *xdstest.CA }
 
 func newAuthority(t *testing.T, name string) authority {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return authority{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+	return authority{xdstest.NewCA(t, t.TempDir(), name)}
 }
 
 // issue returns a PEM certificate and key for name signed by a: a server
-// certificate for 127.0.0.1, or a client certificate, valid from an hour
-// ago to an hour from now.
+// certificate for 127.0.0.1 (and xdstest's names), or a client
+// certificate, valid from an hour ago to an hour from now.
 func (a authority) issue(t *testing.T, name string, server bool) (certPEM, keyPEM []byte) {
 	t.Helper()
-	return a.issueValid(t, name, server, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
-}
-
-// issueValid is issue for a certificate valid from notBefore to notAfter.
-func (a authority) issueValid(t *testing.T, name string, server bool, notBefore, notAfter time.Time) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    notBefore,
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	return a.IssuePEM(t, name, server, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 }
 
 // setup holds a server's files and a running gRPC server that uses them.
@@ -153,7 +88,7 @@ func start(t *testing.T, mtls bool) *setup {
 	}
 	if mtls {
 		s.ca = filepath.Join(dir, "client-ca.crt")
-		s.write(t, s.ca, s.client.pem)
+		s.write(t, s.ca, s.client.PEM)
 		opts.ClientCAFile = s.ca
 	}
 	r, err := tlsreload.New(opts)
@@ -173,9 +108,7 @@ func start(t *testing.T, mtls bool) *setup {
 // certificate's common name.
 func (s *setup) call(t *testing.T, clientCert *tls.Certificate) (string, error) {
 	t.Helper()
-	roots := x509.NewCertPool()
-	roots.AddCert(s.serverCA.cert)
-	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	cfg := &tls.Config{RootCAs: s.serverCA.Pool(), MinVersion: tls.VersionTLS12}
 	if clientCert != nil {
 		cfg.Certificates = []tls.Certificate{*clientCert}
 	}
@@ -279,7 +212,7 @@ func TestRotation(t *testing.T) {
 
 	// A new client CA: its clients get in, the old CA's no longer do.
 	ca2 := newAuthority(t, "client CA 2")
-	s.write(t, s.ca, ca2.pem)
+	s.write(t, s.ca, ca2.PEM)
 	s.clock.Advance(time.Second)
 	mustSee("new client CA", "server-3", ca2.clientCert(t, "envoy"))
 	if _, err := s.call(t, client); err == nil {
@@ -305,9 +238,9 @@ func TestNewRejectsBadFiles(t *testing.T) {
 		return p
 	}
 	cert, key, wrongKey := write("c.pem", certPEM), write("k.pem", keyPEM), write("k2.pem", otherKey)
-	expiredPEM, expiredKeyPEM := ca.issueValid(t, "old", true, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour))
+	expiredPEM, expiredKeyPEM := ca.IssuePEM(t, "old", true, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour))
 	expired, expiredKey := write("expired.pem", expiredPEM), write("expired-key.pem", expiredKeyPEM)
-	futurePEM, futureKeyPEM := ca.issueValid(t, "new", true, time.Now().Add(time.Hour), time.Now().Add(2*time.Hour))
+	futurePEM, futureKeyPEM := ca.IssuePEM(t, "new", true, time.Now().Add(time.Hour), time.Now().Add(2*time.Hour))
 	future, futureKey := write("future.pem", futurePEM), write("future-key.pem", futureKeyPEM)
 	notPEM := write("ca.pem", []byte("not a certificate"))
 	tests := []struct {
@@ -450,7 +383,7 @@ func TestCertificateOutsideItsValidity(t *testing.T) {
 			now := s.clock.Now().Add(time.Second) // at the next check
 			s.walk(t, []step{
 				{name: "rotated", change: func() {
-					c, k := s.serverCA.issueValid(t, "server-2", true, now.Add(tt.notBefore), now.Add(tt.notAfter))
+					c, k := s.serverCA.IssuePEM(t, "server-2", true, now.Add(tt.notBefore), now.Add(tt.notAfter))
 					s.write(t, s.cert, c)
 					s.write(t, s.key, k)
 				}, wantCN: "server-1", wantErrs: 1, wantErr: tt.wantErr},

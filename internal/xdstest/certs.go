@@ -27,6 +27,8 @@ type CA struct {
 	key  *ecdsa.PrivateKey
 	// File is the CA certificate as a PEM file.
 	File string
+	// PEM is the CA certificate, PEM-encoded (File's content).
+	PEM []byte
 }
 
 // Certs are the files of a mutual-TLS setup: a CA, a server certificate
@@ -69,17 +71,45 @@ func NewCA(t testing.TB, dir, name string) *CA {
 	}
 	file := filepath.Join(dir, safeName(name)+".pem")
 	writePEM(t, file, "CERTIFICATE", der)
-	return &CA{cert: cert, key: key, File: file}
+	return &CA{cert: cert, key: key, File: file, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// Pool is a pool of the CA's certificate alone, to trust it.
+func (ca *CA) Pool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	return pool
 }
 
 // Issue signs a certificate with the common name cn, for a server
-// (ServerName, localhost, 127.0.0.1, ::1) or a client, and writes it and
-// its key to certFile and keyFile, replacing what is there (the key is
-// written first, then the certificate, each by renaming a complete file,
-// as a secret volume update would leave them).
+// (ServerName, localhost, 127.0.0.1, ::1) or a client, valid from an hour
+// ago for a day, and writes it and its key to certFile and keyFile,
+// replacing what is there (the key is written first, then the
+// certificate, each by renaming a complete file, as a secret volume update
+// would leave them).
 func (ca *CA) Issue(t testing.TB, cn string, server bool, certFile, keyFile string) {
 	t.Helper()
 	tmpl := template(t, cn)
+	der, keyDER := ca.sign(t, tmpl, server)
+	writePEM(t, keyFile, "PRIVATE KEY", keyDER)
+	writePEM(t, certFile, "CERTIFICATE", der)
+}
+
+// IssuePEM is Issue for a certificate valid from notBefore to notAfter,
+// returned PEM-encoded with its key rather than written.
+func (ca *CA) IssuePEM(t testing.TB, cn string, server bool, notBefore, notAfter time.Time) (certPEM, keyPEM []byte) {
+	t.Helper()
+	tmpl := template(t, cn)
+	tmpl.NotBefore, tmpl.NotAfter = notBefore, notAfter
+	der, keyDER := ca.sign(t, tmpl, server)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+}
+
+// sign sets tmpl's uses, for a server or a client, and signs it with a new
+// key; it returns the certificate's DER and the key's (PKCS #8).
+func (ca *CA) sign(t testing.TB, tmpl *x509.Certificate, server bool) (der, keyDER []byte) {
+	t.Helper()
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	if server {
@@ -92,8 +122,7 @@ func (ca *CA) Issue(t testing.TB, cn string, server bool, certFile, keyFile stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	writePEM(t, keyFile, "PRIVATE KEY", keyDER)
-	writePEM(t, certFile, "CERTIFICATE", der)
+	return der, keyDER
 }
 
 // ServerConfig is the server side of c as Envoy Gateway serves xDS: TLS
@@ -103,13 +132,11 @@ func (c *Certs) ServerConfig() (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server certificate: %w", err)
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(c.CA.cert)
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{pair},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
+		ClientCAs:    c.CA.Pool(),
 		NextProtos:   []string{"h2"},
 	}, nil
 }

@@ -10,6 +10,9 @@
 // Like EG's server it pushes a snapshot that a client NACKed again right
 // away (envoyproxy/go-control-plane#962): a client under test sees the
 // refused version until the test sets a new snapshot.
+//
+// Its certificate authority (NewCA, NewCerts) serves the other TLS tests
+// too: those of the certificate reloader issue from it.
 package xdstest
 
 import (
