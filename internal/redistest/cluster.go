@@ -233,27 +233,7 @@ func (rc *ReplicatedCluster) create() error {
 // that another turned replica (CLUSTER REPLICATE, sent by redis-cli) only
 // from that node's next ping, some time after the replica itself says so.
 func (rc *ReplicatedCluster) waitShape(ctx context.Context) error {
-	for {
-		var state string
-		for _, n := range rc.live() {
-			v, err := nodeView(ctx, n)
-			if err == nil {
-				err = rc.shapeError(v)
-			}
-			if err != nil {
-				state = err.Error()
-				break
-			}
-		}
-		if state == "" {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("redistest: cluster not shaped as asked: %w; %s", ctx.Err(), state)
-		case <-time.After(pollInterval):
-		}
-	}
+	return rc.waitAgree(ctx, rc.shapeError)
 }
 
 // shapeError says how v differs from the shape asked for, or returns nil.
