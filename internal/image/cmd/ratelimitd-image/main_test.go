@@ -55,39 +55,17 @@ func TestRun(t *testing.T) {
 	}
 	// A docker tarball has a manifest of its own: the config and the
 	// layers are what must be the layout's.
-	got, err := tarImg.ConfigName()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := layoutImg.ConfigName()
-	if err != nil {
-		t.Fatal(err)
-	}
+	got, gotLayers := contents(t, tarImg)
+	want, wantLayers := contents(t, layoutImg)
 	if got != want {
 		t.Errorf("tarball image config %s, want the layout's %s", got, want)
-	}
-	gotLayers, err := tarImg.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantLayers, err := layoutImg.Layers()
-	if err != nil {
-		t.Fatal(err)
 	}
 	if len(gotLayers) != len(wantLayers) {
 		t.Fatalf("tarball has %d layers, the layout %d", len(gotLayers), len(wantLayers))
 	}
 	for i := range gotLayers {
-		g, err := gotLayers[i].Digest()
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, err := wantLayers[i].Digest()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if g != w {
-			t.Errorf("tarball layer %d %s, want the layout's %s", i, g, w)
+		if gotLayers[i] != wantLayers[i] {
+			t.Errorf("tarball layer %d %s, want the layout's %s", i, gotLayers[i], wantLayers[i])
 		}
 	}
 	cf, err := tarImg.ConfigFile()
@@ -139,6 +117,27 @@ func layoutImage(t *testing.T, dir string) (index, entry v1.Descriptor, img v1.I
 		t.Fatal(err)
 	}
 	return om.Manifests[0], im.Manifests[0], img
+}
+
+// contents is img's config digest and its layers' digests, in order.
+func contents(t *testing.T, img v1.Image) (config v1.Hash, layers []v1.Hash) {
+	t.Helper()
+	config, err := img.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		d, err := l.Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		layers = append(layers, d)
+	}
+	return config, layers
 }
 
 // binaryVersion is what the ratelimitd binary bin says of itself (version
