@@ -24,18 +24,15 @@ for i, key in ipairs(KEYS) do
   local bus, bfr = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   local v = redis.call('GET', key)
   if v then
-    local sus, sfr, c0, p0 = parse(key, v)
+    local sus, sfr, r0 = parse(key, v)
     if not sus then
       return error(sfr)
     end
     -- mirrors Refund: rescaled first (State.under), then moved back; the
     -- state is written when it differs from the stored one, in its rate
     -- too (a state moved back is under the request's)
-    local rate, r0 = ':' .. ARGV[a + 1] .. ':' .. ARGV[a + 2], ''
-    if c0 > 0 then
-      r0 = string.match(v, ':%d+:%d+$')
-    end
-    local rus, rfr, applied = rescale(sus, sfr, c0, p0, count, per, cap, now)
+    local rate = ':' .. ARGV[a + 1] .. ':' .. ARGV[a + 2]
+    local rus, rfr, applied = rescale(sus, sfr, r0, count, per, rate, cap, now)
     local tus, tfr = rus, math.min(rfr, count - 1)
     local nus, nfr, nrate = rus, rfr, r0 -- the next state
     if applied then

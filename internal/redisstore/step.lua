@@ -1,10 +1,10 @@
 -- ratelimitd: the admission arithmetic of take.lua (store.go puts it
--- after clock.lua and common.lua, before take.lua): limiter.Decide
--- (limiter/bucket.go) for one request, on a spec parsed from take.lua's
--- arguments (its header gives their layout and the bounds that keep every
--- number an exact integer in a double). take_one.lua has its own copy of
--- the paths for a take, a check and hits above burst, written out flat: a
--- change here is made there too.
+-- after clock.lua, common.lua and single.lua, before take.lua):
+-- limiter.Decide (limiter/bucket.go) for one request, on a spec parsed
+-- from take.lua's arguments (its header gives their layout and the bounds
+-- that keep every number an exact integer in a double). A take, a check
+-- and hits above burst are single.lua's decide_one; a post-paid charge is
+-- decided here.
 
 -- t + u, both with fractions of count.
 local function add(tus, tfr, uus, ufr, count)
@@ -29,8 +29,9 @@ end
 -- time, or tat − now when that is deeper).
 local function step(p, sus, sfr, now)
   local kind = p.kind
-  if kind == 'x' then
-    return sus, sfr, false, false
+  if kind ~= 'c' and kind ~= 'd' then
+    local ok, nus, nfr, wrote = decide_one(kind, p.count, p.hus, p.hfr, p.fus, p.ffr, p.lus, sus, sfr, now)
+    return nus, nfr, ok, wrote
   end
   local count = p.count
   local tus, tfr = sus - now, math.min(sfr, count - 1) -- before: tat − now
@@ -39,38 +40,21 @@ local function step(p, sus, sfr, now)
   end
   local hus, hfr = p.hus, p.hfr
   local fus, ffr = p.fus, p.ffr
-  if kind == 'c' or kind == 'd' then
-    -- mirrors Limit.charge: never deeper than the floor, nor fuller than
-    -- before; admitted unless in debt before.
-    local lus, lfr = p.lus, p.lfr
-    if less(lus, lfr, tus, tfr) then
-      lus, lfr = tus, tfr
-    end
-    -- used = min(before + h, floor), decided as "before > floor − h" so
-    -- that the sum is formed only when it is at most the floor (floor ≥ h:
-    -- h is the time of at most burst + max debt tokens).
-    local uus, ufr = lus, lfr
-    local mus, mfr = sub(lus, lfr, hus, hfr, count)
-    if not less(mus, mfr, tus, tfr) then
-      uus, ufr = add(tus, tfr, hus, hfr, count)
-    end
-    return now + uus, ufr, not less(fus, ffr, tus, tfr), true
+  -- mirrors Limit.charge: never deeper than the floor, nor fuller than
+  -- before; admitted unless in debt before.
+  local lus, lfr = p.lus, p.lfr
+  if less(lus, lfr, tus, tfr) then
+    lus, lfr = tus, tfr
   end
-  local rus, rfr = sub(fus, ffr, hus, hfr, count) -- tau − h
-  if not less(rus, rfr, tus, tfr) then -- used ≤ tau: admitted
-    if kind == 'k' then
-      return sus, sfr, true, false
-    end
-    local uus, ufr = add(tus, tfr, hus, hfr, count)
-    return now + uus, ufr, true, true
+  -- used = min(before + h, floor), decided as "before > floor − h" so
+  -- that the sum is formed only when it is at most the floor (floor ≥ h:
+  -- h is the time of at most burst + max debt tokens).
+  local uus, ufr = lus, lfr
+  local mus, mfr = sub(lus, lfr, hus, hfr, count)
+  if not less(mus, mfr, tus, tfr) then
+    uus, ufr = add(tus, tfr, hus, hfr, count)
   end
-  -- A reservation: admitted if its tokens arrive within the longest wait.
-  local maxwait = p.lus
-  if kind == 't' and maxwait > 0 and ceil_us(sub(tus, tfr, rus, rfr, count)) <= maxwait then
-    local uus, ufr = add(tus, tfr, hus, hfr, count)
-    return now + uus, ufr, true, true
-  end
-  return sus, sfr, false, false
+  return now + uus, ufr, not less(fus, ffr, tus, tfr), true
 end
 
 -- decide_single mirrors DecideAll for a Take of one request, with spec p,

@@ -53,6 +53,8 @@ var (
 	clockSource string
 	//go:embed common.lua
 	commonSource string
+	//go:embed single.lua
+	singleSource string
 	//go:embed step.lua
 	stepSource string
 	//go:embed take.lua
@@ -304,8 +306,8 @@ func New(c Client, opts Options) (*Store, error) {
 		client:   c,
 		prefix:   opts.Prefix,
 		clock:    opts.Clock,
-		take:     redis.NewScript(clockSource + commonSource + stepSource + takeSource),
-		takeOne:  redis.NewScript(clockSource + takeOneSource),
+		take:     redis.NewScript(clockSource + commonSource + singleSource + stepSource + takeSource),
+		takeOne:  redis.NewScript(clockSource + singleSource + takeOneSource),
 		giveBack: redis.NewScript(clockSource + commonSource + giveBackSource),
 		refund:   redis.NewScript(clockSource + commonSource + refundSource),
 	}

@@ -95,13 +95,13 @@ local function fail(n, msg)
   nr = nr + 2 + 2 * n
 end
 
--- under is State.under for a state s = {us, frac, count, period, rate}
--- as the request with spec p reads it at now: s, or s rescaled to p's
--- rate.
+-- under is State.under for a state s = {us, frac, rate} (rate as parse
+-- reads it) as the request with spec p reads it at now: s, or s rescaled
+-- to p's rate.
 local function under(s, p, now)
-  local us, fr, applied = rescale(s[1], s[2], s[3], s[4], p.count, p.per, p.cap, now)
+  local us, fr, applied = rescale(s[1], s[2], s[3], p.count, p.per, p.rate, p.cap, now)
   if applied then
-    return {us, fr, p.count, p.per, p.rate}
+    return {us, fr, p.rate}
   end
   return s
 end
@@ -144,25 +144,24 @@ end
 -- Each bucket's first write in this call is stored at once. When buckets
 -- repeat (a limit every request names, such as one per model), the later
 -- writes are kept in later: key → {us, frac, now of the Take that wrote it
--- last, count, period, rate}, listed in order, and each such bucket is
+-- last, rate}, listed in order, and each such bucket is
 -- stored once more, after the last Take (see the end), in its last state,
 -- rather than once a Take. The script runs atomically, so no one sees the
 -- states in between.
 local later, order = {}, {}
 
--- write records state (us, fr) under count tokens every per µs (rate:
--- ":count:per"), decided at now, for key, where the Takes after this one
--- read it (see later).
-local function write(key, us, fr, now, count, per, rate)
+-- write records state (us, fr) under rate (":count:per"), decided at now,
+-- for key, where the Takes after this one read it (see later).
+local function write(key, us, fr, now, rate)
   values[key] = put(key, us, fr, now, rate)
 end
 if shared then
-  write = function(key, us, fr, now, count, per, rate)
+  write = function(key, us, fr, now, rate)
     local w = later[key]
     if w then
-      w[1], w[2], w[3], w[4], w[5], w[6] = us, fr, now, count, per, rate
+      w[1], w[2], w[3], w[4] = us, fr, now, rate
     elseif w == false then -- written once already
-      later[key] = {us, fr, now, count, per, rate}
+      later[key] = {us, fr, now, rate}
       order[#order + 1] = key
     else
       later[key] = false
@@ -173,36 +172,50 @@ end
 
 -- load returns the state of key as the Takes so far left it, as the
 -- request with spec p reads it at now: us, frac, and the rate it is under
--- (count, period, ":count:period"; 0, 0, "" when unknown); a missing key
--- is a full bucket (State{}). A state written under another rate is
+-- (":count:period", "" when unknown); a missing key is a full bucket
+-- (State{}). A state written under another rate is
 -- rescaled to p's (State.under) and written so at once: DecideAll writes
 -- a rescaled state whatever the Take decides. A stored value other than a
 -- state returns nil and a message.
 local function load(key, p, now)
-  local us, fr, c0, p0, r0
+  local us, fr, r0
   local w = later[key]
   if w then
-    us, fr, c0, p0, r0 = w[1], w[2], w[4], w[5], w[6]
+    us, fr, r0 = w[1], w[2], w[4]
   else
     local v = values[key]
     if not v then
-      return 0, 0, 0, 0, ''
+      return 0, 0, ''
     end
-    us, fr, c0, p0 = parse(key, v)
+    us, fr, r0 = parse(key, v)
     if not us then
       return nil, fr
     end
-    r0 = ''
-    if c0 > 0 then
-      r0 = string.match(v, ':%d+:%d+$')
-    end
   end
-  local rus, rfr, applied = rescale(us, fr, c0, p0, p.count, p.per, p.cap, now)
+  if r0 == p.rate or r0 == '' then -- rescale's first test, without the call
+    return us, fr, r0
+  end
+  local rus, rfr, applied = rescale(us, fr, r0, p.count, p.per, p.rate, p.cap, now)
   if applied then
-    write(key, rus, rfr, now, p.count, p.per, p.rate)
-    return rus, rfr, p.count, p.per, p.rate
+    write(key, rus, rfr, now, p.rate)
+    return rus, rfr, p.rate
   end
-  return us, fr, c0, p0, r0
+  return us, fr, r0
+end
+
+-- decide is decide_single (step.lua), calling decide_one (single.lua)
+-- itself for a request that is not a charge: one function call a Take
+-- instead of three.
+local function decide(p, us, fr, now)
+  local kind = p.kind
+  if kind == 'c' or kind == 'd' then
+    return decide_single(p, us, fr, now)
+  end
+  local ok, nus, nfr, wrote = decide_one(kind, p.count, p.hus, p.hfr, p.fus, p.ffr, p.lus, us, fr, now)
+  if ok or p.shadow then -- a Shadow request's denial denies nothing
+    return nus, nfr, 1, wrote
+  end
+  return nus, nfr, 0, wrote
 end
 
 -- take_single is take (below) for a Take of one request, the common case,
@@ -211,13 +224,13 @@ end
 -- not a charge.) DecideAll's write rule: a state that moved, or that the
 -- request wrote anew (under its own rate).
 local function take_single(key, p, now)
-  local us, fr, _, _, r0 = load(key, p, now)
+  local us, fr, r0 = load(key, p, now)
   if not us then
     return fail(1, fr)
   end
-  local nus, nfr, allowed, wrote = decide_single(p, us, fr, now)
+  local nus, nfr, allowed, wrote = decide(p, us, fr, now)
   if nus ~= us or nfr ~= fr or (wrote and r0 ~= p.rate) then
-    write(key, nus, nfr, now, p.count, p.per, p.rate)
+    write(key, nus, nfr, now, p.rate)
   end
   replies[nr + 1], replies[nr + 2], replies[nr + 3], replies[nr + 4] = now, allowed, us, fr
   nr = nr + 4
@@ -231,13 +244,13 @@ end
 -- state as it found it, every one after it does the same and is answered
 -- the same: the loop stops there.
 local function take_group(key, p, m, now)
-  local us, fr, _, _, r0 = load(key, p, now)
+  local us, fr, r0 = load(key, p, now)
   if not us then
     return fail(1, fr)
   end
   local cus, cfr, wrote, admitted = us, fr, false, 0
   for j = 1, m do
-    local nus, nfr, allowed, w = decide_single(p, cus, cfr, now)
+    local nus, nfr, allowed, w = decide(p, cus, cfr, now)
     if nus == cus and nfr == cfr then
       admitted = admitted + allowed * (m - j + 1)
       wrote = wrote or w
@@ -247,20 +260,10 @@ local function take_group(key, p, m, now)
     cus, cfr = nus, nfr
   end
   if cus ~= us or cfr ~= fr or (wrote and r0 ~= p.rate) then
-    write(key, cus, cfr, now, p.count, p.per, p.rate)
+    write(key, cus, cfr, now, p.rate)
   end
   replies[nr + 1], replies[nr + 2], replies[nr + 3], replies[nr + 4] = now, admitted, us, fr
   nr = nr + 4
-end
-
--- take_spec is take_single for the request whose spec string is v, or
--- fails if v is malformed.
-local function take_spec(key, v, now)
-  local p, err = spec(v)
-  if not p then
-    return fail(1, err)
-  end
-  take_single(key, p, now)
 end
 
 -- take decides the Take whose n requests are KEYS[k+1..k+n] and whose
@@ -277,16 +280,16 @@ local function take(k, a, n, now)
   end
   local out = nr -- the Take's slots are replies[out + 1 .. out + 2 + 2n]
   replies[out + 1], replies[out + 2] = now, 1
-  local stored = {} -- key → {us, frac, count, period, rate} (see load)
+  local stored = {} -- key → {us, frac, rate} (see load)
   for i = 1, n do
     local key = KEYS[k + i]
     local s = stored[key]
     if not s then
-      local us, fr, c0, p0, r0 = load(key, ps[i], now)
+      local us, fr, r0 = load(key, ps[i], now)
       if not us then
         return fail(n, fr) -- from out, overwriting what was filled
       end
-      s = {us, fr, c0, p0, r0}
+      s = {us, fr, r0}
       stored[key] = s
     end
     replies[out + 2 * i + 1], replies[out + 2 * i + 2] = s[1], s[2]
@@ -295,7 +298,7 @@ local function take(k, a, n, now)
   -- mirrors DecideAll: each request sees the state left by the requests
   -- before it that name the same key, rescaled to its own rate when
   -- another left it (State.under in Decide).
-  local cur = {} -- key → {us, frac, count, period, rate}: the state as the requests so far leave it
+  local cur = {} -- key → {us, frac, rate}: the state as the requests so far leave it
   local oks = {} -- request i → whether it was admitted in this pass
   local allowed = true
   for i = 1, n do
@@ -303,7 +306,7 @@ local function take(k, a, n, now)
     local s = under(cur[key] or stored[key], p, now)
     local nus, nfr, ok, wrote = step(p, s[1], s[2], now)
     if wrote then
-      s = {nus, nfr, p.count, p.per, p.rate}
+      s = {nus, nfr, p.rate}
     end
     cur[key] = s
     oks[i] = ok
@@ -324,7 +327,7 @@ local function take(k, a, n, now)
       local s = under(cur[key] or stored[key], p, now)
       if p.kind == 'c' or (p.kind == 'd' and not oks[i]) then
         local nus, nfr = step(p, s[1], s[2], now)
-        s = {nus, nfr, p.count, p.per, p.rate}
+        s = {nus, nfr, p.rate}
       end
       cur[key] = s
     end
@@ -334,8 +337,8 @@ local function take(k, a, n, now)
   -- state than the stored one (only a request with hits > 0 changes one).
   for key, s in pairs(cur) do
     local was = stored[key]
-    if s[1] ~= was[1] or s[2] ~= was[2] or s[5] ~= was[5] then
-      write(key, s[1], s[2], now, s[3], s[4], s[5])
+    if s[1] ~= was[1] or s[2] ~= was[2] or s[3] ~= was[3] then
+      write(key, s[1], s[2], now, s[3])
     end
   end
   nr = out + 2 + 2 * n
@@ -364,7 +367,15 @@ while a <= #ARGV do
     take(k, a, n, tnow)
     k, a = k + n, a + 1 + n
   else -- a spec: a Take of one request
-    take_spec(KEYS[k + 1], v, tnow)
+    local p, err = specs[v]
+    if not p then
+      p, err = spec(v)
+    end
+    if p then
+      take_single(KEYS[k + 1], p, tnow)
+    else
+      fail(1, err)
+    end
     k, a = k + 1, a + 1
   end
 end
@@ -374,6 +385,6 @@ end
 for i = 1, #order do
   local key = order[i]
   local w = later[key]
-  put(key, w[1], w[2], w[3], w[6])
+  put(key, w[1], w[2], w[3], w[4])
 end
 return replies

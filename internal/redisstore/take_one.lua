@@ -14,12 +14,13 @@
 -- that holds something other than "TAT:Frac": take.lua's reply to one
 -- Take.
 --
--- It starts with clock.lua (server_clock, now) and nothing else: not
--- common.lua and step.lua, whose arithmetic for these kinds it writes out
--- in one flat chunk, because a script's local functions and tables are
--- made anew on every call, which cost a lone call about a sixth of its
--- time in Redis. Each step names what it mirrors there;
--- TestMatchesDecideAll* hold both scripts to limiter.DecideAll.
+-- It starts with clock.lua (server_clock, now) and single.lua (decide_one,
+-- the decision of these kinds, shared with take.lua) and nothing else: not
+-- common.lua and step.lua, whose parts it needs it writes out in one flat
+-- chunk, because a script's local functions and tables are made anew on
+-- every call, which cost a lone call about a sixth of its time in Redis.
+-- Each part names what it mirrors there; TestMatchesDecideAll* hold both
+-- scripts to limiter.DecideAll.
 
 local key, spec = KEYS[1], ARGV[2]
 local kind, count, hus, hfr, fus, ffr, maxwait, per, cap = string.match(spec or '',
@@ -93,46 +94,11 @@ if stored_us then
   wus, wfr = sus, sfr
 end
 
--- step, in the frame of now: before = tat − now (never negative), and
--- the request is admitted if before ≤ tau − h
-local admitted = false
-if kind ~= 'x' then -- hits above burst: never admitted
-  local tus, tfr = sus - now, sfr
-  if tfr > count - 1 then
-    tfr = count - 1
-  end
-  if tus < 0 then
-    tus, tfr = 0, 0
-  end
-  local rus, rfr = fus - hus, ffr - hfr -- sub: tau − h
-  if rfr < 0 then
-    rus, rfr = rus - 1, rfr + count
-  end
-  admitted = rus > tus or (rus == tus and rfr >= tfr)
-  if not admitted and kind == 't' and maxwait > 0 then
-    -- a reservation: admitted if its tokens arrive within the longest
-    -- wait, ceil_us(before − (tau − h)) ≤ maxwait
-    local wus, wfr = tus - rus, tfr - rfr
-    if wfr < 0 then
-      wus, wfr = wus - 1, wfr + count
-    end
-    if wfr > 0 then
-      wus = wus + 1
-    end
-    admitted = wus <= maxwait
-  end
-  if admitted and kind == 't' then
-    -- add: the new state is now + before + h
-    local nus, nfr = tus + hus, tfr + hfr
-    if nfr >= count then
-      nus, nfr = nus + 1, nfr - count
-    end
-    nus = now + nus
-    -- decide_single's write rule: only a changed state is written
-    if nus ~= sus or nfr ~= sfr then
-      wus, wfr = nus, nfr
-    end
-  end
+-- the decision (single.lua), and decide_single's write rule: only a
+-- changed state is written
+local admitted, nus, nfr = decide_one(kind, count, hus, hfr, fus, ffr, maxwait, sus, sfr, now)
+if nus ~= sus or nfr ~= sfr then
+  wus, wfr = nus, nfr
 end
 
 -- put: the key expires when the bucket is full again, at ceil_us(TAT) in
