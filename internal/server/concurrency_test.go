@@ -15,8 +15,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
-	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -54,12 +52,7 @@ func onLeaseBackends(t *testing.T, test func(t *testing.T, clock *clocktest.Cloc
 			return limiter.NewMemoryLeases(limiter.MemoryOptions{}), limiter.NewMemoryStore(limiter.MemoryOptions{})
 		},
 		"redis": func(t *testing.T) (limiter.LeaseStore, limiter.Store) {
-			srv := redistest.Start(t)
-			st, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: "lease:" + t.Name() + ":", Clock: redisstore.CallerClock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
+			st := redisStore(t)
 			return st, st
 		},
 	}

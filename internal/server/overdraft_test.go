@@ -10,8 +10,6 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
-	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -33,7 +31,7 @@ descriptors:
 	// once the bucket would be full again (86.4 s for a token here), while
 	// the store decides on this test's clock (CallerClock); at 60 ms a
 	// token a busy machine let the key of the first request expire.
-	for _, backend := range []string{"memory", "redis"} {
+	for backend, newStore := range backends(t) {
 		for _, on := range []bool{true, false} {
 			name := backend + "/overdraft off"
 			if on {
@@ -42,7 +40,7 @@ descriptors:
 			t.Run(name, func(t *testing.T) {
 				clock := clocktest.New()
 				opts := server.Options{Now: clock.Now, Overdraft: server.Overdraft{On: on}}
-				opts.Store = overdraftStore(t, backend)
+				opts.Store = newStore(t)
 				c, _ := startServer(t, opts, server.MustParse(t, file))
 				check := func() *rlsv3.RateLimitResponse {
 					return call(t, c, request("ai", withHits(desc("model", "m"), 0)))
@@ -92,7 +90,7 @@ descriptors:
   - key: global
     rate_limit: {unit: minute, requests_per_unit: 1000}
 `
-	for _, backend := range []string{"memory", "redis"} {
+	for backend, newStore := range backends(t) {
 		for _, tt := range []struct {
 			counting limiter.Counting
 			global   uint32 // remaining after the denied request
@@ -106,7 +104,7 @@ descriptors:
 			t.Run(backend+"/"+tt.counting.String(), func(t *testing.T) {
 				rec := &recorder[string]{keep: outcomes}
 				opts := server.Options{Now: clocktest.New().Now, Overdraft: server.Overdraft{On: true, Counting: tt.counting}, Observer: rec}
-				opts.Store = overdraftStore(t, backend)
+				opts.Store = newStore(t)
 				c, _ := startServer(t, opts, server.MustParse(t, file))
 				both := func() *rlsv3.RateLimitResponse {
 					return call(t, c, request("ai", desc("user", "u"), desc("global", "g")))
@@ -168,19 +166,4 @@ descriptors:
 			}
 		})
 	}
-}
-
-// overdraftStore is a new store of backend ("memory", or "redis": a Redis
-// of the test's own, with the caller's clock).
-func overdraftStore(t *testing.T, backend string) limiter.Store {
-	t.Helper()
-	if backend != "redis" {
-		return limiter.NewMemoryStore(limiter.MemoryOptions{})
-	}
-	store, err := redisstore.New(redistest.Start(t).Client(), redisstore.Options{Clock: redisstore.CallerClock, Prefix: "t:"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	return store
 }

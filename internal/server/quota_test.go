@@ -15,8 +15,6 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
-	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
@@ -45,22 +43,6 @@ descriptors:
     quota_mode: true
     rate_limit: {unlimited: true}
 `
-
-// backends are the stores every quota-mode test runs on: memory, and a
-// real redis-server deciding at the test's clock.
-func backends(t *testing.T) map[string]func(t *testing.T) limiter.Store {
-	return map[string]func(t *testing.T) limiter.Store{
-		"memory": func(t *testing.T) limiter.Store { return limiter.NewMemoryStore(limiter.MemoryOptions{}) },
-		"redis": func(t *testing.T) limiter.Store {
-			srv := redistest.Start(t)
-			st, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: "quota:" + t.Name() + ":", Clock: redisstore.CallerClock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return st
-		},
-	}
-}
 
 // left reads what a bucket of the rule for entries holds, by a check
 // (hits 0) taken at now: limit is the index into the rule's limits.

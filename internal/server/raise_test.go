@@ -23,11 +23,11 @@ descriptors:
   - key: tenant
     rate_limit: {unit: hour, requests_per_unit: %d}
 `
-	for _, backend := range []string{"memory", "redis"} {
+	for backend, newStore := range backends(t) {
 		t.Run(backend, func(t *testing.T) {
 			clock := clocktest.New()
 			opts := server.Options{Now: clock.Now, Overdraft: server.Overdraft{On: true}}
-			opts.Store = overdraftStore(t, backend)
+			opts.Store = newStore(t)
 			c, srv := startServer(t, opts, server.MustParse(t, fmt.Sprintf(perHour, 2)))
 			codes := func() []string {
 				var got []string

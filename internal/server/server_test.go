@@ -21,6 +21,8 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
@@ -70,6 +72,28 @@ func startServer(t testing.TB, opts server.Options, set *config.Set) (rlsv3.Rate
 		srv.SetConfig(set)
 	}
 	return servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: []grpc.ServerOption{server.Codec()}}).Client(), srv
+}
+
+// backends are the stores the tests that hold both to one table run on:
+// memory, and redisStore's.
+func backends(t *testing.T) map[string]func(t *testing.T) limiter.Store {
+	return map[string]func(t *testing.T) limiter.Store{
+		"memory": func(t *testing.T) limiter.Store { return limiter.NewMemoryStore(limiter.MemoryOptions{}) },
+		"redis":  func(t *testing.T) limiter.Store { return redisStore(t) },
+	}
+}
+
+// redisStore is a store (and lease store) on a redis-server of the test's
+// own, deciding at the test's clock (CallerClock), closed when the test
+// ends.
+func redisStore(t *testing.T) *redisstore.Store {
+	t.Helper()
+	st, err := redisstore.New(redistest.Start(t).Client(), redisstore.Options{Prefix: t.Name() + ":", Clock: redisstore.CallerClock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }
 
 // startTestConfig runs startServer's server on the memory store, serving
