@@ -346,31 +346,38 @@ func (m *MemoryLeases) Release(ctx context.Context, now time.Time, pool, id stri
 	if err := ValidateLeaseID(id); err != nil {
 		return LeaseRelease{}, fmt.Errorf("release lease: %w", err)
 	}
-	sh, nowUS := m.lock(pool, now)
-	defer sh.mu.Unlock()
-	p := sh.pools[pool]
-	if p == nil {
-		return LeaseRelease{}, nil
-	}
-	res := LeaseRelease{Expired: p.purge(nowUS)}
-	res.Released = p.release(id)
-	res.InFlight = int64(len(p.heap))
-	sh.keep(pool, p, nowUS)
+	var res LeaseRelease
+	m.update(pool, now, func(p *leasePool, nowUS, expired int64) {
+		res.Expired = expired
+		res.Released = p.release(id)
+		res.InFlight = int64(len(p.heap))
+	})
 	return res, nil
 }
 
 // InFlight implements LeaseStore.
 func (m *MemoryLeases) InFlight(ctx context.Context, now time.Time, pool string) (PoolState, error) {
+	var st PoolState
+	m.update(pool, now, func(p *leasePool, nowUS, expired int64) {
+		st.Expired = expired
+		st.InFlight, st.NextExpiry = int64(len(p.heap)), p.untilNext(nowUS)
+	})
+	return st, nil
+}
+
+// update calls f on pool's pool, if there is one, under its shard's lock:
+// with the time in Unix µs (as lock gives it) and the number of expired
+// leases purged from it just before. Then it keeps the pool, or drops it
+// if it holds no lease.
+func (m *MemoryLeases) update(pool string, now time.Time, f func(p *leasePool, nowUS, expired int64)) {
 	sh, nowUS := m.lock(pool, now)
 	defer sh.mu.Unlock()
 	p := sh.pools[pool]
 	if p == nil {
-		return PoolState{}, nil
+		return
 	}
-	st := PoolState{Expired: p.purge(nowUS)}
-	st.InFlight, st.NextExpiry = int64(len(p.heap)), p.untilNext(nowUS)
+	f(p, nowUS, p.purge(nowUS))
 	sh.keep(pool, p, nowUS)
-	return st, nil
 }
 
 // keep stores p as pool, or drops it if it holds no lease; the caller holds
