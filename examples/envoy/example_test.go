@@ -642,6 +642,20 @@ func TestPostpaidCharges(t *testing.T) {
 		domain := rl.filter.GetDomain()
 		values := domainValues(files, domain)
 		all := sentDescriptors(t, rl.hcm)
+		// reach checks that d, a what, reaches a rule, and only rules
+		// that fit; why says what one that does not fit is or lacks.
+		reach := func(d sent, what string, fits func(*config.Rule) bool, why string) {
+			t.Helper()
+			rules := rulesFor(set, domain, d.entries, values)
+			if len(rules) == 0 {
+				t.Errorf("%s: the %s %v reaches no rule", d.where, what, d.entries)
+			}
+			for _, r := range rules {
+				if !fits(r) {
+					t.Errorf("%s: the %s %v reaches rule %s (%s:%d), which %s", d.where, what, d.entries, r.Path, r.File, r.Line, why)
+				}
+			}
+		}
 		for _, where := range slices.Sorted(maps.Keys(all)) {
 			ds := all[where]
 			for _, d := range ds {
@@ -673,15 +687,8 @@ func TestPostpaidCharges(t *testing.T) {
 					if !twin {
 						t.Errorf("%s: the release %v has no request-time descriptor on the same route that takes the lease", d.where, d.entries)
 					}
-					rules := rulesFor(set, domain, d.entries, values)
-					if len(rules) == 0 {
-						t.Errorf("%s: the release %v reaches no rule", d.where, d.entries)
-					}
-					for _, r := range rules {
-						if r.Kind != config.KindConcurrency {
-							t.Errorf("%s: the release %v reaches rule %s (%s:%d), which is no concurrency limit: is_negative_hits would give tokens back", d.where, d.entries, r.Path, r.File, r.Line)
-						}
-					}
+					reach(d, "release", func(r *config.Rule) bool { return r.Kind == config.KindConcurrency },
+						"is no concurrency limit: is_negative_hits would give tokens back")
 					continue
 				}
 				if d.isRefund() {
@@ -689,15 +696,9 @@ func TestPostpaidCharges(t *testing.T) {
 					if !slices.ContainsFunc(ds, d.isRefundOf) {
 						t.Errorf("%s: the refund %v (hits_addend %v) has no reservation: no request-time descriptor on the same route with the same entries and hits_addend, so it would not give back what was taken", d.where, d.entries, d.hits)
 					}
-					rules := rulesFor(set, domain, d.entries, values)
-					if len(rules) == 0 {
-						t.Errorf("%s: the refund %v reaches no rule", d.where, d.entries)
-					}
-					for _, r := range rules {
-						if !slices.ContainsFunc(r.Limits, func(l config.RateLimit) bool { return l.Counts == config.Tokens }) {
-							t.Errorf("%s: the refund %v reaches rule %s (%s:%d), which has no limit with counts: tokens: ratelimitd gives nothing back there", d.where, d.entries, r.Path, r.File, r.Line)
-						}
-					}
+					reach(d, "refund", func(r *config.Rule) bool {
+						return slices.ContainsFunc(r.Limits, func(l config.RateLimit) bool { return l.Counts == config.Tokens })
+					}, "has no limit with counts: tokens: ratelimitd gives nothing back there")
 					continue
 				}
 				if d.isCheck() {
@@ -730,17 +731,11 @@ func TestPostpaidCharges(t *testing.T) {
 				if !gated {
 					t.Errorf("%s: descriptor %v has no matching check (hits_addend: {number: 0}) or refunded reservation on the same route", d.where, d.entries)
 				}
-				rules := rulesFor(set, domain, d.entries, values)
-				if len(rules) == 0 {
-					t.Errorf("%s: the stream-done charge %v reaches no rule", d.where, d.entries)
-				}
-				for _, r := range rules {
-					if !slices.ContainsFunc(r.Limits, func(l config.RateLimit) bool {
+				reach(d, "stream-done charge", func(r *config.Rule) bool {
+					return slices.ContainsFunc(r.Limits, func(l config.RateLimit) bool {
 						return l.Counts == config.Tokens && l.Limit.MaxDebt > 0
-					}) {
-						t.Errorf("%s: the stream-done charge %v reaches rule %s (%s:%d), which has no limit with counts: tokens and an overdraft", d.where, d.entries, r.Path, r.File, r.Line)
-					}
-				}
+					})
+				}, "has no limit with counts: tokens and an overdraft")
 			}
 		}
 	}
