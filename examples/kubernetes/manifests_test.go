@@ -46,29 +46,26 @@ type manifest struct {
 
 func (m manifest) String() string { return fmt.Sprintf("%s#%d", m.file, m.doc) }
 
-// kinds are the objects the examples may hold, by apiVersion and kind.
+// kinds are the objects the examples may hold, by apiVersion and kind:
+// each makes an empty one.
+var kinds = map[string]func() metav1.Object{
+	"apps/v1 Deployment":                     func() metav1.Object { return &appsv1.Deployment{} },
+	"v1 Service":                             func() metav1.Object { return &corev1.Service{} },
+	"v1 ConfigMap":                           func() metav1.Object { return &corev1.ConfigMap{} },
+	"v1 ServiceAccount":                      func() metav1.Object { return &corev1.ServiceAccount{} },
+	"policy/v1 PodDisruptionBudget":          func() metav1.Object { return &policyv1.PodDisruptionBudget{} },
+	"autoscaling/v2 HorizontalPodAutoscaler": func() metav1.Object { return &autoscalingv2.HorizontalPodAutoscaler{} },
+}
+
+// newObject is an empty object of apiVersion and kind, as itself and as
+// its metadata; false if the examples may not hold that kind.
 func newObject(apiVersion, kind string) (any, metav1.Object, bool) {
-	switch apiVersion + " " + kind {
-	case "apps/v1 Deployment":
-		o := &appsv1.Deployment{}
-		return o, o, true
-	case "v1 Service":
-		o := &corev1.Service{}
-		return o, o, true
-	case "v1 ConfigMap":
-		o := &corev1.ConfigMap{}
-		return o, o, true
-	case "v1 ServiceAccount":
-		o := &corev1.ServiceAccount{}
-		return o, o, true
-	case "policy/v1 PodDisruptionBudget":
-		o := &policyv1.PodDisruptionBudget{}
-		return o, o, true
-	case "autoscaling/v2 HorizontalPodAutoscaler":
-		o := &autoscalingv2.HorizontalPodAutoscaler{}
-		return o, o, true
+	newKind, ok := kinds[apiVersion+" "+kind]
+	if !ok {
+		return nil, nil, false
 	}
-	return nil, nil, false
+	o := newKind()
+	return o, o, true
 }
 
 // load decodes every document of file (relative to this directory)
