@@ -179,18 +179,11 @@ func entry(route *routev3.Route, a *routev3.RateLimit_Action, req request) (key,
 		return s.RequestHeaders.GetDescriptorKey(), v, true, nil
 	case *routev3.RateLimit_Action_HeaderValueMatch_:
 		m := s.HeaderValueMatch
-		matched := true
-		for _, h := range m.GetHeaders() {
-			hm, err := headerMatches(h, req)
-			if err != nil {
-				return "", "", false, err
-			}
-			matched = matched && hm
+		matched, err := allMatch(m.GetHeaders(), req, headerMatches)
+		if err != nil {
+			return "", "", false, err
 		}
-		if matched != expect(m.GetExpectMatch().GetValue(), m.GetExpectMatch() == nil) {
-			return "", "", false, nil
-		}
-		return or(m.GetDescriptorKey(), "header_match"), m.GetDescriptorValue(), true, nil
+		return matchEntry(matched, m.GetExpectMatch(), m.GetDescriptorKey(), "header_match", m.GetDescriptorValue())
 	case *routev3.RateLimit_Action_QueryParameters_:
 		q := req.query()
 		if !q.Has(s.QueryParameters.GetQueryParameterName()) {
@@ -199,26 +192,11 @@ func entry(route *routev3.Route, a *routev3.RateLimit_Action, req request) (key,
 		return s.QueryParameters.GetDescriptorKey(), q.Get(s.QueryParameters.GetQueryParameterName()), true, nil
 	case *routev3.RateLimit_Action_QueryParameterValueMatch_:
 		m := s.QueryParameterValueMatch
-		matched := true
-		for _, qm := range m.GetQueryParameters() {
-			q := req.query()
-			var hm bool
-			switch {
-			case !q.Has(qm.GetName()):
-				hm = false
-			case qm.GetPresentMatch():
-				hm = true
-			default:
-				if hm, err = stringMatches(qm.GetStringMatch(), q.Get(qm.GetName())); err != nil {
-					return "", "", false, err
-				}
-			}
-			matched = matched && hm
+		matched, err := allMatch(m.GetQueryParameters(), req, queryMatches)
+		if err != nil {
+			return "", "", false, err
 		}
-		if matched != expect(m.GetExpectMatch().GetValue(), m.GetExpectMatch() == nil) {
-			return "", "", false, nil
-		}
-		return or(m.GetDescriptorKey(), "query_match"), m.GetDescriptorValue(), true, nil
+		return matchEntry(matched, m.GetExpectMatch(), m.GetDescriptorKey(), "query_match", m.GetDescriptorValue())
 	case *routev3.RateLimit_Action_RemoteAddress_:
 		return "remote_address", req.remoteAddr().String(), true, nil
 	case *routev3.RateLimit_Action_MaskedRemoteAddress_:
@@ -282,6 +260,45 @@ func entry(route *routev3.Route, a *routev3.RateLimit_Action, req request) (key,
 }
 
 func expect(v, unset bool) bool { return unset || v }
+
+// allMatch reports whether every matcher of ms matches req; all are tried,
+// and the first error is returned.
+func allMatch[M any](ms []M, req request, matches func(M, request) (bool, error)) (bool, error) {
+	all := true
+	for _, m := range ms {
+		ok, err := matches(m, req)
+		if err != nil {
+			return false, err
+		}
+		all = all && ok
+	}
+	return all, nil
+}
+
+// matchEntry is the entry of a header or query value match action whose
+// matchers did (matched) or did not all match: its descriptor key (def
+// when unset) and value when that is what the action expects (expect_match,
+// true when unset), no descriptor otherwise.
+func matchEntry(matched bool, expectMatch *wrapperspb.BoolValue, key, def, value string) (string, string, bool, error) {
+	if matched != expect(expectMatch.GetValue(), expectMatch == nil) {
+		return "", "", false, nil
+	}
+	return or(key, def), value, true, nil
+}
+
+// queryMatches is QueryParameterMatcher on req, for the matchers Envoy
+// Gateway writes (string_match, present_match; a parameter that is absent
+// matches nothing).
+func queryMatches(qm *routev3.QueryParameterMatcher, req request) (bool, error) {
+	q := req.query()
+	switch {
+	case !q.Has(qm.GetName()):
+		return false, nil
+	case qm.GetPresentMatch():
+		return true, nil
+	}
+	return stringMatches(qm.GetStringMatch(), q.Get(qm.GetName()))
+}
 
 func or(s, def string) string {
 	if s == "" {
