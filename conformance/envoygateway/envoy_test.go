@@ -179,11 +179,7 @@ func entry(route *routev3.Route, a *routev3.RateLimit_Action, req request) (key,
 		return s.RequestHeaders.GetDescriptorKey(), v, true, nil
 	case *routev3.RateLimit_Action_HeaderValueMatch_:
 		m := s.HeaderValueMatch
-		matched, err := allMatch(m.GetHeaders(), req, headerMatches)
-		if err != nil {
-			return "", "", false, err
-		}
-		return matchEntry(matched, m.GetExpectMatch(), m.GetDescriptorKey(), "header_match", m.GetDescriptorValue())
+		return valueMatch(req, m.GetHeaders(), headerMatches, m.GetExpectMatch(), or(m.GetDescriptorKey(), "header_match"), m.GetDescriptorValue())
 	case *routev3.RateLimit_Action_QueryParameters_:
 		q := req.query()
 		if !q.Has(s.QueryParameters.GetQueryParameterName()) {
@@ -192,11 +188,7 @@ func entry(route *routev3.Route, a *routev3.RateLimit_Action, req request) (key,
 		return s.QueryParameters.GetDescriptorKey(), q.Get(s.QueryParameters.GetQueryParameterName()), true, nil
 	case *routev3.RateLimit_Action_QueryParameterValueMatch_:
 		m := s.QueryParameterValueMatch
-		matched, err := allMatch(m.GetQueryParameters(), req, queryMatches)
-		if err != nil {
-			return "", "", false, err
-		}
-		return matchEntry(matched, m.GetExpectMatch(), m.GetDescriptorKey(), "query_match", m.GetDescriptorValue())
+		return valueMatch(req, m.GetQueryParameters(), queryMatches, m.GetExpectMatch(), or(m.GetDescriptorKey(), "query_match"), m.GetDescriptorValue())
 	case *routev3.RateLimit_Action_RemoteAddress_:
 		return "remote_address", req.remoteAddr().String(), true, nil
 	case *routev3.RateLimit_Action_MaskedRemoteAddress_:
@@ -261,29 +253,23 @@ func entry(route *routev3.Route, a *routev3.RateLimit_Action, req request) (key,
 
 func expect(v, unset bool) bool { return unset || v }
 
-// allMatch reports whether every matcher of ms matches req; all are tried,
-// and the first error is returned.
-func allMatch[M any](ms []M, req request, matches func(M, request) (bool, error)) (bool, error) {
+// valueMatch is the entry of a header or query value match action whose
+// matchers are ms: key and value when whether they all match req is what
+// the action expects (expect_match, true when unset), no descriptor
+// otherwise. Every matcher is tried; the first error is returned.
+func valueMatch[M any](req request, ms []M, matches func(M, request) (bool, error), expectMatch *wrapperspb.BoolValue, key, value string) (string, string, bool, error) {
 	all := true
 	for _, m := range ms {
 		ok, err := matches(m, req)
 		if err != nil {
-			return false, err
+			return "", "", false, err
 		}
 		all = all && ok
 	}
-	return all, nil
-}
-
-// matchEntry is the entry of a header or query value match action whose
-// matchers did (matched) or did not all match: its descriptor key (def
-// when unset) and value when that is what the action expects (expect_match,
-// true when unset), no descriptor otherwise.
-func matchEntry(matched bool, expectMatch *wrapperspb.BoolValue, key, def, value string) (string, string, bool, error) {
-	if matched != expect(expectMatch.GetValue(), expectMatch == nil) {
+	if all != expect(expectMatch.GetValue(), expectMatch == nil) {
 		return "", "", false, nil
 	}
-	return or(key, def), value, true, nil
+	return key, value, true, nil
 }
 
 // queryMatches is QueryParameterMatcher on req, for the matchers Envoy
