@@ -220,44 +220,125 @@ end
 
 -- take_single is take (below) for a Take of one request, the common case,
 -- without take's per-key tables: the request's spec is p. (take_one.lua is
--- the same, written out flat, for a call that carries nothing else and is
--- not a charge.) DecideAll's write rule: a state that moved, or that the
--- request wrote anew (under its own rate).
+-- the same for a call that carries nothing else and is not a charge.)
+-- DecideAll's write rule: a state that moved, or that the request wrote
+-- anew (under its own rate). A missing key, the common case where buckets
+-- are many, is read without load, and one not shared is written without
+-- write: each function call costs Lua about as much as a decision.
 local function take_single(key, p, now)
-  local us, fr, r0 = load(key, p, now)
-  if not us then
-    return fail(1, fr)
+  local us, fr, r0 = 0, 0, ''
+  if values[key] or later[key] then
+    us, fr, r0 = load(key, p, now)
+    if not us then
+      return fail(1, fr)
+    end
   end
   local nus, nfr, allowed, wrote = decide(p, us, fr, now)
   if nus ~= us or nfr ~= fr or (wrote and r0 ~= p.rate) then
-    write(key, nus, nfr, now, p.rate)
+    if shared then
+      write(key, nus, nfr, now, p.rate)
+    else
+      values[key] = put(key, nus, nfr, now, p.rate)
+    end
   end
   replies[nr + 1], replies[nr + 2], replies[nr + 3], replies[nr + 4] = now, allowed, us, fr
   nr = nr + 4
+end
+
+-- take_many mirrors m alike takes (kind 't', hits > 0) of the request
+-- with spec p, decided by decide_one one after the other on a bucket in
+-- state (sus, sfr) at now, in one step. A take is admitted while before
+-- (tat − now, never negative) is at most tau − h, or, for a reservation,
+-- while its wait, ceil_us(before − (tau − h)), is at most maxwait: while
+-- before ≤ bound = tau − h + maxwait µs. Each admitted one adds h, and the
+-- first one denied leaves the state as it found it, as does every one
+-- after it. So the first A are admitted, A the largest count with
+-- (A − 1)·h ≤ bound − before, at most m. It returns the state after them
+-- and A. Exact while (m + 1)·count < 2^53 (the caller checks): j·hfr is
+-- formed for j ≤ m.
+local function take_many(p, m, sus, sfr, now)
+  local count, hus, hfr = p.count, p.hus, p.hfr
+  local tus, tfr = sus - now, sfr
+  if tfr > count - 1 then
+    tfr = count - 1
+  end
+  if tus < 0 then
+    tus, tfr = 0, 0
+  end
+  -- room = bound − before, where bound = (fus, ffr) − (hus, hfr) + maxwait
+  local dus, dfr = p.fus - hus + p.lus - tus, p.ffr - hfr - tfr
+  if dfr < 0 then
+    dus, dfr = dus - 1, dfr + count
+    if dfr < 0 then
+      dus, dfr = dus - 1, dfr + count
+    end
+  end
+  if dus < 0 then
+    return sus, sfr, 0
+  end
+  -- q = floor(room / h): estimated in doubles, then made exact, counting
+  -- j·h (µs, frac) ≤ room; only q < m matters.
+  local q = math.floor((dus + dfr / count) / (hus + hfr / count))
+  if not (q < m) then -- also a NaN
+    q = m
+  elseif q < 0 then
+    q = 0
+  end
+  local jus, jfr = divmod(q * hfr, count)
+  jus = jus + q * hus
+  while q > 0 and (jus > dus or (jus == dus and jfr > dfr)) do
+    q = q - 1
+    jus, jfr = divmod(q * hfr, count)
+    jus = jus + q * hus
+  end
+  while q < m do
+    local nus, nfr = divmod((q + 1) * hfr, count)
+    nus = nus + (q + 1) * hus
+    if nus > dus or (nus == dus and nfr > dfr) then
+      break
+    end
+    q = q + 1
+  end
+  local a = q + 1
+  if a > m then
+    a = m
+  end
+  -- the state after a takes: now + before + a·h
+  local ahi, afr = divmod(a * hfr + tfr, count)
+  return now + tus + a * hus + ahi, afr, a
 end
 
 -- take_group decides m alike Takes of the request with spec p on key at
 -- now, one after the other, as take_single would one by one, and writes
 -- the state the last one leaves once. Its slots: now, how many were
 -- admitted, and the state before the first (the Go side works out each
--- one's answer from it, and checks the count). Once a Take leaves the
--- state as it found it, every one after it does the same and is answered
--- the same: the loop stops there.
+-- one's answer from it, and checks the count). Takes are decided by
+-- take_many in one step; other kinds one by one, until one leaves the
+-- state as it found it: every one after it does the same and is answered
+-- the same.
 local function take_group(key, p, m, now)
   local us, fr, r0 = load(key, p, now)
   if not us then
     return fail(1, fr)
   end
   local cus, cfr, wrote, admitted = us, fr, false, 0
-  for j = 1, m do
-    local nus, nfr, allowed, w = decide(p, cus, cfr, now)
-    if nus == cus and nfr == cfr then
-      admitted = admitted + allowed * (m - j + 1)
-      wrote = wrote or w
-      break
+  if p.kind == 't' and (m + 1) * p.count < 9007199254740992 then -- 2^53
+    cus, cfr, admitted = take_many(p, m, us, fr, now)
+    wrote = admitted > 0
+    if p.shadow then -- a Shadow request's denial denies nothing
+      admitted = m
     end
-    admitted, wrote = admitted + allowed, wrote or w
-    cus, cfr = nus, nfr
+  else
+    for j = 1, m do
+      local nus, nfr, allowed, w = decide(p, cus, cfr, now)
+      if nus == cus and nfr == cfr then
+        admitted = admitted + allowed * (m - j + 1)
+        wrote = wrote or w
+        break
+      end
+      admitted, wrote = admitted + allowed, wrote or w
+      cus, cfr = nus, nfr
+    end
   end
   if cus ~= us or cfr ~= fr or (wrote and r0 ~= p.rate) then
     write(key, cus, cfr, now, p.rate)
