@@ -80,7 +80,7 @@ func (r RedisFlags) Check(given map[string]string) error {
 		errs = append(errs, fmt.Errorf("%s needs %s (the name the Sentinels monitor the master by)", name("redis-sentinel-addrs"), name("redis-sentinel-master")))
 	}
 	for _, l := range []struct{ flag, value string }{{"redis-sentinel-addrs", r.SentinelAddrs}, {"redis-cluster-addrs", r.ClusterAddrs}} {
-		if l.value != "" && len(splitList(l.value)) == 0 {
+		if l.value != "" && len(SplitList(l.value)) == 0 {
 			errs = append(errs, fmt.Errorf("%s %q: no address in it (want host:port,host:port)", name(l.flag), l.value))
 		}
 	}
@@ -155,8 +155,8 @@ func (r RedisFlags) Config() Redis {
 	return Redis{
 		URL:             r.URL,
 		SentinelMaster:  r.SentinelMaster,
-		SentinelAddrs:   splitList(r.SentinelAddrs),
-		ClusterAddrs:    splitList(r.ClusterAddrs),
+		SentinelAddrs:   SplitList(r.SentinelAddrs),
+		ClusterAddrs:    SplitList(r.ClusterAddrs),
 		Username:        r.Username,
 		Password:        r.Password,
 		TLSCAFile:       r.TLSCA,
@@ -177,8 +177,10 @@ func (r RedisFlags) Config() Redis {
 	}
 }
 
-// splitList splits a comma-separated flag value, dropping empty items.
-func splitList(s string) []string {
+// SplitList splits a comma-separated flag value, as every list flag of the
+// daemon reads it: items trimmed of the spaces around them, empty ones
+// dropped (nil for none).
+func SplitList(s string) []string {
 	var out []string
 	for _, item := range strings.Split(s, ",") {
 		if item = strings.TrimSpace(item); item != "" {

@@ -70,7 +70,7 @@ func AddDropInFlags(fs *flag.FlagSet, c *daemon.Config) (finish func(given map[s
 		case *overdraft < 0:
 			errs = append(errs, fmt.Errorf("%s %d: must not be negative", name("default-overdraft"), *overdraft))
 		case *overdraft > 0:
-			c.Overdraft = server.Overdraft{On: true, Bursts: *overdraft, Domains: splitList(*overdraftDomains)}
+			c.Overdraft = server.Overdraft{On: true, Bursts: *overdraft, Domains: daemon.SplitList(*overdraftDomains)}
 			if c.Overdraft.Counting, err = Choose("default-overdraft-counting", *overdraftCounting, []string{"always", "where-denied"},
 				[]limiter.Counting{limiter.CountAlways, limiter.CountWhereDenied}); err != nil {
 				errs = append(errs, err)
@@ -154,7 +154,7 @@ func parsePairs(spelt, s string) (map[string]string, error) {
 		return nil, nil
 	}
 	m := map[string]string{}
-	for _, item := range splitList(s) {
+	for _, item := range daemon.SplitList(s) {
 		k, v, ok := strings.Cut(item, "=")
 		if k = strings.TrimSpace(k); !ok || k == "" {
 			return nil, fmt.Errorf("%s %q: %q is not key=value (want k=v,k2=v2)", spelt, s, item)

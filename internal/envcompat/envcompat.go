@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/ratelimitd/ratelimitd/internal/daemon"
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
@@ -252,7 +253,7 @@ func (e *Env) mapXDS(s *incumbentSettings) []error {
 		// comment shows key1:val1): so does ratelimitd, naming it in the
 		// warning rather than refusing to start.
 		var kept, dropped []string
-		for _, item := range splitList(s.xdsMetadata) {
+		for _, item := range daemon.SplitList(s.xdsMetadata) {
 			if strings.Contains(item, "=") {
 				kept = append(kept, item)
 			} else {
@@ -269,7 +270,7 @@ func (e *Env) mapXDS(s *incumbentSettings) []error {
 	if s.xdsHeaders != "" {
 		// envconfig's map syntax: k1:v1,k2:v2.
 		var pairs []string
-		for _, item := range splitList(s.xdsHeaders) {
+		for _, item := range daemon.SplitList(s.xdsHeaders) {
 			k, v, ok := strings.Cut(item, ":")
 			if !ok || strings.TrimSpace(k) == "" {
 				errs = append(errs, fmt.Errorf("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS=%q: %q is not key:value (want k1:v1,k2:v2)", s.xdsHeaders, item))
@@ -353,7 +354,7 @@ func (e *Env) mapBackend(s *incumbentSettings) []error {
 		}
 		e.set("redis-url", u.String(), "REDIS_URL")
 	case "sentinel":
-		parts := splitList(s.redisURL)
+		parts := daemon.SplitList(s.redisURL)
 		if len(parts) < 2 {
 			errs = append(errs, fmt.Errorf("REDIS_URL=%q with REDIS_TYPE=sentinel: want the master's name and the Sentinels, master,host:port,host:port", s.redisURL))
 			break
@@ -561,16 +562,4 @@ func Names() []string {
 		names[i] = v.name
 	}
 	return names
-}
-
-// splitList splits a comma-separated list, dropping empty items and the
-// spaces around each.
-func splitList(s string) []string {
-	var out []string
-	for _, item := range strings.Split(s, ",") {
-		if item = strings.TrimSpace(item); item != "" {
-			out = append(out, item)
-		}
-	}
-	return out
 }
