@@ -695,7 +695,9 @@ type noise struct {
 //   - an answer past its deadline at the client: the client (its
 //     goroutines late, or its threads waiting for a CPU), ratelimitd (its
 //     threads waiting for a CPU) or the whole machine (the canary late)
-//     stalled for canaryStall or more during the call;
+//     stalled for canaryStall or more during the call (a CPU wait, known
+//     only to lie between two reads of schedstat, counts if that span
+//     overlaps the call: see canaryEvent.during);
 //   - an answer not decided by Redis: ratelimitd (waiting for a CPU), the
 //     machine (the canary late), or c's node (of any node if unknown: a
 //     slow ping, or its redis-server waiting for a CPU) stalled for
@@ -715,8 +717,9 @@ func (n noise) explains(c faultCall) bool {
 	for _, e := range n.events {
 		who := strings.TrimPrefix(e.node, "redis ")
 		if c.code == codes.DeadlineExceeded {
+			from, to := e.during()
 			if e.d >= canaryStall && (e.kind == "client" || e.kind == "late" || e.kind == "sched" && (who == "client" || who == "ratelimitd")) &&
-				!c.end.Before(e.at) && !c.start.After(e.at.Add(e.d)) {
+				!c.end.Before(from) && !c.start.After(to) {
 				return true
 			}
 			continue
@@ -736,13 +739,14 @@ func (n noise) explains(c faultCall) bool {
 
 // cpuWait is how long ratelimitd's threads waited for a CPU from start
 // to end, all their waits together (as read every schedEvery; a wait
-// counts whole if it overlaps): a timer of ratelimitd's due meanwhile may
+// counts whole if the span it lies in overlaps): a timer of ratelimitd's due meanwhile may
 // have fired that late (its goroutines move between threads, and a
 // thread that waits holds up those queued on it).
 func (n noise) cpuWait(start, end time.Time) time.Duration {
 	var total time.Duration
 	for _, e := range n.events {
-		if e.kind == "sched" && e.node == "ratelimitd" && !e.at.After(end) && !e.at.Add(e.d).Before(start) {
+		from, to := e.during()
+		if e.kind == "sched" && e.node == "ratelimitd" && !from.After(end) && !to.Before(start) {
 			total += e.d
 		}
 	}
@@ -1252,6 +1256,20 @@ type canaryEvent struct {
 	kind, node string
 	at         time.Time
 	d          time.Duration
+	// from, unless zero, is the earliest the stall may have begun: a
+	// CPU wait read from schedstat (schedMonitor) is known only to have
+	// happened since the read before, not when (at is then the read less
+	// d).
+	from time.Time
+}
+
+// during returns when the stall may have been: from at for d, or, for one
+// known only within a span (from set), from from to the end of at + d.
+func (e canaryEvent) during() (from, to time.Time) {
+	if e.from.IsZero() || e.from.After(e.at) {
+		return e.at, e.at.Add(e.d)
+	}
+	return e.from, e.at.Add(e.d)
 }
 
 // canary is a running canary process.
@@ -1375,6 +1393,7 @@ func schedMonitor(pids map[int]string) (stop func() []canaryEvent) {
 	go func() {
 		var events []canaryEvent
 		last := map[string]int64{} // by /proc path
+		var readAt time.Time       // when the reads before began
 		for i := 0; i < 100_000 && ctx.Err() == nil; i++ {
 			now := time.Now()
 			for pid, name := range pids {
@@ -1398,10 +1417,11 @@ func schedMonitor(pids map[int]string) (stop func() []canaryEvent) {
 					prev, seen := last[path]
 					last[path] = waited
 					if d := time.Duration(waited - prev); seen && d >= report {
-						events = append(events, canaryEvent{kind: "sched", node: name, at: now.Add(-d), d: d})
+						events = append(events, canaryEvent{kind: "sched", node: name, at: now.Add(-d), d: d, from: readAt})
 					}
 				}
 			}
+			readAt = now
 			select {
 			case <-ctx.Done():
 			case <-time.After(schedEvery):
