@@ -11,7 +11,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"net/http"
@@ -23,10 +22,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -39,6 +36,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/readlag"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -339,7 +337,7 @@ func (a *arrivalClock) at() time.Time {
 // all of an error answer) reached the client, in the call's arrivalClock
 // (see there), for the connection that conn holds (one per ClientConn:
 // openFaultConn's).
-type arrivals struct{ conn *atomic.Pointer[stampedConn] }
+type arrivals struct{ conn *atomic.Pointer[readlag.Conn] }
 
 func (arrivals) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 func (arrivals) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
@@ -356,82 +354,35 @@ func (h arrivals) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	}
 	at := time.Now().UnixNano()
 	if c := h.conn.Load(); c != nil {
-		if k := c.received.Load(); k != 0 && k < at {
-			at = k
+		if r := c.Received(); !r.IsZero() && r.UnixNano() < at {
+			at = r.UnixNano()
 		}
 	}
 	a.ns.CompareAndSwap(0, at)
 }
 
-// stampedConn is a client TCP connection whose reads note when the
-// kernel received the last bytes each returned (SO_TIMESTAMPNS), so that
-// an answer the client's goroutines read late can be told from one that
-// reached the host late.
-type stampedConn struct {
-	*net.TCPConn
-	raw      syscall.RawConn
-	oob      []byte       // reads are not concurrent (the transport's reader)
-	received atomic.Int64 // Unix ns; 0 until a read carried a timestamp
-}
-
-// dialStamped dials addr and turns on the kernel's receive timestamps.
-func dialStamped(ctx context.Context, addr string) (*stampedConn, error) {
+// dialStamped dials addr and turns on the kernel's receive timestamps
+// (internal/readlag), so that an answer the client's goroutines read late
+// can be told from one that reached the host late.
+func dialStamped(ctx context.Context, addr string) (*readlag.Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	tc := nc.(*net.TCPConn)
-	raw, err := tc.SyscallConn()
-	if err == nil {
-		cerr := raw.Control(func(fd uintptr) {
-			err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1)
-		})
-		err = cmp.Or(cerr, err)
-	}
+	c, err := readlag.Stamp(nc.(*net.TCPConn), nil)
 	if err != nil {
-		tc.Close()
-		return nil, fmt.Errorf("SO_TIMESTAMPNS on %s: %w", addr, err)
+		nc.Close()
+		return nil, err
 	}
-	return &stampedConn{TCPConn: tc, raw: raw, oob: make([]byte, 128)}, nil
-}
-
-func (c *stampedConn) Read(p []byte) (int, error) {
-	var n, oobn int
-	var rerr error
-	err := c.raw.Read(func(fd uintptr) bool {
-		n, oobn, _, _, rerr = syscall.Recvmsg(int(fd), p, c.oob, 0)
-		return rerr != syscall.EAGAIN
-	})
-	if err == nil {
-		err = rerr
-	}
-	if err != nil {
-		return 0, err
-	}
-	if n == 0 && len(p) > 0 {
-		return 0, io.EOF
-	}
-	if msgs, perr := syscall.ParseSocketControlMessage(c.oob[:oobn]); perr == nil {
-		for _, m := range msgs {
-			if m.Header.Level == syscall.SOL_SOCKET && m.Header.Type == syscall.SO_TIMESTAMPNS && len(m.Data) >= int(unsafe.Sizeof(syscall.Timespec{})) {
-				// A zero stamp is none: the kernel turns stamping on for
-				// the whole host lazily (a deferred static key), so the
-				// first packets after the first socket asks carry 0.
-				if ts := (*syscall.Timespec)(unsafe.Pointer(&m.Data[0])); ts.Nano() > 0 {
-					c.received.Store(ts.Nano())
-				}
-			}
-		}
-	}
-	return n, nil
+	return c, nil
 }
 
 // openFaultConn is openConn with arrivals as the connection's stats
-// handler, on a stampedConn, for a faultLoad.
+// handler, on a stamped connection (dialStamped), for a faultLoad.
 func openFaultConn(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
-	var current atomic.Pointer[stampedConn]
+	var current atomic.Pointer[readlag.Conn]
 	dial := func(ctx context.Context, addr string) (net.Conn, error) {
 		c, err := dialStamped(ctx, addr)
 		if err != nil {
@@ -1482,50 +1433,4 @@ func lateHistogram(cs callSet, t time.Time) string {
 		fmt.Fprintf(&b, "%+.1fs:%d ", float64(k)/10, m[k])
 	}
 	return strings.TrimSpace(b.String())
-}
-
-// TestStampedConnNotesArrival: a stampedConn's read notes when the kernel
-// received the bytes, not when they were read: bytes left unread for
-// 50 ms are stamped within a few ms of their send.
-func TestStampedConnNotesArrival(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := dialStamped(context.Background(), ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	// The host's first stamped packets may carry none (see Read): a few
-	// answers, until one is stamped.
-	for try := range 20 {
-		sent := time.Now()
-		if _, err := peer.Write([]byte("answer")); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
-		buf := make([]byte, 16)
-		n, err := c.Read(buf)
-		read := time.Now()
-		if err != nil || string(buf[:n]) != "answer" {
-			t.Fatalf("Read = %q, %v; want \"answer\"", buf[:n], err)
-		}
-		if c.received.Load() == 0 {
-			t.Logf("answer %d carried no stamp", try+1)
-			continue
-		}
-		got := time.Unix(0, c.received.Load())
-		if got.Before(sent.Add(-time.Millisecond)) || got.After(sent.Add(10*time.Millisecond)) {
-			t.Errorf("received stamped %v after the send (read %v after it), want within 10ms of the send", got.Sub(sent), read.Sub(sent))
-		}
-		return
-	}
-	t.Errorf("20 answers, none stamped")
 }

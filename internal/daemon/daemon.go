@@ -29,9 +29,11 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/buildinfo"
 	"github.com/ratelimitd/ratelimitd/internal/failover"
+	"github.com/ratelimitd/ratelimitd/internal/readlag"
 	"github.com/ratelimitd/ratelimitd/internal/reload"
 	"github.com/ratelimitd/ratelimitd/internal/runtimetune"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/timerlag"
 	"github.com/ratelimitd/ratelimitd/internal/tlsreload"
 )
 
@@ -54,7 +56,8 @@ type Daemon struct {
 	http     *http.Server
 	grpcLis  net.Listener
 	httpLis  net.Listener
-	extra    []*listener // the debug and metrics listeners Config asks for
+	extra    []*listener       // the debug and metrics listeners Config asks for
+	reads    *timerlag.Monitor // how long requests waited in the gRPC sockets (readlag)
 	tlsMode  string
 	stopping context.Context // done when shutdown begins
 	stop     context.CancelFunc
@@ -97,6 +100,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		return nil, err
 	}
 	undo = append(undo, d.obs.close)
+	d.reads = timerlag.New(0)
 	if d.backend, err = d.openBackend(); err != nil {
 		return nil, err
 	}
@@ -145,6 +149,7 @@ func New(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if d.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("listen for gRPC: %w", err)
 	}
+	d.grpcLis = readlag.Listener(d.grpcLis, d.reads.Note)
 	undo = append(undo, func() { d.grpcLis.Close() })
 	if d.httpLis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("listen for HTTP: %w", err)
@@ -305,7 +310,7 @@ func (d *Daemon) openBackend() (backend, error) {
 	if !d.cfg.Redis.Enabled() {
 		return newMemoryBackend(), nil
 	}
-	return openRedis(d.cfg.Redis, d.cfg.Failure, d.log, d.obs.metrics, d.onHealth)
+	return openRedis(d.cfg.Redis, d.cfg.Failure, d.reads.Lateness, d.log, d.obs.metrics, d.onHealth)
 }
 
 // configSource says where the config in force came from, for the

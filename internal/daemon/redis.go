@@ -83,10 +83,12 @@ type redisBackend struct {
 
 // openRedis connects the Redis backend r describes, behind the failure
 // handling of failure. It does not fail when Redis is down at start: calls
-// are answered per the failure mode until it answers. onHealth is called
-// each time Redis is found failing or working again; m counts every backend
-// failure and failure-mode answer.
-func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.Metrics, onHealth func(healthy bool)) (*redisBackend, error) {
+// are answered per the failure mode until it answers. readWaits is how long
+// requests wait in the sockets before they are read (nil: unknown), which,
+// like how late timers fire, widens the margin a call's budget keeps before
+// its deadline. onHealth is called each time Redis is found failing or
+// working again; m counts every backend failure and failure-mode answer.
+func openRedis(r Redis, failure failover.Options, readWaits func(time.Time) time.Duration, log *slog.Logger, m *metrics.Metrics, onHealth func(healthy bool)) (*redisBackend, error) {
 	opts := redisstore.ClientOptions{
 		URL:            r.URL,
 		SentinelMaster: r.SentinelMaster,
@@ -144,10 +146,16 @@ func openRedis(r Redis, failure failover.Options, log *slog.Logger, m *metrics.M
 	// The daemon's loop probes every open breaker (see probeEvery); no
 	// call waits on a backend that may still be down.
 	failure.ProbeInBackground = true
-	// How late this process's timers fire widens the margin a call's
-	// budget keeps before its deadline (failover.Options.TimerLateness).
+	// How late this process's timers fire, and how long requests waited
+	// to be read, widen the margin a call's budget keeps before its
+	// deadline (failover.Options.TimerLateness).
 	lag := timerlag.Start(0, 0)
 	failure.TimerLateness = lag.Lateness
+	if readWaits != nil {
+		failure.TimerLateness = func(now time.Time) time.Duration {
+			return max(lag.Lateness(now), readWaits(now))
+		}
+	}
 	b := &redisBackend{name: "redis", store: store, client: client, closeAll: func() error {
 		lag.Stop()
 		store.Close()

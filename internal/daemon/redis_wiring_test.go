@@ -14,6 +14,9 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/faultproxy"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/limiter"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // The tests of this file hold two lines of openRedis that the packages
@@ -147,6 +150,47 @@ func TestDaemonMarginFollowsTimerLateness(t *testing.T) {
 	}
 	t.Errorf("after a 150ms stop: calls answered %v into their %v deadline, want a margin of 100ms or more: the timers' lateness did not widen it",
 		tooks, deadline)
+}
+
+// TestDaemonMarginFollowsReadWaits holds the two lines that make room
+// for requests that waited in the gRPC sockets (internal/readlag): the
+// gRPC listener notes each read's wait (a health check's reads are noted,
+// once the kernel stamps them), and a noted wait widens the margin of a
+// call's budget as timer lateness does. A wait of 150ms noted, a call
+// whose Redis holds it is answered 100ms or more before its 600ms
+// deadline.
+func TestDaemonMarginFollowsReadWaits(t *testing.T) {
+	d, proxy := wiringDaemon(t, failover.Options{Mode: failover.Deny, FailureThreshold: 10})
+	conn, err := grpc.NewClient(d.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	// The kernel turns stamping on lazily: the first reads may carry none.
+	for i := 0; d.reads.Lateness(time.Now()) == 0; i++ {
+		if i == 50 {
+			t.Fatal("50 health checks and no read of the gRPC listener noted its wait")
+		}
+		if _, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+			t.Fatalf("health check: %v", err)
+		}
+	}
+
+	const deadline = 600 * time.Millisecond
+	proxy.Blackhole()
+	d.reads.Note(150*time.Millisecond, time.Now())
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	ds, err := d.backend.Store().Take(ctx, start, []limiter.Request{{Key: "wiring-reads", Limit: wiringLimit, Hits: 1}})
+	took := time.Since(start)
+	if err != nil || ds[0].Fallback != limiter.FallbackBackendFailed {
+		t.Fatalf("Take on a black-holed Redis = %+v, %v after %v; want answered per the mode, backend_failed", ds, err, took)
+	}
+	if took > deadline-100*time.Millisecond {
+		t.Errorf("with a 150ms read wait noted: answered %v into its %v deadline, want a margin of 100ms or more", took.Round(time.Millisecond), deadline)
+	}
 }
 
 // wiringDaemon runs a daemon of failure on a fresh redis-server behind a
