@@ -10,8 +10,8 @@
 // (internal/failover); feeding it what this package measures keeps that
 // margin at least as wide as the waits requests now see.
 //
-// Only Linux stamps receives this way; elsewhere Listener returns its
-// listener as it is and Stamp fails.
+// Only Linux stamps receives this way; elsewhere Stamp fails, and the
+// connections Listener accepts are returned as accepted, noting nothing.
 package readlag
 
 import (
