@@ -404,23 +404,25 @@ func TestClusterNodeFaults(t *testing.T) {
 	rc := redistest.StartReplicatedCluster(t, redistest.ClusterOptions{Masters: 3, ReplicasPerMaster: 1, NodeTimeout: time.Second,
 		ProxiedMasters: []int{0}})
 	healthyAgain := func(t *testing.T) {
-		rc.Proxy(0).Pass()
+		if err := rc.Proxy(0).Pass(); err != nil {
+			t.Fatal(err)
+		}
 		waitHealthy(t, rc)
 	}
 	t.Run("blackhole", func(t *testing.T) {
 		defer healthyAgain(t)
 		testProxyFault(t, rc, proxyFault{modes: []string{"error", "deny"}, length: 3 * time.Second,
-			apply: func(p *faultproxy.Proxy) { p.Blackhole() }, breakerBound: true, readyz: true, leaks: true})
+			apply: (*faultproxy.Remote).Blackhole, breakerBound: true, readyz: true, leaks: true})
 	})
 	t.Run("latency", func(t *testing.T) {
 		defer healthyAgain(t)
 		testProxyFault(t, rc, proxyFault{modes: []string{"error"}, length: 5 * time.Second,
-			apply: func(p *faultproxy.Proxy) { p.Latency(30 * time.Millisecond) }, breakerBound: true})
+			apply: func(p *faultproxy.Remote) error { return p.Latency(30 * time.Millisecond) }, breakerBound: true})
 	})
 	t.Run("resets", func(t *testing.T) {
 		defer healthyAgain(t)
 		testProxyFault(t, rc, proxyFault{modes: []string{"error"}, length: 3 * time.Second,
-			apply: func(p *faultproxy.Proxy) { p.ResetPeer() }})
+			apply: (*faultproxy.Remote).ResetPeer})
 	})
 }
 
@@ -485,7 +487,7 @@ func testCPUBurner(t *testing.T, rc *redistest.ReplicatedCluster) {
 type proxyFault struct {
 	modes  []string // a process in each failure mode, at once
 	length time.Duration
-	apply  func(*faultproxy.Proxy)
+	apply  func(*faultproxy.Remote) error
 	// breakerBound checks that master 0's breaker opens within
 	// breakerBound of the fault's start (a fault that holds round trips:
 	// calls answered per the failure mode at once show the breaker open).
@@ -565,7 +567,10 @@ func testProxyFault(t *testing.T, rc *redistest.ReplicatedCluster, f proxyFault)
 	defer stopNoise()
 	began := time.Now()
 	time.Sleep(faultWarmUp)
-	connsBefore := proxy.Conns()
+	connsBefore, err := proxy.Conns()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, fp := range procs {
 		fp.goroutines = goroutines(t, fp.p.httpAddr)
 	}
@@ -579,7 +584,9 @@ func testProxyFault(t *testing.T, rc *redistest.ReplicatedCluster, f proxyFault)
 		}
 	}
 	faultAt := time.Now()
-	f.apply(proxy)
+	if err := f.apply(proxy); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(f.length / 2)
 	// Half way: ratelimitd_redis_node_up says master 0 is down.
 	for _, fp := range procs {
@@ -591,7 +598,9 @@ func testProxyFault(t *testing.T, rc *redistest.ReplicatedCluster, f proxyFault)
 	}
 	time.Sleep(f.length - f.length/2)
 	passAt := time.Now()
-	proxy.Pass()
+	if err := proxy.Pass(); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(faultAfter)
 	for _, fp := range procs {
 		fp.stop()
@@ -734,7 +743,10 @@ func testProxyFault(t *testing.T, rc *redistest.ReplicatedCluster, f proxyFault)
 	if f.leaks {
 		var conns int
 		for range 60 {
-			if conns = proxy.Conns(); conns <= connsBefore+2*len(procs) {
+			if conns, err = proxy.Conns(); err != nil {
+				t.Fatal(err)
+			}
+			if conns <= connsBefore+2*len(procs) {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -962,7 +974,7 @@ func testScaleOut(t *testing.T, rc *redistest.ReplicatedCluster) {
 func TestClusterFaultsStandaloneBlackhole(t *testing.T) {
 	skipUnlessFaultSuite(t)
 	srv := redistest.Start(t)
-	proxy, err := faultproxy.Start(srv.Addr)
+	proxy, err := faultproxy.StartRemote(srv.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -985,10 +997,14 @@ func TestClusterFaultsStandaloneBlackhole(t *testing.T) {
 	began := time.Now()
 	time.Sleep(faultWarmUp + 500*time.Millisecond)
 	faultAt := time.Now()
-	proxy.Blackhole()
+	if err := proxy.Blackhole(); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(1500 * time.Millisecond)
 	passAt := time.Now()
-	proxy.Pass()
+	if err := proxy.Pass(); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(faultAfter)
 	all := callSet(stop()).where(func(c faultCall) bool { return !c.start.Before(began.Add(faultWarmUp)) })
 	polls := stopReadyz()

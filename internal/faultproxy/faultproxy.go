@@ -1,8 +1,11 @@
 // Package faultproxy is a TCP proxy for tests on loopback that injects
 // network faults between a client and a server, in the manner of
-// toxiproxy's toxics but in-process and without a dependency: it can drop
-// every byte while keeping connections open (a blackhole), delay every
-// byte by a fixed latency, or reset every connection.
+// toxiproxy's toxics but without a dependency: it can drop every byte
+// while keeping connections open (a blackhole), delay every byte by a
+// fixed latency, or reset every connection. A Proxy runs in the test's
+// own process; a Remote runs one in a process of its own (cmd/faultproxy,
+// controlled through its stdin and stdout; see Serve), for tests whose
+// process is too busy to forward bytes on time.
 //
 // A fault is switched at any time and applies at once to the connections
 // already open and to those accepted later. The proxy forwards chunks:

@@ -62,13 +62,16 @@ type ClusterOptions struct {
 	// the slots they have while some are uncovered.
 	RequireFullCoverage bool
 	// ProxiedMasters lists masters (by index, 0 … Masters-1) that clients
-	// reach only through a faultproxy.Proxy: each is started with
+	// reach only through a faultproxy.Remote: each is started with
 	// cluster-announce-ip 127.0.0.1, cluster-announce-port the proxy's port
 	// and cluster-announce-bus-port its real bus port, so CLUSTER SLOTS,
 	// CLUSTER NODES, MOVED and ASK name the proxy while the cluster bus
 	// between nodes stays direct. Its replicas replicate through the proxy
 	// too (they connect to the announced address), so a fault on the proxy
-	// reaches them as well.
+	// reaches them as well. The proxy runs in a process of its own: in the
+	// test's process, busy with a race-enabled client driving load, it
+	// forwarded bytes tens of milliseconds late on a loaded 2-core machine,
+	// which the system under test took for a slow Redis.
 	ProxiedMasters []int
 }
 
@@ -142,8 +145,8 @@ type ReplicatedCluster struct {
 // clusterNode is one redis-server of the cluster.
 type clusterNode struct {
 	srv   *Server
-	proxy *faultproxy.Proxy // nil unless a proxied master
-	addr  string            // as clients see it
+	proxy *faultproxy.Remote // nil unless a proxied master
+	addr  string             // as clients see it
 	id    string
 	admin *redis.Client // to srv.Addr, never through the proxy
 	dead  bool          // killed; guarded by ReplicatedCluster.mu
@@ -289,7 +292,7 @@ func (rc *ReplicatedCluster) startNode(ctx context.Context, proxied bool) (*clus
 		// the proxy in front of it, then the node is told the port to
 		// announce (cluster-announce-port may be set at run time). A
 		// restart of the node would forget it.
-		if n.proxy, err = faultproxy.Start(srv.Addr); err != nil {
+		if n.proxy, err = faultproxy.StartRemote(srv.Addr); err != nil {
 			n.close()
 			return nil, fmt.Errorf("redistest: proxy for cluster node %s: %w", srv.Addr, err)
 		}
@@ -364,7 +367,7 @@ func (rc *ReplicatedCluster) Client() *redis.ClusterClient {
 
 // Proxy returns the proxy in front of master i (see MasterAddr), or nil
 // if it has none. It panics if there is no master i.
-func (rc *ReplicatedCluster) Proxy(i int) *faultproxy.Proxy {
+func (rc *ReplicatedCluster) Proxy(i int) *faultproxy.Remote {
 	return rc.master(i).proxy
 }
 

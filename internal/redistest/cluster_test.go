@@ -112,8 +112,8 @@ func TestReplicatedCluster(t *testing.T) {
 	}
 	// Client connections and master 1's replica reach master 1 through
 	// the proxy.
-	if n := rc.Proxy(1).Conns(); n < 2 {
-		t.Errorf("Proxy(1).Conns() = %d, want ≥ 2 (the client's and the replica's)", n)
+	if n, err := rc.Proxy(1).Conns(); err != nil || n < 2 {
+		t.Errorf("Proxy(1).Conns() = %d, %v; want ≥ 2 (the client's and the replica's)", n, err)
 	}
 
 	// A blackhole on the proxy stops commands to master 1 only.
@@ -123,14 +123,18 @@ func TestReplicatedCluster(t *testing.T) {
 	if err := fc.Get(ctx, keys[1]).Err(); err != nil {
 		t.Fatalf("GET %s before the blackhole: %v", keys[1], err)
 	}
-	rc.Proxy(1).Blackhole()
+	if err := rc.Proxy(1).Blackhole(); err != nil {
+		t.Fatal(err)
+	}
 	if err := fc.Get(ctx, keys[1]).Err(); err == nil {
 		t.Errorf("GET %s on master 1 during its proxy's blackhole succeeded, want a timeout", keys[1])
 	}
 	if err := fc.Get(ctx, keys[0]).Err(); err != nil {
 		t.Errorf("GET %s on master 0 during master 1's blackhole: %v", keys[0], err)
 	}
-	rc.Proxy(1).Pass()
+	if err := rc.Proxy(1).Pass(); err != nil {
+		t.Fatal(err)
+	}
 	if got, err := getEventually(ctx, fc, keys[1]); err != nil || got != masters[1].Addr {
 		t.Errorf("GET %s after Pass = %q, %v", keys[1], got, err)
 	}
@@ -241,8 +245,8 @@ func TestReplicatedClusterMigration(t *testing.T) {
 			t.Fatalf("GET %s after the migration = %q, %v; want %d", k, got, err, i)
 		}
 	}
-	if c := rc.Proxy(1).Conns(); c == 0 {
-		t.Errorf("Proxy(1).Conns() = 0, want the client's GETs to go through it")
+	if c, err := rc.Proxy(1).Conns(); err != nil || c == 0 {
+		t.Errorf("Proxy(1).Conns() = %d, %v; want the client's GETs to go through it", c, err)
 	}
 }
 
