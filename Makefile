@@ -57,12 +57,13 @@ fuzz:
 test-deps:
 	@sh scripts/test-deps redis
 
-## test-faults: the Redis fault suite that is not in test (see
-## CONTRIBUTING.md, "The fault suite"): network faults through a TCP fault
-## proxy on one Cluster master and on a standalone Redis, scale-out.
+## test-faults: the Redis Cluster fault suite alone, verbose (it is part
+## of test too; see CONTRIBUTING.md, "The fault suite"): failovers, network
+## faults through a TCP fault proxy on one Cluster master and on a
+## standalone Redis, scale-out.
 test-faults: test-deps
-	RATELIMITD_HEAVY_TESTS=1 RATELIMITD_FAULT_TESTS=1 $(GO) test -race -count=1 -timeout 10m -v \
-		-run 'TestCluster(ScaleOutThenFullCoverageFailover|NodeFaults|FaultsStandaloneBlackhole)' ./cmd/ratelimitd
+	RATELIMITD_HEAVY_TESTS=1 $(GO) test -race -count=1 -timeout 10m -v \
+		-run 'TestCluster(UnderLoad|NodeFaults|FaultsStandaloneBlackhole|ScaleOutThenFullCoverageFailover)|TestTokenLeasesClusterFailover' ./cmd/ratelimitd
 
 ## test-eg: the conformance test against the real Envoy Gateway control
 ## plane (conformance/envoygateway, a module of its own; CONTRIBUTING.md, "The

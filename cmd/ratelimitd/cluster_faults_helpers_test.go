@@ -95,22 +95,6 @@ func skipUnlessHeavy(t *testing.T) {
 	}
 }
 
-// skipUnlessFaultSuite skips a fault test that is not yet reliable
-// enough for make test (see CONTRIBUTING.md, "The fault suite") unless
-// RATELIMITD_FAULT_TESTS=1 (make test-faults sets it): a network black
-// hole or latency spike on one master, connection resets, a standalone
-// black hole, and scale-out with a full-coverage failover. What they
-// still catch on a loaded machine (answers reaching a 20 ms client just
-// after its deadline that no measured stall explains, recovery after a
-// fault that takes over 0.5 s while the host starves ratelimitd of CPU)
-// is listed there.
-func skipUnlessFaultSuite(t *testing.T) {
-	t.Helper()
-	if os.Getenv("RATELIMITD_FAULT_TESTS") != "1" {
-		t.Skip("a fault test of make test-faults: set RATELIMITD_FAULT_TESTS=1 to run it")
-	}
-}
-
 // faultLogLevel is the flags that make a fault test's ratelimitd log at
 // debug level when RATELIMITD_FAULT_DEBUG=1, so that the breaker lines a
 // failure prints (nodeLines) show each failed probe too.

@@ -126,7 +126,7 @@ func TestClusterUnderLoad(t *testing.T) {
 // cluster reports cluster_state:fail until the replica's promotion
 // (testClusterFailover in error mode).
 func TestClusterScaleOutThenFullCoverageFailover(t *testing.T) {
-	skipUnlessFaultSuite(t)
+	skipUnlessHeavy(t)
 	rc := redistest.StartReplicatedCluster(t, redistest.ClusterOptions{Masters: 3, ReplicasPerMaster: 1, NodeTimeout: time.Second,
 		RequireFullCoverage: true})
 	t.Run("scale-out", func(t *testing.T) {
@@ -400,7 +400,7 @@ func checkFailover(t *testing.T, fp *failoverProc, from, killed, promoted time.T
 // spike and connection resets on master 0 under load, one after another,
 // each followed by the cluster's recovery (see testProxyFault).
 func TestClusterNodeFaults(t *testing.T) {
-	skipUnlessFaultSuite(t)
+	skipUnlessHeavy(t)
 	rc := redistest.StartReplicatedCluster(t, redistest.ClusterOptions{Masters: 3, ReplicasPerMaster: 1, NodeTimeout: time.Second,
 		ProxiedMasters: []int{0}})
 	healthyAgain := func(t *testing.T) {
@@ -972,7 +972,7 @@ func testScaleOut(t *testing.T, rc *redistest.ReplicatedCluster) {
 // answered within its deadline. (How soon the breaker opens is logged;
 // the cluster's black hole checks it.)
 func TestClusterFaultsStandaloneBlackhole(t *testing.T) {
-	skipUnlessFaultSuite(t)
+	skipUnlessHeavy(t)
 	srv := redistest.Start(t)
 	proxy, err := faultproxy.StartRemote(srv.Addr)
 	if err != nil {
