@@ -23,7 +23,7 @@ import (
 type matrixOptions struct {
 	load          loadOptions // addr, redisAddr and concurrency are set per cell
 	concurrencies []int
-	backends      []string // memory, redis
+	backends      []string // memory, redis, redis-leases
 	hotKey        bool
 	hotConc       int
 	// shortTimeout is the client deadline of the short-deadline cells, at
@@ -51,7 +51,7 @@ type matrixOptions struct {
 
 // target is one server the matrix loads.
 type target struct {
-	name      string // floor, tuned-floor, memory, redis-floor, script-floor, redis
+	name      string // floor, tuned-floor, memory, redis-floor, script-floor, redis, redis-leases
 	addr      string
 	redisAddr string
 }
@@ -158,6 +158,23 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 				return err
 			}
 			targets = append(targets, target{name: "redis", addr: addr, redisAddr: redisAddr})
+		case "redis-leases":
+			// ratelimitd with --token-leases, on a redis-server of its
+			// own: Redis's counters are a whole server's.
+			redisDir := filepath.Join(tmp, "redis-leases")
+			if err := os.Mkdir(redisDir, 0o700); err != nil {
+				return fmt.Errorf("redis directory: %w", err)
+			}
+			redisAddr, err := procs.startRedis(ctx, o.redisServer, redisDir)
+			if err != nil {
+				return err
+			}
+			addr, _, err := procs.start(ctx, "ratelimitd (redis, leases)", rld,
+				serverArgs("--redis-url", "redis://"+redisAddr, "--token-leases"), jsonReady("ratelimitd started"))
+			if err != nil {
+				return err
+			}
+			targets = append(targets, target{name: "redis-leases", addr: addr, redisAddr: redisAddr})
 		}
 	}
 
@@ -352,25 +369,46 @@ func roundOrder(n, r int) []int {
 
 // matrixCells lists the cells of a run against targets (the floor first):
 // the mixed load at each of o.concurrencies and the hot key at o.hotConc
-// (if o.hotKey), strict, against every target with the client deadline
-// o.load.timeout; then the attack cells (see attackCells, if o.attack);
+// (if o.hotKey), strict, against every target but redis-leases with the
+// client deadline o.load.timeout, and the hot-admitted key at o.hotConc
+// and at one caller against redis-leases too (the latter beside the
+// floor, memory and redis only); then the attack cells (see attackCells, if o.attack);
 // then the mixed load at each of o.shortConcs with the
 // deadline o.shortTimeout against the floor and ratelimitd on Redis only
 // (none without the Redis backend).
 func matrixCells(o matrixOptions, targets []target) []cell {
-	all := make([]int, len(targets))
-	for i := range all {
-		all[i] = i
+	// Leases serve busy admitted buckets only: ratelimitd with them is
+	// loaded in the hot-admitted cells alone. all is every other target;
+	// oneCaller, those the one-caller hot-admitted cell sets beside it.
+	leases := slices.IndexFunc(targets, func(t target) bool { return t.name == "redis-leases" })
+	var all, oneCaller []int
+	for i, t := range targets {
+		switch t.name {
+		case "redis-leases":
+		case "floor", "memory", "redis":
+			all, oneCaller = append(all, i), append(oneCaller, i)
+		default:
+			all = append(all, i)
+		}
 	}
-	strict := func(mix Mix, conc int) cell {
-		return cell{name: fmt.Sprintf("%s c=%d", mix, conc), mix: mix, conc: conc, timeout: o.load.timeout, kind: cellStrict, targets: all}
+	strict := func(mix Mix, conc int, targets []int) cell {
+		return cell{name: fmt.Sprintf("%s c=%d", mix, conc), mix: mix, conc: conc, timeout: o.load.timeout, kind: cellStrict, targets: targets}
 	}
 	var cells []cell
 	for _, c := range o.concurrencies {
-		cells = append(cells, strict(MixMixed, c))
+		cells = append(cells, strict(MixMixed, c, all))
 	}
 	if o.hotKey {
-		cells = append(cells, strict(MixHot, o.hotConc), strict(MixHotAdmitted, o.hotConc))
+		hotAdmitted := all
+		if leases >= 0 {
+			hotAdmitted = append(slices.Clone(all), leases)
+		}
+		cells = append(cells, strict(MixHot, o.hotConc, all), strict(MixHotAdmitted, o.hotConc, hotAdmitted))
+		if leases >= 0 && o.hotConc != 1 {
+			// One caller on the hot bucket: a leased answer's latency
+			// beside the memory backend's.
+			cells = append(cells, strict(MixHotAdmitted, 1, append(oneCaller, leases)))
+		}
 	}
 	cells = append(cells, attackCells(o, targets)...)
 	floor, redis := slices.IndexFunc(targets, func(t target) bool { return t.name == "floor" }),
@@ -403,7 +441,7 @@ func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 	fs.SetOutput(stderr)
 	addLoadFlags(fs, &o.load)
 	fs.StringVar(&conc, "concurrency", "1,4,16,64,256,1024", "comma-separated concurrencies of the mixed load")
-	fs.StringVar(&backends, "backends", "memory,redis", "comma-separated ratelimitd backends: memory, redis")
+	fs.StringVar(&backends, "backends", "memory,redis,redis-leases", "comma-separated ratelimitd backends: memory, redis, redis-leases (Redis with --token-leases, on a Redis of its own: only in the hot-admitted cells, where a bucket is busy enough to lease)")
 	fs.BoolVar(&o.hotKey, "hot-key", true, "also run the over-limit hot key (every call on one exhausted bucket)")
 	fs.IntVar(&o.hotConc, "hot-concurrency", 64, "concurrency of the hot-key case")
 	fs.DurationVar(&o.shortTimeout, "short-timeout", 20*time.Millisecond, "client deadline of the short-deadline cells (Envoy's default timeout)")
@@ -437,12 +475,12 @@ func parseMatrixFlags(args []string, stderr io.Writer) (matrixOptions, error) {
 	}
 	for _, s := range strings.Split(backends, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case "memory", "redis":
+		case "memory", "redis", "redis-leases":
 			if !slices.Contains(o.backends, s) {
 				o.backends = append(o.backends, s)
 			}
 		default:
-			errs = append(errs, fmt.Errorf("--backends: unknown backend %q (want memory or redis)", s))
+			errs = append(errs, fmt.Errorf("--backends: unknown backend %q (want memory, redis or redis-leases)", s))
 		}
 	}
 	if o.hotConc < 1 || o.hotConc > 10_000 {

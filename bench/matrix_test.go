@@ -62,7 +62,9 @@ func TestParseMatrixFlags(t *testing.T) {
 }
 
 // TestMatrixCells: with the default flags every strict cell runs against
-// every target with the 2 s deadline, but the attack cells (a baseline and
+// every target with the 2 s deadline, but ratelimitd with leases (in the
+// hot-admitted cells only, and at one caller beside the floor, memory and
+// Redis), the attack cells (a baseline and
 // an attacked run at c=64, back to back, against each ratelimitd alone),
 // and the short-deadline cells against the floor and ratelimitd on Redis
 // alone; without Redis there are none.
@@ -94,6 +96,23 @@ func TestMatrixCells(t *testing.T) {
 			{"mixed c=1024", 1024, 2 * time.Second, cellStrict, every},
 			{"hot-key c=64", 64, 2 * time.Second, cellStrict, every},
 			{"hot-admitted c=64", 64, 2 * time.Second, cellStrict, every},
+			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{2}},
+			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{2}},
+			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{5}},
+			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{5}},
+			{"mixed c=64 20ms deadline", 64, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
+			{"mixed c=256 20ms deadline", 256, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
+		}},
+		{"memory, redis and redis-leases", append(slices.Clone(all), target{name: "redis-leases"}), []row{
+			{"mixed c=1", 1, 2 * time.Second, cellStrict, every},
+			{"mixed c=4", 4, 2 * time.Second, cellStrict, every},
+			{"mixed c=16", 16, 2 * time.Second, cellStrict, every},
+			{"mixed c=64", 64, 2 * time.Second, cellStrict, every},
+			{"mixed c=256", 256, 2 * time.Second, cellStrict, every},
+			{"mixed c=1024", 1024, 2 * time.Second, cellStrict, every},
+			{"hot-key c=64", 64, 2 * time.Second, cellStrict, every},
+			{"hot-admitted c=64", 64, 2 * time.Second, cellStrict, []int{0, 1, 2, 3, 4, 5, 6}},
+			{"hot-admitted c=1", 1, 2 * time.Second, cellStrict, []int{0, 2, 5, 6}},
 			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{2}},
 			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{2}},
 			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{5}},

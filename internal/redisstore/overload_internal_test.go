@@ -86,21 +86,31 @@ func TestAQueuedCallIsStillDecidedByRedis(t *testing.T) {
 	// 13ms), which leaves 20ms - 4ms margin (failover's: a fifth) - 13ms:
 	// two in five may miss it on bad moments, not more. (Counting the queue into a 10ms
 	// backend timeout, as ratelimitd once did, misses every one.)
-	missed := 0
-	for range 5 {
+	// A call that queued less than 13ms (it found a batch already formed,
+	// when a busy machine delayed the previous one's send past the pause
+	// above) tells nothing of the queue: it is not counted, and another is
+	// made, up to 10 calls for 5 that queued.
+	missed, queued := 0, 0
+	for try := 0; queued < 5 && try < 10; try++ {
 		d, took, err := take(20 * time.Millisecond)
+		t.Logf("20ms deadline: %+v, %v in %v", d, err, took)
 		switch {
 		case errors.Is(err, limiter.ErrOverloaded) || err == nil && d[0].Fallback == limiter.FallbackOverloaded:
 			missed++
 		case err != nil:
 			t.Fatalf("Take with a 20ms deadline after a 13ms queue: %v, want an answer", err)
-		case d[0].Fallback != limiter.FallbackNone || !d[0].Allowed || took < 13*time.Millisecond:
+		case d[0].Fallback != limiter.FallbackNone || !d[0].Allowed:
 			t.Errorf("Take with a 20ms deadline = %+v after %v, want decided by Redis after the 13ms queue", d[0], took)
+		case took < 13*time.Millisecond:
+			continue // did not queue: not counted
 		}
-		t.Logf("20ms deadline: %+v, %v in %v", d, err, took)
+		queued++
+	}
+	if queued < 5 {
+		t.Errorf("%d of 10 calls queued 13ms, want 5", queued)
 	}
 	if missed > 2 {
-		t.Errorf("%d of 5 calls with a 20ms deadline after a 13ms queue fell back, want at most 2", missed)
+		t.Errorf("%d of %d calls with a 20ms deadline after a 13ms queue fell back, want at most 2", missed, queued)
 	}
 	// A deadline the queue outlasts: answered per the failure mode (or, on a
 	// machine too slow even for the margin, the error), overloaded.
