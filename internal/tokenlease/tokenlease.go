@@ -19,18 +19,27 @@
 //     bucket's own state and go to the store.
 //   - A bucket is busy when this replica saw at least Options.Busy hits a
 //     second on it over the last Options.Hold. Its slice is what the local
-//     demand needs for one Hold, at most Burst/Options.ShareDivisor (a small
-//     share, so that replicas sharing a bucket still find tokens: with 16
-//     replicas each holding a slice, at most a burst is held), and at least
-//     2 tokens (else there is nothing to save).
-//   - A slice ends a Hold after it was taken or half a Hold after its
-//     last token arrives, whichever is later; when it runs out; when its
-//     rule's limit changes; and at Close. What is left is given back to
-//     the store (Refund, queued: no caller waits for it), which moves the
-//     bucket's TAT back by those tokens. So a token spent in the store and
-//     not admitted here is held at most a Hold and a half: the cost of
-//     leasing is that other replicas may be denied, for that long, tokens
-//     a slice holds.
+//     demand needs for the slice's life, at most Burst/Options.ShareDivisor
+//     (a small share, so that replicas sharing a bucket still find tokens:
+//     with 16 replicas each holding a slice, at most a burst is held), and
+//     at least 2 tokens (else there is nothing to save).
+//   - A slice lives one Hold; each slice the store grants at once while
+//     the bucket keeps ShareDivisor times the next one's tokens makes the
+//     next live twice as long, up to Options.MaxLives Holds (a bucket with
+//     that much to spare loses nothing to it, and the store sees fewer
+//     calls); any other answer brings it back to one Hold.
+//   - Once what a slice holds would last under half a Hold, the next slice
+//     is fetched on a goroutine of its own and joins it (see refill): no
+//     request waits for a fetch or goes to the store alone meanwhile.
+//   - A slice ends when its life is over or half a Hold after its last
+//     token arrives, whichever is later; when it runs out; when its rule's
+//     limit changes; and at Close. What is left is given back to the store
+//     (Refund, queued: no caller waits for it), which moves the bucket's
+//     TAT back by those tokens. So a token spent in the store and not
+//     admitted here is held at most a Hold and a half on a scarce bucket
+//     (MaxLives Holds on one with plenty to spare): the cost of leasing is
+//     that other replicas may be denied, for that long, tokens a slice
+//     holds.
 //   - A Take of several requests takes what it can from live slices and
 //     the rest from the store; if the store denies, the slices get their
 //     tokens back (all-or-nothing holds), and the locally served requests
@@ -60,6 +69,7 @@ const (
 	DefaultHold         = 20 * time.Millisecond
 	DefaultBusy         = 500 // hits a second
 	DefaultShareDivisor = 16
+	DefaultMaxLives     = 16 // Holds
 	DefaultMaxBuckets   = 10000
 	giveBackTimeout     = time.Second
 	minSlice            = 2
@@ -78,6 +88,10 @@ type Options struct {
 	Busy float64
 	// ShareDivisor bounds a slice to Burst/ShareDivisor tokens (default 16).
 	ShareDivisor int64
+	// MaxLives bounds how many Holds a slice may live, and so be sized
+	// for, while the store has plenty of tokens (default 16; 1 keeps
+	// every slice to one Hold). See the package doc.
+	MaxLives int64
 	// MaxBuckets bounds the buckets whose demand is tracked (default
 	// 10,000); beyond, new buckets go to the store without leasing.
 	MaxBuckets int
@@ -106,6 +120,11 @@ type Leaser struct {
 	mu      sync.Mutex
 	buckets map[string]*bucket
 	stats   Stats
+	closed  bool // Close has begun: no slice is filled or refilled any more
+
+	// refills counts the refills under way (see refill), which Close
+	// waits for
+	refills sync.WaitGroup
 
 	// returns queues give-backs for the returner goroutine: a caller never
 	// waits for one (a Redis that hangs must not hold a request)
@@ -134,12 +153,16 @@ type bucket struct {
 	// noSliceUntil: the store denied a slice (its tokens would not all
 	// arrive within a Hold); until then, requests go to it alone
 	noSliceUntil time.Time
-	tokens       int64
-	full         time.Time
-	until        time.Time
-	takenAt      time.Time
-	remStore     int64         // the store's Remaining when the slice was taken
-	reset        time.Duration // the store's ResetAfter then
+	// lives: how many Holds the next slice lives, and is sized for (0
+	// means 1): doubled, up to MaxLives, by each slice the store grants at
+	// once with plenty left; back to 1 by any other answer
+	lives    int64
+	tokens   int64
+	full     time.Time
+	until    time.Time
+	takenAt  time.Time
+	remStore int64         // the store's Remaining when the slice was taken
+	reset    time.Duration // the store's ResetAfter then
 }
 
 // arrival is when the next n tokens of b's slice have all arrived: the
@@ -169,10 +192,13 @@ func New(store limiter.Store, opts Options) (*Leaser, error) {
 	if opts.ShareDivisor == 0 {
 		opts.ShareDivisor = DefaultShareDivisor
 	}
+	if opts.MaxLives == 0 {
+		opts.MaxLives = DefaultMaxLives
+	}
 	if opts.MaxBuckets == 0 {
 		opts.MaxBuckets = DefaultMaxBuckets
 	}
-	if opts.Hold < 0 || opts.Busy < 0 || opts.ShareDivisor < 1 || opts.MaxBuckets < 0 {
+	if opts.Hold < 0 || opts.Busy < 0 || opts.ShareDivisor < 1 || opts.MaxBuckets < 0 || opts.MaxLives < 1 {
 		return nil, fmt.Errorf("tokenlease: invalid options %+v", opts)
 	}
 	l := &Leaser{store: store, opts: opts, buckets: make(map[string]*bucket),
@@ -206,6 +232,7 @@ func (l *Leaser) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.R
 	served := make([]bool, len(reqs))
 	decisions := make([]limiter.Decision, len(reqs))
 	var fetch *limiter.Request // one busy bucket of a single-request Take: fetch its slice
+	var refills []limiter.Request
 	l.mu.Lock()
 	for i, r := range reqs {
 		if !leasable(r) {
@@ -219,6 +246,9 @@ func (l *Leaser) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.R
 		switch d, outcome := l.serve(b, r, local); {
 		case outcome == admitted:
 			served[i], decisions[i] = true, d
+			if next := l.refill(b, r, local); next != nil {
+				refills = append(refills, *next)
+			}
 			continue
 		case outcome == notArrived && len(reqs) == 1:
 			l.mu.Unlock()
@@ -233,6 +263,10 @@ func (l *Leaser) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.R
 				b.fetching = true
 			}
 		}
+	}
+	for _, r := range refills {
+		l.refills.Add(1)
+		go l.fetchRefill(r)
 	}
 	l.mu.Unlock()
 	l.giveBack(ended)
@@ -351,82 +385,6 @@ func (l *Leaser) end(key string, b *bucket, ended *[]limiter.Request) {
 	b.tokens, b.until = 0, time.Time{}
 }
 
-// sliceSize is the slice to take for r's bucket b: the demand of one Hold
-// (the hits of the last full window, or of this one so far, whichever is
-// more), at most Burst/ShareDivisor and Burst − r.Hits; 0 if b is not busy
-// or the slice would be under minSlice. l.mu is held.
-func (l *Leaser) sliceSize(b *bucket, r limiter.Request) int64 {
-	demand := max(b.before, b.hits)
-	if float64(demand) < l.opts.Busy*l.opts.Hold.Seconds() {
-		return 0
-	}
-	size := min(demand, r.Limit.Burst/l.opts.ShareDivisor, r.Limit.Burst-r.Hits)
-	if size < minSlice {
-		return 0
-	}
-	return size
-}
-
-// fetch takes the slice r (its size, reserved within a Hold) from the
-// store, and reports whether it is now r's bucket's. A denial (the slice
-// would not arrive within a Hold) or an answer for a bucket forgotten or
-// changed meanwhile fills no slice (what it took goes back); a fallback
-// answer (the store failing) fills none either, and is returned: it is the
-// failure mode's answer for the bucket.
-func (l *Leaser) fetch(ctx context.Context, by, now time.Time, r limiter.Request) (bool, *limiter.Decision, error) {
-	got, err := limiter.TakeBy(l.store, ctx, by, now, []limiter.Request{r})
-	if err == nil && got[0].Fallback != limiter.FallbackNone {
-		l.mu.Lock()
-		if b, ok := l.buckets[r.Key]; ok {
-			b.fetching = false
-		}
-		l.mu.Unlock()
-		d := got[0]
-		d.Wait = 0
-		return false, &d, nil
-	}
-	// Arrivals are counted from the answer, after Redis decided: late,
-	// never early.
-	local := l.opts.Now()
-	filled := err == nil && got[0].Fallback == limiter.FallbackNone && got[0].Allowed
-	var ended []limiter.Request
-	l.mu.Lock()
-	b, ok := l.buckets[r.Key]
-	if ok {
-		b.fetching = false
-	}
-	kept := false
-	switch {
-	case !filled:
-		if ok && err == nil {
-			b.noSliceUntil = local.Add(l.opts.Hold)
-		}
-	case ok && b.limit == r.Limit && b.tokens == 0:
-		d := got[0]
-		b.tokens, b.full, b.takenAt = r.Hits, local.Add(d.Wait), local
-		// a slice is sized for a Hold of demand, and lives that long; a
-		// reservation's tokens, once arrived, wait here at most half a Hold
-		// more: a replica that cannot use them (its demand fell, or it is
-		// starved of CPU) gives them back for the others
-		b.until = b.full.Add(l.opts.Hold / 2)
-		if lived := local.Add(l.opts.Hold); b.until.Before(lived) {
-			b.until = lived
-		}
-		b.remStore, b.reset = d.Remaining, d.ResetAfter
-		l.stats.Slices++
-		l.stats.Taken += r.Hits
-		l.stats.Held += r.Hits
-		kept = true
-	default: // forgotten, changed, or filled by another call meanwhile
-		ended = append(ended, limiter.Request{Key: r.Key, Limit: r.Limit, Hits: r.Hits})
-		l.stats.Taken += r.Hits
-		l.stats.Returned += r.Hits
-	}
-	l.mu.Unlock()
-	l.giveBack(ended)
-	return kept, nil, err
-}
-
 // answer is a request's Decision from b's slice at local.
 func (b *bucket) answer(local time.Time) limiter.Decision {
 	return limiter.Decision{
@@ -457,54 +415,6 @@ func (l *Leaser) restore(reqs []limiter.Request, served []bool, local time.Time)
 	}
 	l.mu.Unlock()
 	l.giveBack(ended)
-}
-
-// giveBack queues reqs to be refunded to the store, without waiting. A
-// full queue drops them, and a failed refund leaves them: the tokens stay
-// spent, stricter, never looser.
-func (l *Leaser) giveBack(reqs []limiter.Request) {
-	if len(reqs) == 0 {
-		return
-	}
-	select {
-	case l.returns <- reqs:
-	default:
-		l.mu.Lock()
-		l.stats.Dropped++
-		l.mu.Unlock()
-	}
-}
-
-// returner refunds the queued give-backs, each within giveBackTimeout,
-// until Close; then what is queued.
-func (l *Leaser) returner() {
-	defer close(l.returned)
-	for {
-		select {
-		case reqs := <-l.returns:
-			l.refund(reqs)
-		case <-l.stop:
-			for {
-				select {
-				case reqs := <-l.returns:
-					l.refund(reqs)
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
-// refund gives reqs back to the store, within giveBackTimeout.
-func (l *Leaser) refund(reqs []limiter.Request) {
-	ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
-	defer cancel()
-	if err := l.store.(limiter.Refunder).Refund(ctx, l.opts.Now(), reqs); err != nil {
-		l.mu.Lock()
-		l.stats.Dropped++
-		l.mu.Unlock()
-	}
 }
 
 // run ends the slices past their time, every quarter Hold, and forgets buckets
@@ -545,6 +455,10 @@ func (l *Leaser) sweep(local time.Time) {
 func (l *Leaser) Close() error {
 	l.closeOnce.Do(func() {
 		var ended []limiter.Request
+		l.mu.Lock()
+		l.closed = true
+		l.mu.Unlock()
+		l.refills.Wait() // none starts once closed
 		l.mu.Lock()
 		for key, b := range l.buckets {
 			l.end(key, b, &ended)

@@ -66,9 +66,10 @@ func take(t *testing.T, l limiter.Store, reqs ...limiter.Request) []limiter.Deci
 }
 
 // TestSliceSizedAndEnded: a bucket becomes busy once a window holds Busy ×
-// Hold hits; its slice is that window's demand, at most Burst/16; the
-// takes it serves never reach the store; at the end of its Hold what is left
-// goes back, and the store's bucket holds exactly what was admitted.
+// Hold hits; its slice is that window's demand, at most Burst/16; while
+// demand goes on, the slice is refilled before it runs out and the takes
+// never reach the store; once demand stops, at the end of its Hold what is
+// left goes back, and the store's bucket holds exactly what was admitted.
 func TestSliceSizedAndEnded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := newCounting()
@@ -89,31 +90,39 @@ func TestSliceSizedAndEnded(t *testing.T) {
 		if st := l.Stats(); st.Slices != 1 || st.Taken != 10 || st.Local != 1 || st.Held != 9 || store.takes.Load() != 10 {
 			t.Fatalf("after the 10th take: %+v, %d store takes; want one slice of 10, 9 held, 10 store takes", st, store.takes.Load())
 		}
-		for range 9 {
-			take(t, l, r)
+		// Demand goes on: each slice is refilled before it runs out (once
+		// what is left would last under half a Hold), on a goroutine of its
+		// own (synctest.Wait lets it land), so every take is served here
+		// and only the slices reach the store.
+		for i := range 40 {
+			if d := take(t, l, r); !d[0].Allowed {
+				t.Fatalf("take %d after the bucket was busy denied", 11+i)
+			}
+			synctest.Wait()
 		}
-		if st := l.Stats(); st.Local != 10 || st.Held != 0 || store.takes.Load() != 10 {
-			t.Errorf("%+v, %d store takes; want 10 served from the slice, none held, still 10 store takes", st, store.takes.Load())
+		st := l.Stats()
+		if st.Local != 41 || st.Slices < 2 || st.Held < 1 || store.takes.Load() != 9+st.Slices {
+			t.Errorf("%+v, %d store takes; want all 41 served from refilled slices, never empty, and only the slices taken from the store (9 + slices)", st, store.takes.Load())
 		}
-		if got := remaining(t, store, "model", hot); got != 1000-19 {
-			t.Errorf("store bucket has %d left, want %d: 19 admitted", got, 1000-19)
+		if st.Held > hot.Burst/16 {
+			t.Errorf("%+v: held %d, more than the share cap %d", st, st.Held, hot.Burst/16)
+		}
+		// Time stands still: the store's bucket is spent by exactly what
+		// was admitted (50) and what the slices hold.
+		if got, want := remaining(t, store, "model", hot), 1000-50-st.Held; got != want {
+			t.Errorf("store bucket has %d left, want %d: 50 admitted, %d held", got, want, st.Held)
 		}
 
-		// The slice is spent: the next take fetches one of the window's
-		// demand, 20.
-		take(t, l, r)
-		if st := l.Stats(); st.Slices != 2 || st.Taken != 30 || st.Held != 19 {
-			t.Fatalf("second slice: %+v, want 20 more taken, 19 held", st)
-		}
-		// Its Hold ends: the 19 go back. 50 ms refill 50 tokens at
-		// 1000/s; 20 were admitted.
-		time.Sleep(50 * time.Millisecond)
+		// Demand stops and the last slice ends (a slice lives up to
+		// MaxLives Holds while the store has plenty, as this bucket has):
+		// what it holds goes back. 400 ms refill the 50 admitted at 1000/s.
+		time.Sleep(tokenlease.DefaultMaxLives*tokenlease.DefaultHold + 80*time.Millisecond)
 		synctest.Wait()
-		if st := l.Stats(); st.Held != 0 || st.Returned != 19 {
-			t.Errorf("after the Hold: %+v, want the 19 held given back", st)
+		if end := l.Stats(); end.Held != 0 || end.Returned != end.Taken-41 {
+			t.Errorf("after the Hold: %+v, want every token not admitted given back", end)
 		}
 		if got := remaining(t, store, "model", hot); got != 1000 {
-			t.Errorf("store bucket has %d left after the give-back and 50 ms, want 1000", got)
+			t.Errorf("store bucket has %d left after the give-back and 400 ms, want 1000", got)
 		}
 	})
 }
@@ -145,6 +154,7 @@ func TestGiveBackOnLimitChangeAndClose(t *testing.T) {
 		r := limiter.Request{Key: "k", Limit: hot, Hits: 1}
 		for range 20 {
 			take(t, l, r)
+			synctest.Wait() // a refill lands
 		}
 		held := l.Stats().Held
 		if held == 0 {
@@ -158,6 +168,7 @@ func TestGiveBackOnLimitChangeAndClose(t *testing.T) {
 		}
 		for range 30 {
 			take(t, l, limiter.Request{Key: "k", Limit: raised, Hits: 1})
+			synctest.Wait()
 		}
 		st := l.Stats()
 		if st.Held == 0 {
@@ -185,6 +196,7 @@ func TestAllOrNothingGivesBackToTheSlice(t *testing.T) {
 		model := limiter.Request{Key: "model", Limit: hot, Hits: 1}
 		for range 20 {
 			take(t, l, model)
+			synctest.Wait() // a refill lands
 		}
 		held := l.Stats().Held
 		tiny := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
@@ -261,4 +273,45 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 			t.Errorf("admitted %d < 97%% of %d", got, bound)
 		}
 	})
+}
+
+// TestSlicesLengthenWhileTheStoreHasPlenty: on a bucket with tokens to
+// spare, each slice granted at once lives, and is sized for, twice the
+// Holds of the one before, up to MaxLives: steady demand then costs the
+// store a few slices a second instead of one a Hold. With MaxLives 1 every
+// slice is one Hold's.
+func TestSlicesLengthenWhileTheStoreHasPlenty(t *testing.T) {
+	plenty := limiter.Limit{Count: 100_000, Period: time.Second, Burst: 100_000}
+	slices := func(maxLives int64) (int64, tokenlease.Stats) {
+		var n int64
+		var st tokenlease.Stats
+		synctest.Test(t, func(t *testing.T) {
+			store := newCounting()
+			l := newLeaser(t, store, tokenlease.Options{MaxLives: maxLives})
+			r := limiter.Request{Key: "model", Limit: plenty, Hits: 1}
+			// 1,000 takes a second for 2 s: 20 a Hold, busy.
+			for i := range 2000 {
+				if d := take(t, l, r); !d[0].Allowed {
+					t.Fatalf("take %d denied", i)
+				}
+				time.Sleep(time.Millisecond)
+				synctest.Wait()
+			}
+			st = l.Stats()
+			n = store.takes.Load()
+			if want := 9 + st.Slices; n != want {
+				t.Errorf("MaxLives %d: %d store takes, want %d: the 9 before the bucket was busy and the slices", maxLives, n, want)
+			}
+		})
+		return n, st
+	}
+	long, st := slices(tokenlease.DefaultMaxLives)
+	short, stShort := slices(1)
+	t.Logf("store takes in 2 s: %d with MaxLives %d (%+v), %d with 1 (%+v)", long, tokenlease.DefaultMaxLives, st, short, stShort)
+	if long > 20 {
+		t.Errorf("MaxLives %d: %d store takes in 2 s, want at most 20 (slices of up to 16 Holds)", tokenlease.DefaultMaxLives, long)
+	}
+	if short < 80 {
+		t.Errorf("MaxLives 1: %d store takes in 2 s, want about one a Hold (100)", short)
+	}
 }
