@@ -28,10 +28,12 @@ func (l *Leaser) sliceSize(b *bucket, r limiter.Request) int64 {
 // holds tokens so that no request waits for it, or goes to the store
 // alone meanwhile (a hot bucket's requests would otherwise reach the store
 // by the dozen during each fetch): once what is left would last under
-// half a Hold at the demand seen. It tops the slice up to sliceSize's
-// size: this replica then holds what its demand needs, within the share
-// cap, and a slice of a bucket that demand keeps empty asks only for
-// tokens that arrive within a Hold (a whole slice more would not, and be
+// half a Hold at the demand seen, or is under half a slice (when the share
+// cap keeps slices smaller than a Hold's demand; else every admission
+// would fetch a few tokens). It tops the slice up to sliceSize's size:
+// this replica then holds what its demand needs, within the share cap,
+// and a slice of a bucket that demand keeps empty asks only for tokens
+// that arrive within a Hold (a whole slice more would not, and be
 // refused). nil when a fetch is under way, the store refused a slice
 // lately, b is no longer busy, the top-up would be under minSlice, or the
 // Leaser is closing. It marks b fetching. l.mu is held.
@@ -39,10 +41,11 @@ func (l *Leaser) refill(b *bucket, r limiter.Request, local time.Time) *limiter.
 	if l.closed || b.fetching || local.Before(b.noSliceUntil) {
 		return nil
 	}
-	if demand := max(b.before, b.hits); 2*b.tokens > demand {
+	full := l.sliceSize(b, r)
+	if demand := max(b.before, b.hits); 2*b.tokens > min(demand, full) {
 		return nil
 	}
-	size := l.sliceSize(b, r) - b.tokens
+	size := full - b.tokens
 	if size < minSlice {
 		return nil
 	}
