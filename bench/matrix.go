@@ -120,6 +120,15 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 		a = append(a, extra...)
 		return append(a, o.serverFlags...)
 	}
+	// startRedisIn starts a redis-server of its own in a directory named
+	// dir under tmp.
+	startRedisIn := func(dir string) (string, error) {
+		redisDir := filepath.Join(tmp, dir)
+		if err := os.Mkdir(redisDir, 0o700); err != nil {
+			return "", fmt.Errorf("redis directory: %w", err)
+		}
+		return procs.startRedis(ctx, o.redisServer, redisDir)
+	}
 	for _, be := range o.backends {
 		switch be {
 		case "memory":
@@ -129,11 +138,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 			}
 			targets = append(targets, target{name: "memory", addr: addr})
 		case "redis":
-			redisDir := filepath.Join(tmp, "redis")
-			if err := os.Mkdir(redisDir, 0o700); err != nil {
-				return fmt.Errorf("redis directory: %w", err)
-			}
-			redisAddr, err := procs.startRedis(ctx, o.redisServer, redisDir)
+			redisAddr, err := startRedisIn("redis")
 			if err != nil {
 				return err
 			}
@@ -161,11 +166,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) (er
 		case "redis-leases":
 			// ratelimitd with --token-leases, on a redis-server of its
 			// own: Redis's counters are a whole server's.
-			redisDir := filepath.Join(tmp, "redis-leases")
-			if err := os.Mkdir(redisDir, 0o700); err != nil {
-				return fmt.Errorf("redis directory: %w", err)
-			}
-			redisAddr, err := procs.startRedis(ctx, o.redisServer, redisDir)
+			redisAddr, err := startRedisIn("redis-leases")
 			if err != nil {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -82,56 +83,42 @@ func TestMatrixCells(t *testing.T) {
 		targets []int
 	}
 	every := []int{0, 1, 2, 3, 4, 5}
+	// rows is the mixed load's six cells against targets, then more.
+	rows := func(targets []int, more ...[]row) []row {
+		var rs []row
+		for _, c := range []int{1, 4, 16, 64, 256, 1024} {
+			rs = append(rs, row{fmt.Sprintf("mixed c=%d", c), c, 2 * time.Second, cellStrict, targets})
+		}
+		return append(rs, slices.Concat(more...)...)
+	}
+	attacks := []row{
+		{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{2}},
+		{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{2}},
+		{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{5}},
+		{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{5}},
+	}
+	shortDeadlines := []row{
+		{"mixed c=64 20ms deadline", 64, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
+		{"mixed c=256 20ms deadline", 256, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
+	}
 	for _, tt := range []struct {
 		name    string
 		targets []target
 		want    []row
 	}{
-		{"memory and redis", all, []row{
-			{"mixed c=1", 1, 2 * time.Second, cellStrict, every},
-			{"mixed c=4", 4, 2 * time.Second, cellStrict, every},
-			{"mixed c=16", 16, 2 * time.Second, cellStrict, every},
-			{"mixed c=64", 64, 2 * time.Second, cellStrict, every},
-			{"mixed c=256", 256, 2 * time.Second, cellStrict, every},
-			{"mixed c=1024", 1024, 2 * time.Second, cellStrict, every},
+		{"memory and redis", all, rows(every, []row{
 			{"hot-key c=64", 64, 2 * time.Second, cellStrict, every},
 			{"hot-admitted c=64", 64, 2 * time.Second, cellStrict, every},
-			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{2}},
-			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{2}},
-			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{5}},
-			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{5}},
-			{"mixed c=64 20ms deadline", 64, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
-			{"mixed c=256 20ms deadline", 256, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
-		}},
-		{"memory, redis and redis-leases", append(slices.Clone(all), target{name: "redis-leases"}), []row{
-			{"mixed c=1", 1, 2 * time.Second, cellStrict, every},
-			{"mixed c=4", 4, 2 * time.Second, cellStrict, every},
-			{"mixed c=16", 16, 2 * time.Second, cellStrict, every},
-			{"mixed c=64", 64, 2 * time.Second, cellStrict, every},
-			{"mixed c=256", 256, 2 * time.Second, cellStrict, every},
-			{"mixed c=1024", 1024, 2 * time.Second, cellStrict, every},
+		}, attacks, shortDeadlines)},
+		{"memory, redis and redis-leases", append(slices.Clone(all), target{name: "redis-leases"}), rows(every, []row{
 			{"hot-key c=64", 64, 2 * time.Second, cellStrict, every},
 			{"hot-admitted c=64", 64, 2 * time.Second, cellStrict, []int{0, 1, 2, 3, 4, 5, 6}},
 			{"hot-admitted c=1", 1, 2 * time.Second, cellStrict, []int{0, 2, 5, 6}},
-			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{2}},
-			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{2}},
-			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{5}},
-			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{5}},
-			{"mixed c=64 20ms deadline", 64, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
-			{"mixed c=256 20ms deadline", 256, 20 * time.Millisecond, cellShortDeadline, []int{0, 5}},
-		}},
-		{"memory only", all[:3], []row{
-			{"mixed c=1", 1, 2 * time.Second, cellStrict, every[:3]},
-			{"mixed c=4", 4, 2 * time.Second, cellStrict, every[:3]},
-			{"mixed c=16", 16, 2 * time.Second, cellStrict, every[:3]},
-			{"mixed c=64", 64, 2 * time.Second, cellStrict, every[:3]},
-			{"mixed c=256", 256, 2 * time.Second, cellStrict, every[:3]},
-			{"mixed c=1024", 1024, 2 * time.Second, cellStrict, every[:3]},
+		}, attacks, shortDeadlines)},
+		{"memory only", all[:3], rows(every[:3], []row{
 			{"hot-key c=64", 64, 2 * time.Second, cellStrict, every[:3]},
 			{"hot-admitted c=64", 64, 2 * time.Second, cellStrict, every[:3]},
-			{"attack-baseline c=64", 64, 2 * time.Second, cellStrict, []int{2}},
-			{"attack c=64 4×48/s", 64, 2 * time.Second, cellStrict, []int{2}},
-		}},
+		}, attacks[:2])},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var got []row
