@@ -57,11 +57,11 @@ var shared struct {
 // PATH and the working directory inside this module, as in go test) and
 // starts the first time.
 func StartRemote(target string) (*Remote, error) {
-	shared.once.Do(func() { shared.proc, shared.err = startProxyProcess() })
-	if shared.err != nil {
-		return nil, shared.err
+	proc, err := sharedProcess()
+	if err != nil {
+		return nil, err
 	}
-	answer, err := shared.proc.do("start " + target)
+	answer, err := proc.do("start " + target)
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +69,22 @@ func StartRemote(target string) (*Remote, error) {
 	if !ok {
 		return nil, fmt.Errorf("faultproxy: start %s: answer %q: want ID ADDR", target, answer)
 	}
-	return &Remote{proc: shared.proc, id: id, addr: addr, target: target}, nil
+	return &Remote{proc: proc, id: id, addr: addr, target: target}, nil
+}
+
+// Prepare builds and starts the proxy process now, if it is not running
+// yet (StartRemote does on first use), so that a caller with a deadline
+// for what follows does not spend it on the build: with a cold build
+// cache, go build takes about 17 s on a quiet 2-core machine.
+func Prepare() error {
+	_, err := sharedProcess()
+	return err
+}
+
+// sharedProcess is this process's proxy process, started the first time.
+func sharedProcess() (*proxyProcess, error) {
+	shared.once.Do(func() { shared.proc, shared.err = startProxyProcess() })
+	return shared.proc, shared.err
 }
 
 // startProxyProcess builds the proxy command into a temporary directory,

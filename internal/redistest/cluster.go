@@ -197,6 +197,13 @@ func newReplicatedCluster(t testing.TB, opts ClusterOptions) (*ReplicatedCluster
 
 // create starts the nodes, makes them a cluster and checks its shape.
 func (rc *ReplicatedCluster) create() error {
+	if len(rc.opts.ProxiedMasters) > 0 {
+		// The proxy process is built before the clock starts: a cold
+		// build takes a good part of clusterStartTimeout.
+		if err := faultproxy.Prepare(); err != nil {
+			return fmt.Errorf("redistest: %w", err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), clusterStartTimeout)
 	defer cancel()
 	total := rc.opts.Masters * (1 + rc.opts.ReplicasPerMaster)
