@@ -63,6 +63,13 @@ type Conn struct {
 	oob      []byte
 	note     NoteFunc
 	received atomic.Int64 // Unix ns; 0 until a read carried a stamp
+
+	// the read under way (Linux): its buffer, the poller's callback, and
+	// what recvmsg returned
+	buf     []byte
+	recv    func(fd uintptr) bool
+	n, oobn int
+	rerr    error
 }
 
 // Received returns when the kernel received the last bytes a read

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,4 +175,50 @@ func TestReceivedIsTheArrival(t *testing.T) {
 		return
 	}
 	t.Errorf("20 answers, none stamped")
+}
+
+// TestReadAllocatesNothing: a read is on every gRPC request's path, so a
+// stamped read costs no allocation (the control message is parsed in
+// place, and the poller's callback is made once per connection).
+func TestReadAllocatesNothing(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var noted atomic.Int64
+	rl := readlag.Listener(l, func(time.Duration, time.Time) { noted.Add(1) })
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := rl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	msg, buf := []byte("x"), make([]byte, 1)
+	roundTrip := func() {
+		if _, err := client.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(server, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The kernel turns stamping on lazily (from a work queue, once the
+	// first socket asks): read until a stamp is noted.
+	for start := time.Now(); noted.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Since(start) > 2*time.Second {
+			t.Fatal("no stamp noted in 2 s of reads")
+		}
+		roundTrip()
+	}
+	if allocs := testing.AllocsPerRun(200, roundTrip); allocs > 0 {
+		t.Errorf("a stamped read allocates %.1f times, want none", allocs)
+	}
+	if noted.Load() < 100 {
+		t.Errorf("%d reads noted of 200, want the reads to carry stamps", noted.Load())
+	}
 }
