@@ -1,6 +1,7 @@
 package limiter_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -86,6 +87,30 @@ func TestDecideAtTheBounds(t *testing.T) {
 					t.Errorf("Decide(%+v hits %d) #%d = %+v, state %+v: out of bounds (longest %v)", l, hits, i+1, d, s, longest)
 				}
 			}
+		}
+	}
+}
+
+// TestNames: the names metrics and docs use for the enums, and the
+// fallback for a value out of range.
+func TestNames(t *testing.T) {
+	tests := []struct {
+		v    fmt.Stringer
+		want string
+	}{
+		{limiter.FallbackNone, "none"},
+		{limiter.FallbackBackendFailed, "backend_failed"},
+		{limiter.FallbackBreakerOpen, "breaker_open"},
+		{limiter.FallbackOverloaded, "overloaded"},
+		{limiter.FallbackTryAgain, "try_again"},
+		{limiter.FallbackTryAgain + 1, "Fallback(5)"},
+		{limiter.CountAlways, "always"},
+		{limiter.CountWhereDenied, "where-denied"},
+		{limiter.CountWhereDenied + 1, "Counting(2)"},
+	}
+	for _, tt := range tests {
+		if got := tt.v.String(); got != tt.want {
+			t.Errorf("%T(%d).String() = %q, want %q", tt.v, tt.v, got, tt.want)
 		}
 	}
 }

@@ -173,13 +173,13 @@ const (
 	CountWhereDenied
 )
 
+// countingNames are the countings' names, as the docs give them.
+var countingNames = [...]string{CountAlways: "always", CountWhereDenied: "where-denied"}
+
 // String names the counting as the docs do.
 func (c Counting) String() string {
-	switch c {
-	case CountAlways:
-		return "always"
-	case CountWhereDenied:
-		return "where-denied"
+	if int(c) < len(countingNames) {
+		return countingNames[c]
 	}
 	return fmt.Sprintf("Counting(%d)", uint8(c))
 }
@@ -241,19 +241,19 @@ const (
 	FallbackTryAgain
 )
 
+// fallbackNames are the causes' names, as metrics label them.
+var fallbackNames = [...]string{
+	FallbackNone:          "none",
+	FallbackBackendFailed: "backend_failed",
+	FallbackBreakerOpen:   "breaker_open",
+	FallbackOverloaded:    "overloaded",
+	FallbackTryAgain:      "try_again",
+}
+
 // String names the cause as metrics label it.
 func (f Fallback) String() string {
-	switch f {
-	case FallbackNone:
-		return "none"
-	case FallbackBackendFailed:
-		return "backend_failed"
-	case FallbackBreakerOpen:
-		return "breaker_open"
-	case FallbackOverloaded:
-		return "overloaded"
-	case FallbackTryAgain:
-		return "try_again"
+	if int(f) < len(fallbackNames) {
+		return fallbackNames[f]
 	}
 	return fmt.Sprintf("Fallback(%d)", uint8(f))
 }

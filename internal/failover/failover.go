@@ -47,17 +47,13 @@ const (
 	Local
 )
 
+// modeNames are the modes' names, indexed by Mode.
+var modeNames = [...]string{Error: "error", Allow: "allow", Deny: "deny", Local: "local"}
+
 // String returns the mode's name.
 func (m Mode) String() string {
-	switch m {
-	case Error:
-		return "error"
-	case Allow:
-		return "allow"
-	case Deny:
-		return "deny"
-	case Local:
-		return "local"
+	if m >= Error && int(m) < len(modeNames) {
+		return modeNames[m]
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }

@@ -53,15 +53,13 @@ func Parse(s string) (Mode, error) {
 	return 0, fmt.Errorf("unknown redaction %q (want off, hash or prefix)", s)
 }
 
+// modeNames are the modes' names, as Parse takes them, indexed by Mode.
+var modeNames = [...]string{Off: "off", Hash: "hash", Prefix: "prefix"}
+
 // String is the mode's name, as Parse takes it.
 func (m Mode) String() string {
-	switch m {
-	case Off:
-		return "off"
-	case Hash:
-		return "hash"
-	case Prefix:
-		return "prefix"
+	if m >= Off && int(m) < len(modeNames) {
+		return modeNames[m]
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }

@@ -1,6 +1,7 @@
 package redact
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -43,6 +44,11 @@ func TestParse(t *testing.T) {
 		m, err := Parse(name)
 		if err != nil || m.String() != name {
 			t.Errorf("Parse(%q) = %v, %v; want the mode named so", name, m, err)
+		}
+	}
+	for _, m := range []Mode{0, Prefix + 1, -1} {
+		if got, want := m.String(), fmt.Sprintf("Mode(%d)", int(m)); got != want {
+			t.Errorf("Mode(%d).String() = %q, want %q", int(m), got, want)
 		}
 	}
 	if _, err := Parse("sha1"); err == nil || !strings.Contains(err.Error(), "want off, hash or prefix") {
