@@ -150,30 +150,16 @@ func (p *parser) concurrency(f field, path, pre string) *Concurrency {
 		ok = false
 	}
 	if g, has := fields["lease"]; has {
-		d, good := p.duration(g.val, path, dot(pre, "lease"))
-		switch {
-		case !good:
+		if c.Pool.Lease, good = p.durationIn(g.val, path, dot(pre, "lease"), limiter.MinLease, limiter.MaxLease); !good {
 			ok = false
-		case d < limiter.MinLease || d > limiter.MaxLease:
-			p.errorf(g.val, path, "%s: %v is out of range [%v, %v]", dot(pre, "lease"), d, limiter.MinLease, limiter.MaxLease)
-			ok = false
-		default:
-			c.Pool.Lease = d
 		}
 	} else {
 		p.errorf(f.key, path, "%s: missing (how long a lease is held when Envoy never sends its release, such as 10m)", dot(pre, "lease"))
 		ok = false
 	}
 	if g, has := fields["max_wait"]; has {
-		d, good := p.duration(g.val, path, dot(pre, "max_wait"))
-		switch {
-		case !good:
+		if c.MaxWait, good = p.durationIn(g.val, path, dot(pre, "max_wait"), 0, limiter.MaxLease); !good {
 			ok = false
-		case d > limiter.MaxLease:
-			p.errorf(g.val, path, "%s: %v is more than %v", dot(pre, "max_wait"), d, limiter.MaxLease)
-			ok = false
-		default:
-			c.MaxWait = d
 		}
 	}
 	if c.MaxWaiters, good = p.maxWaiters(fields, path, pre, c.MaxWait); !good {

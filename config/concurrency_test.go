@@ -125,6 +125,7 @@ descriptors:
 		{"no max_in_flight", concurrencyFile("{lease: 1m}"), "b.yaml:4:5: d > request_id: concurrency.max_in_flight: missing"},
 		{"lease too long", concurrencyFile("{max_in_flight: 1, lease: 200h}"), "b.yaml:4:44: d > request_id: concurrency.lease: 200h0m0s is out of range [1ms, 168h0m0s]"},
 		{"lease too short", concurrencyFile("{max_in_flight: 1, lease: 10us}"), "concurrency.lease: 10µs is out of range"},
+		{"max_wait too long", concurrencyFile("{max_in_flight: 1, lease: 1m, max_wait: 200h}"), "concurrency.max_wait: 200h0m0s is more than 168h0m0s"},
 		{"negative lease", concurrencyFile("{max_in_flight: 1, lease: -1s}"), "concurrency.lease: want a positive duration"},
 		{"no lease", concurrencyFile("{max_in_flight: 1}"), "b.yaml:4:5: d > request_id: concurrency.lease: missing"},
 		{"zero max_waiters", concurrencyFile("{max_in_flight: 1, lease: 1m, max_wait: 1s, max_waiters: 0}"), "concurrency.max_waiters: must be at least 1, got 0"},

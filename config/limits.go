@@ -254,6 +254,23 @@ func (p *parser) duration(n *yaml.Node, path, name string) (time.Duration, bool)
 	return 0, false
 }
 
+// durationIn reads a duration (see duration) from least to most; with
+// least 0, any positive duration up to most.
+func (p *parser) durationIn(n *yaml.Node, path, name string, least, most time.Duration) (time.Duration, bool) {
+	d, good := p.duration(n, path, name)
+	switch {
+	case !good:
+		return 0, false
+	case least > 0 && (d < least || d > most):
+		p.errorf(n, path, "%s: %v is out of range [%v, %v]", name, d, least, most)
+		return 0, false
+	case d > most:
+		p.errorf(n, path, "%s: %v is more than %v", name, d, most)
+		return 0, false
+	}
+	return d, true
+}
+
 // rateLimits reads a descriptor's rate_limits list: several limits that a
 // request must all pass. Each needs a distinct identity (its name, else what
 // it counts and its period), which keeps its bucket.

@@ -35,15 +35,10 @@ func writeRuleText(w *bufio.Writer, r *Rule) {
 		if r.Name != "" {
 			fmt.Fprintf(w, ", name: %q", r.Name)
 		}
-		if r.DetailedMetric {
-			w.WriteString(", detailed_metric: true")
-		}
-		if r.ValueToMetric {
-			w.WriteString(", value_to_metric: true")
-		}
-		if r.SharesBucket() {
-			w.WriteString(", share_threshold: true")
-		}
+		writeOn(w,
+			onText{r.DetailedMetric, ", detailed_metric: true"},
+			onText{r.ValueToMetric, ", value_to_metric: true"},
+			onText{r.SharesBucket(), ", share_threshold: true"})
 		if len(r.Replaces) > 0 {
 			fmt.Fprintf(w, ", replaces: %s", strings.Join(r.Replaces, " "))
 		}

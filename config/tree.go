@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 )
@@ -249,18 +250,11 @@ func (r *Rule) describe() string {
 			l.describe(&b, len(r.Limits) > 1)
 		}
 	}
-	if r.ShadowMode {
-		b.WriteString(", shadow mode (never denies)")
-	}
-	if r.QuotaMode {
-		b.WriteString(", quota mode (denies only when every quota-mode rule of the request is over)")
-	}
-	if r.DetailedMetric {
-		b.WriteString(", detailed metric")
-	}
-	if r.ValueToMetric {
-		b.WriteString(", value in metric")
-	}
+	writeOn(&b,
+		onText{r.ShadowMode, ", shadow mode (never denies)"},
+		onText{r.QuotaMode, ", quota mode (denies only when every quota-mode rule of the request is over)"},
+		onText{r.DetailedMetric, ", detailed metric"},
+		onText{r.ValueToMetric, ", value in metric"})
 	if r.SharesBucket() {
 		b.WriteString(", shared threshold (")
 		first := true
@@ -284,6 +278,22 @@ func (r *Rule) describe() string {
 		fmt.Fprintf(&b, ", replaces %s", strings.Join(r.Replaces, ", "))
 	}
 	return b.String()
+}
+
+// onText is what describe or WriteText writes for a rule's setting when
+// it is on.
+type onText struct {
+	on   bool
+	text string
+}
+
+// writeOn writes the text of each setting that is on, in order.
+func writeOn(w io.StringWriter, texts ...onText) {
+	for _, t := range texts {
+		if t.on {
+			w.WriteString(t.text)
+		}
+	}
 }
 
 func (l RateLimit) describe(b *strings.Builder, named bool) {
