@@ -293,53 +293,38 @@ func newQueueMetrics() queueMetrics {
 // coalesce) and of the denial cache (nil: off), read from their Stats when
 // scraped.
 func redisCollectors(store func() redisstore.Stats, cache func() denialcache.Stats) []prometheus.Collector {
-	counter := func(name, help string, value func() int64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
-			func() float64 { return float64(value()) })
+	counters := []struct {
+		name, help string
+		value      func(redisstore.Stats) int64
+	}{
+		{"ratelimitd_redis_takes_total", "Takes sent to Redis: the buckets of one request, taken all-or-nothing.", func(s redisstore.Stats) int64 { return s.Takes }},
+		{"ratelimitd_redis_script_calls_total", "Script runs asked of Redis: one per Take (per hash slot on a Cluster), plus Cluster give-backs and refunds.", func(s redisstore.Stats) int64 { return s.Calls }},
+		{"ratelimitd_redis_scripts_total", "Script commands sent: script calls, less those that travelled merged into one command with others.", func(s redisstore.Stats) int64 { return s.Scripts }},
+		{"ratelimitd_redis_round_trips_total", "Round trips to Redis (one pipeline, to each node it names on a Cluster, counts once).", func(s redisstore.Stats) int64 { return s.RoundTrips }},
+		{"ratelimitd_redis_direct_calls_total", "Script calls sent at once from their caller's goroutine, because no round trip was in flight or as a probe.", func(s redisstore.Stats) int64 { return s.Direct }},
+		{"ratelimitd_redis_give_back_failures_total", "Cluster give-backs (a request across hash slots that one slot denied) that failed or missed the request's deadline: their tokens stay spent until they refill.", func(s redisstore.Stats) int64 { return s.GiveBackFailures }},
+		{"ratelimitd_redis_denied_with_failures_total", "Requests across hash slots that one slot denied while another failed: answered OVER_LIMIT, the failure counted here.", func(s redisstore.Stats) int64 { return s.DeniedWithFailures }},
+		{"ratelimitd_redis_late_answers_total", "Coalesced calls Redis answered after their caller had given up on them (its deadline came first).", func(s redisstore.Stats) int64 { return s.Late }},
+		{"ratelimitd_redis_late_give_backs_total", "Late answers that admitted a Take, whose tokens were then given back: a caller told it failed spends nothing.", func(s redisstore.Stats) int64 { return s.LateGiveBacks }},
+		{"ratelimitd_redis_late_give_back_failures_total", "Give-backs of late answers that failed: those tokens stay spent until they refill.", func(s redisstore.Stats) int64 { return s.LateGiveBackFailures }},
 	}
 	cs := []prometheus.Collector{
-		counter("ratelimitd_redis_takes_total",
-			"Takes sent to Redis: the buckets of one request, taken all-or-nothing.",
-			func() int64 { return store().Takes }),
-		counter("ratelimitd_redis_script_calls_total",
-			"Script runs asked of Redis: one per Take (per hash slot on a Cluster), plus Cluster give-backs and refunds.",
-			func() int64 { return store().Calls }),
-		counter("ratelimitd_redis_scripts_total",
-			"Script commands sent: script calls, less those that travelled merged into one command with others.",
-			func() int64 { return store().Scripts }),
-		counter("ratelimitd_redis_round_trips_total",
-			"Round trips to Redis (one pipeline, to each node it names on a Cluster, counts once).",
-			func() int64 { return store().RoundTrips }),
-		counter("ratelimitd_redis_direct_calls_total",
-			"Script calls sent at once from their caller's goroutine, because no round trip was in flight or as a probe.",
-			func() int64 { return store().Direct }),
-		counter("ratelimitd_redis_give_back_failures_total",
-			"Cluster give-backs (a request across hash slots that one slot denied) that failed or missed the request's deadline: their tokens stay spent until they refill.",
-			func() int64 { return store().GiveBackFailures }),
-		counter("ratelimitd_redis_denied_with_failures_total",
-			"Requests across hash slots that one slot denied while another failed: answered OVER_LIMIT, the failure counted here.",
-			func() int64 { return store().DeniedWithFailures }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ratelimitd_redis_pending_calls",
 			Help: "Redis script calls asked for and not yet answered (queued in this process or in flight), now."},
 			func() float64 { return float64(store().Pending) }),
-		counter("ratelimitd_redis_late_answers_total",
-			"Coalesced calls Redis answered after their caller had given up on them (its deadline came first).",
-			func() int64 { return store().Late }),
-		counter("ratelimitd_redis_late_give_backs_total",
-			"Late answers that admitted a Take, whose tokens were then given back: a caller told it failed spends nothing.",
-			func() int64 { return store().LateGiveBacks }),
-		counter("ratelimitd_redis_late_give_back_failures_total",
-			"Give-backs of late answers that failed: those tokens stay spent until they refill.",
-			func() int64 { return store().LateGiveBackFailures }),
+	}
+	for _, c := range counters {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help},
+			func() float64 { return float64(c.value(store())) }))
 	}
 	if cache != nil {
 		cs = append(cs,
-			counter("ratelimitd_denial_cache_denials_total",
-				"Descriptors denied by the local denial cache without asking Redis.",
-				func() int64 { return cache().LocalDenials }),
-			counter("ratelimitd_denial_cache_learned_total",
-				"Denials from Redis the local denial cache remembered.",
-				func() int64 { return cache().Learned }))
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ratelimitd_denial_cache_denials_total",
+				Help: "Descriptors denied by the local denial cache without asking Redis."},
+				func() float64 { return float64(cache().LocalDenials) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ratelimitd_denial_cache_learned_total",
+				Help: "Denials from Redis the local denial cache remembered."},
+				func() float64 { return float64(cache().Learned) }))
 	}
 	return cs
 }
