@@ -307,32 +307,22 @@ func (o Options) layer(entries []entry) (v1.Layer, error) {
 	}, tarball.WithMediaType(types.OCILayer))
 }
 
-// elfMachine is the ELF machine of the OCI architecture arch.
-func elfMachine(arch string) (elf.Machine, bool) {
-	switch arch {
-	case "amd64":
-		return elf.EM_X86_64, true
-	case "arm64":
-		return elf.EM_AARCH64, true
-	case "arm":
-		return elf.EM_ARM, true
-	case "386":
-		return elf.EM_386, true
-	case "ppc64le":
-		return elf.EM_PPC64, true
-	case "s390x":
-		return elf.EM_S390, true
-	case "riscv64":
-		return elf.EM_RISCV, true
-	}
-	return elf.EM_NONE, false
+// elfMachines are the ELF machines of the OCI architectures.
+var elfMachines = map[string]elf.Machine{
+	"amd64":   elf.EM_X86_64,
+	"arm64":   elf.EM_AARCH64,
+	"arm":     elf.EM_ARM,
+	"386":     elf.EM_386,
+	"ppc64le": elf.EM_PPC64,
+	"s390x":   elf.EM_S390,
+	"riscv64": elf.EM_RISCV,
 }
 
 // CheckStatic says why bin is not a statically linked Linux executable for
 // the OCI architecture arch (an ELF for another machine, or one with an
 // interpreter or a dynamic section), or nil.
 func CheckStatic(bin []byte, arch string) error {
-	want, ok := elfMachine(arch)
+	want, ok := elfMachines[arch]
 	if !ok {
 		return fmt.Errorf("unsupported architecture %q", arch)
 	}
