@@ -1,6 +1,7 @@
 package envcompat
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -88,45 +89,30 @@ func str(f func(*incumbentSettings) *string) func(*incumbentSettings, string, st
 }
 
 func boolean(f func(*incumbentSettings) *bool) func(*incumbentSettings, string, string) error {
-	return func(s *incumbentSettings, _, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("want true or false")
-		}
-		*f(s) = b
-		return nil
-	}
+	return parsed(strconv.ParseBool, "want true or false", f)
 }
 
 func integer(f func(*incumbentSettings) *int64) func(*incumbentSettings, string, string) error {
-	return func(s *incumbentSettings, _, v string) error {
-		n, err := strconv.ParseInt(v, 0, 64)
-		if err != nil {
-			return fmt.Errorf("want an integer")
-		}
-		*f(s) = n
-		return nil
-	}
+	return parsed(func(v string) (int64, error) { return strconv.ParseInt(v, 0, 64) }, "want an integer", f)
 }
 
 func float(f func(*incumbentSettings) *float64) func(*incumbentSettings, string, string) error {
-	return func(s *incumbentSettings, _, v string) error {
-		x, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return fmt.Errorf("want a number")
-		}
-		*f(s) = x
-		return nil
-	}
+	return parsed(func(v string) (float64, error) { return strconv.ParseFloat(v, 64) }, "want a number", f)
 }
 
 func duration(f func(*incumbentSettings) *time.Duration) func(*incumbentSettings, string, string) error {
+	return parsed(time.ParseDuration, "want a duration such as 10s or 1h", f)
+}
+
+// parsed is the row builder of a setting parse reads into the field f
+// selects; a value parse refuses is the error want.
+func parsed[T any](parse func(string) (T, error), want string, f func(*incumbentSettings) *T) func(*incumbentSettings, string, string) error {
 	return func(s *incumbentSettings, _, v string) error {
-		d, err := time.ParseDuration(v)
+		x, err := parse(v)
 		if err != nil {
-			return fmt.Errorf("want a duration such as 10s or 1h")
+			return errors.New(want)
 		}
-		*f(s) = d
+		*f(s) = x
 		return nil
 	}
 }
