@@ -27,9 +27,27 @@ type requestFlags struct {
 	descs  descriptorFlags
 }
 
-func (r *requestFlags) register(fs *flag.FlagSet) {
+// parse registers r's flags and --version on fs, which holds command
+// cmd's own flags and writes to its output, and parses args into them;
+// usage is the first line of fs's help. printed reports that --version
+// was asked for and printed: cmd has nothing more to do. The error is a
+// usageError for a bad argument (see check) or the version's write error.
+func (r *requestFlags) parse(fs *flag.FlagSet, cmd, usage string, args []string, stdout io.Writer) (printed bool, err error) {
 	fs.StringVar(&r.domain, "domain", "", "the request's domain (required)")
 	fs.Var(&r.descs, "d", "a descriptor, key=value[,key=value...]; repeat for several (at least one)")
+	var showVersion bool
+	addVersionFlag(fs, &showVersion)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return false, usageError{err}
+	}
+	if showVersion {
+		return true, printVersion(stdout)
+	}
+	return false, r.check(cmd, fs)
 }
 
 // check is the usage error of command cmd whose flags fs parsed into r: a
@@ -82,25 +100,12 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tlsCA := fs.String("tls-ca", "", "speak TLS, trusting this PEM CA (a server started with --grpc-tls-cert)")
 	tlsCert := fs.String("tls-cert", "", "client certificate (PEM) for a server that requires one (--grpc-client-ca)")
 	tlsKey := fs.String("tls-key", "", "key (PEM) of --tls-cert")
-	var rf requestFlags
-	rf.register(fs)
-	var showVersion bool
-	addVersionFlag(fs, &showVersion)
 	hits := fs.Uint("hits", 0, "the request's hits_addend (0: Envoy's default, 1)")
 	release := fs.Bool("release", false, "send the descriptors as Envoy's stream-done call does (hits_addend 1, is_negative_hits): give back tokens, or release a concurrency lease")
 	asJSON := fs.Bool("json", false, "print the answer as JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ratelimitd check [--addr HOST:PORT] --domain D -d key=value[,key=value] [-d ...] [--hits N] [--release] [--json]")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return usageError{err}
-	}
-	if showVersion {
-		return printVersion(stdout)
-	}
-	if err := rf.check("check", fs); err != nil {
+	var rf requestFlags
+	if printed, err := rf.parse(fs, "check", "usage: ratelimitd check [--addr HOST:PORT] --domain D -d key=value[,key=value] [-d ...] [--hits N] [--release] [--json]", args, stdout); printed || err != nil {
 		return err
 	}
 	if *hits > 1<<32-1 {

@@ -19,20 +19,7 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "descriptor file or directory (required)")
 	var rf requestFlags
-	rf.register(fs)
-	var showVersion bool
-	addVersionFlag(fs, &showVersion)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ratelimitd explain --config PATH --domain D -d key=value[,key=value] [-d ...]")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return usageError{err}
-	}
-	if showVersion {
-		return printVersion(stdout)
-	}
-	if err := rf.check("explain", fs); err != nil {
+	if printed, err := rf.parse(fs, "explain", "usage: ratelimitd explain --config PATH --domain D -d key=value[,key=value] [-d ...]", args, stdout); printed || err != nil {
 		return err
 	}
 	if *path == "" {
