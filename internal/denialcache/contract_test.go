@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/limiter"
+	"github.com/ratelimitd/ratelimitd/limiter/limitertest"
 )
 
 // TestAnswersAreTheStores: whatever the cache answers is the Decision the
@@ -34,46 +35,46 @@ func TestAnswersAreTheStores(t *testing.T) {
 		steps []step
 	}{
 		{"larger requests get their own RetryAfter", []step{
-			{0, one("k", slow, 10), []limiter.Decision{ok(0, 10*time.Second)}, true},
-			{0, one("k", slow, 1), []limiter.Decision{deny(time.Second, 10*time.Second)}, true},
+			{0, one("k", slow, 10), []limiter.Decision{limitertest.Allowed(0, 10*time.Second)}, true},
+			{0, one("k", slow, 1), []limiter.Decision{limitertest.Denied(time.Second, 10*time.Second)}, true},
 			// 5 tokens take 5 s to arrive, not 1 s.
-			{0, one("k", slow, 5), []limiter.Decision{deny(5*time.Second, 10*time.Second)}, false},
-			{0, one("k", slow, 10), []limiter.Decision{deny(10*time.Second, 10*time.Second)}, false},
+			{0, one("k", slow, 5), []limiter.Decision{limitertest.Denied(5*time.Second, 10*time.Second)}, false},
+			{0, one("k", slow, 10), []limiter.Decision{limitertest.Denied(10*time.Second, 10*time.Second)}, false},
 			{0, one("k", slow, 11), []limiter.Decision{exceeds(10 * time.Second)}, false},
-			{500 * ms, one("k", slow, 5), []limiter.Decision{deny(4500*ms, 9500*ms)}, false},
-			{500 * ms, one("k", slow, 1), []limiter.Decision{deny(500*ms, 9500*ms)}, false},
+			{500 * ms, one("k", slow, 5), []limiter.Decision{limitertest.Denied(4500*ms, 9500*ms)}, false},
+			{500 * ms, one("k", slow, 1), []limiter.Decision{limitertest.Denied(500*ms, 9500*ms)}, false},
 			// The first token is back: the store decides.
-			{time.Second, one("k", slow, 1), []limiter.Decision{ok(0, 10*time.Second)}, true},
+			{time.Second, one("k", slow, 1), []limiter.Decision{limitertest.Allowed(0, 10*time.Second)}, true},
 		}},
 		{"fractions the answers do not tell go to the store", []step{
-			{0, one("k", thirds, 5), []limiter.Decision{ok(0, 1666667*us)}, true},
+			{0, one("k", thirds, 5), []limiter.Decision{limitertest.Allowed(0, 1666667*us)}, true},
 			// The TAT is t0+1666666⅔ µs; this answer says it is
 			// 1666667 µs less 0 or ⅓ µs, not which.
-			{0, one("k", thirds, 1), []limiter.Decision{deny(333334*us, 1666667*us)}, true},
+			{0, one("k", thirds, 1), []limiter.Decision{limitertest.Denied(333334*us, 1666667*us)}, true},
 			// 2 tokens arrive 1 s before the TAT either way.
-			{0, one("k", thirds, 2), []limiter.Decision{deny(666667*us, 1666667*us)}, false},
+			{0, one("k", thirds, 2), []limiter.Decision{limitertest.Denied(666667*us, 1666667*us)}, false},
 			{0, one("k", thirds, 6), []limiter.Decision{exceeds(1666667 * us)}, false},
 			// 3 arrive at 1000000 or 1000001 µs: the store knows.
-			{0, one("k", thirds, 3), []limiter.Decision{deny(time.Second, 1666667*us)}, true},
-			{0, one("k", thirds, 3), []limiter.Decision{deny(time.Second, 1666667*us)}, false},
+			{0, one("k", thirds, 3), []limiter.Decision{limitertest.Denied(time.Second, 1666667*us)}, true},
+			{0, one("k", thirds, 3), []limiter.Decision{limitertest.Denied(time.Second, 1666667*us)}, false},
 			// That answer told ⅓ or ⅔; 4 needs to know which.
-			{0, one("k", thirds, 4), []limiter.Decision{deny(1333334*us, 1666667*us)}, true},
-			{0, one("k", thirds, 5), []limiter.Decision{deny(1666667*us, 1666667*us)}, false},
-			{200 * ms, one("k", thirds, 5), []limiter.Decision{deny(1466667*us, 1466667*us)}, false},
+			{0, one("k", thirds, 4), []limiter.Decision{limitertest.Denied(1333334*us, 1666667*us)}, true},
+			{0, one("k", thirds, 5), []limiter.Decision{limitertest.Denied(1666667*us, 1666667*us)}, false},
+			{200 * ms, one("k", thirds, 5), []limiter.Decision{limitertest.Denied(1466667*us, 1466667*us)}, false},
 		}},
 		{"this replica's admission makes the store's answers longer", []step{
-			{0, one("k", slow, 8), []limiter.Decision{ok(2, 8*time.Second)}, true},
-			{0, one("k", slow, 5), []limiter.Decision{deny(3*time.Second, 8*time.Second)}, true},
-			{0, one("k", slow, 2), []limiter.Decision{ok(0, 10*time.Second)}, true},
+			{0, one("k", slow, 8), []limiter.Decision{limitertest.Allowed(2, 8*time.Second)}, true},
+			{0, one("k", slow, 5), []limiter.Decision{limitertest.Denied(3*time.Second, 8*time.Second)}, true},
+			{0, one("k", slow, 2), []limiter.Decision{limitertest.Allowed(0, 10*time.Second)}, true},
 			// 5 now wait 5 s, not 3: the store is asked.
-			{0, one("k", slow, 5), []limiter.Decision{deny(5*time.Second, 10*time.Second)}, true},
-			{0, one("k", slow, 5), []limiter.Decision{deny(5*time.Second, 10*time.Second)}, false},
+			{0, one("k", slow, 5), []limiter.Decision{limitertest.Denied(5*time.Second, 10*time.Second)}, true},
+			{0, one("k", slow, 5), []limiter.Decision{limitertest.Denied(5*time.Second, 10*time.Second)}, false},
 		}},
 		{"an admission in a multi-request Take too", []step{
-			{0, one("k", slow, 8), []limiter.Decision{ok(2, 8*time.Second)}, true},
-			{0, one("k", slow, 5), []limiter.Decision{deny(3*time.Second, 8*time.Second)}, true},
-			{0, []limiter.Request{req("k", slow, 1), req("j", onePerSec, 1)}, []limiter.Decision{ok(1, 9*time.Second), ok(0, time.Second)}, true},
-			{0, one("k", slow, 5), []limiter.Decision{deny(4*time.Second, 9*time.Second)}, true},
+			{0, one("k", slow, 8), []limiter.Decision{limitertest.Allowed(2, 8*time.Second)}, true},
+			{0, one("k", slow, 5), []limiter.Decision{limitertest.Denied(3*time.Second, 8*time.Second)}, true},
+			{0, []limiter.Request{req("k", slow, 1), req("j", onePerSec, 1)}, []limiter.Decision{limitertest.Allowed(1, 9*time.Second), limitertest.Allowed(0, time.Second)}, true},
+			{0, one("k", slow, 5), []limiter.Decision{limitertest.Denied(4*time.Second, 9*time.Second)}, true},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { runSteps(t, tc.steps) })

@@ -14,6 +14,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/denialcache"
 	"github.com/ratelimitd/ratelimitd/limiter"
+	"github.com/ratelimitd/ratelimitd/limiter/limitertest"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -107,14 +108,6 @@ func runSteps(t *testing.T, steps []step) {
 	}
 }
 
-func ok(remaining int64, reset time.Duration) limiter.Decision {
-	return limiter.Decision{Allowed: true, Remaining: remaining, ResetAfter: reset}
-}
-
-func deny(retry, reset time.Duration) limiter.Decision {
-	return limiter.Decision{RetryAfter: retry, ResetAfter: reset}
-}
-
 var (
 	onePerSec = limiter.Limit{Count: 1, Period: time.Second, Burst: 1}
 	tenPerSec = limiter.Limit{Count: 10, Period: time.Second, Burst: 10}
@@ -123,32 +116,32 @@ var (
 
 func TestHotDeniedKey(t *testing.T) {
 	runSteps(t, []step{
-		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
-		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second)}, true},
 		// Denied locally until t0+1s, counting down.
-		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, false},
-		{500 * ms, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(500*ms, 500*ms)}, false},
-		{time.Second - time.Nanosecond, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Microsecond, time.Microsecond)}, false},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second)}, false},
+		{500 * ms, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(500*ms, 500*ms)}, false},
+		{time.Second - time.Nanosecond, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Microsecond, time.Microsecond)}, false},
 		// At the deadline, the store is asked again, and admits.
-		{time.Second, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
-		{time.Second, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
-		{1500 * ms, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(500*ms, 500*ms)}, false},
+		{time.Second, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
+		{time.Second, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second)}, true},
+		{1500 * ms, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(500*ms, 500*ms)}, false},
 		// Another key is not affected.
-		{1500 * ms, []limiter.Request{req("other", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
+		{1500 * ms, []limiter.Request{req("other", onePerSec, 1)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
 	})
 }
 
 func TestSmallerAsksAndChecksPassThrough(t *testing.T) {
 	runSteps(t, []step{
-		{0, []limiter.Request{req("k", tenPerSec, 8)}, []limiter.Decision{ok(2, 800*ms)}, true},
+		{0, []limiter.Request{req("k", tenPerSec, 8)}, []limiter.Decision{limitertest.Allowed(2, 800*ms)}, true},
 		// 5 are missing 3 tokens, 300ms away.
-		{0, []limiter.Request{req("k", tenPerSec, 5)}, []limiter.Decision{deny(300*ms, 800*ms)}, true},
+		{0, []limiter.Request{req("k", tenPerSec, 5)}, []limiter.Decision{limitertest.Denied(300*ms, 800*ms)}, true},
 		// 6 are missing 4: the store's answer for 6, from the cache.
-		{0, []limiter.Request{req("k", tenPerSec, 6)}, []limiter.Decision{deny(400*ms, 800*ms)}, false},
+		{0, []limiter.Request{req("k", tenPerSec, 6)}, []limiter.Decision{limitertest.Denied(400*ms, 800*ms)}, false},
 		// Fewer than 5 may pass: the store decides.
-		{0, []limiter.Request{req("k", tenPerSec, 2)}, []limiter.Decision{ok(0, time.Second)}, true},
+		{0, []limiter.Request{req("k", tenPerSec, 2)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
 		// A check always goes to the store.
-		{100 * ms, []limiter.Request{req("k", tenPerSec, 0)}, []limiter.Decision{ok(1, 900*ms)}, true},
+		{100 * ms, []limiter.Request{req("k", tenPerSec, 0)}, []limiter.Decision{limitertest.Allowed(1, 900*ms)}, true},
 		// More than a burst exceeds it: that is the store's answer.
 		{100 * ms, []limiter.Request{req("k", tenPerSec, 11)}, []limiter.Decision{{ExceedsBurst: true, ResetAfter: 900 * ms}}, true},
 	})
@@ -157,27 +150,27 @@ func TestSmallerAsksAndChecksPassThrough(t *testing.T) {
 func TestChangedLimitPassesThrough(t *testing.T) {
 	twoPerSec := limiter.Limit{Count: 2, Period: time.Second, Burst: 2}
 	runSteps(t, []step{
-		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
-		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
-		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, false},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second)}, false},
 		// A new limit applies to the stored state: the store decides, and
 		// keeps the token spent, half a second at 2 a second.
-		{0, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
-		{500 * ms, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
-		{500 * ms, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{deny(500*ms, time.Second)}, true},
+		{0, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
+		{500 * ms, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
+		{500 * ms, []limiter.Request{req("k", twoPerSec, 1)}, []limiter.Decision{limitertest.Denied(500*ms, time.Second)}, true},
 		// Learned under 2 a second; back under 1 a second, the store decides.
-		{500 * ms, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
+		{500 * ms, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second)}, true},
 	})
 }
 
 func TestMultiRequestTakesPassThrough(t *testing.T) {
 	runSteps(t, []step{
-		{0, []limiter.Request{req("k", onePerSec, 1), req("j", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second), ok(0, time.Second)}, true},
-		{0, []limiter.Request{req("k", onePerSec, 1), req("j", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second), deny(time.Second, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1), req("j", onePerSec, 1)}, []limiter.Decision{limitertest.Allowed(0, time.Second), limitertest.Allowed(0, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1), req("j", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second), limitertest.Denied(time.Second, time.Second)}, true},
 		// Not learned from a multi-request Take...
-		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second)}, true},
 		// ...nor answered from the cache.
-		{0, []limiter.Request{req("k", onePerSec, 1), req("x", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second), ok(1, 0)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1), req("x", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second), limitertest.Allowed(1, 0)}, true},
 	})
 }
 
@@ -185,16 +178,16 @@ func TestReservationsAndPostPaidPassThrough(t *testing.T) {
 	postPaid := limiter.Limit{Count: 1, Period: time.Second, Burst: 1, MaxDebt: 5}
 	wait := func(r limiter.Request, w time.Duration) limiter.Request { r.MaxWait = w; return r }
 	runSteps(t, []step{
-		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
-		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{deny(time.Second, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
+		{0, []limiter.Request{req("k", onePerSec, 1)}, []limiter.Decision{limitertest.Denied(time.Second, time.Second)}, true},
 		// A reservation within its MaxWait is the store's to admit.
 		{0, []limiter.Request{wait(req("k", onePerSec, 1), 2*time.Second)}, []limiter.Decision{{Allowed: true, ResetAfter: 2 * time.Second, Wait: time.Second}}, true},
 		// Post-paid charges are always recorded.
-		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{ok(0, time.Second)}, true},
-		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{ok(0, 2*time.Second)}, true},
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{limitertest.Allowed(0, 2*time.Second)}, true},
 		// Denied in debt, and recorded: retry once paid, its own token included.
-		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{deny(2*time.Second, 3*time.Second)}, true},
-		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{deny(3*time.Second, 4*time.Second)}, true},
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{limitertest.Denied(2*time.Second, 3*time.Second)}, true},
+		{0, []limiter.Request{req("p", postPaid, 1)}, []limiter.Decision{limitertest.Denied(3*time.Second, 4*time.Second)}, true},
 	})
 }
 
@@ -228,10 +221,10 @@ func TestExceedsBurstIsCachedPerLimit(t *testing.T) {
 		{0, []limiter.Request{req("k", threePerSec, 4)}, []limiter.Decision{exceeds}, false},
 		{500 * ms, []limiter.Request{req("k", threePerSec, 100)}, []limiter.Decision{exceeds}, false},
 		// Within the burst: the store decides.
-		{500 * ms, []limiter.Request{req("k", threePerSec, 3)}, []limiter.Decision{ok(0, time.Second)}, true},
+		{500 * ms, []limiter.Request{req("k", threePerSec, 3)}, []limiter.Decision{limitertest.Allowed(0, time.Second)}, true},
 		// A larger burst: the store decides.
 		{500 * ms, []limiter.Request{req("k2", threePerSec, 4)}, []limiter.Decision{exceeds}, true},
-		{500 * ms, []limiter.Request{req("k2", limiter.Limit{Count: 3, Period: time.Second, Burst: 5}, 4)}, []limiter.Decision{ok(1, 1333334*time.Microsecond)}, true},
+		{500 * ms, []limiter.Request{req("k2", limiter.Limit{Count: 3, Period: time.Second, Burst: 5}, 4)}, []limiter.Decision{limitertest.Allowed(1, 1333334*time.Microsecond)}, true},
 	})
 }
 

@@ -31,65 +31,65 @@ func waited(wait, reset time.Duration) limiter.Decision {
 // reservations.
 var postpaidTimelines = []timeline{
 	{"post-paid charges go into debt and deny until it is paid", []step{
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(1000, 0)}},
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 900)}, want: []limiter.Decision{ok(100, 54*time.Second)}},
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(100, 54*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{Allowed(1000, 0)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 900)}, want: []limiter.Decision{Allowed(100, 54*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{Allowed(100, 54*time.Second)}},
 		// Overdraws: recorded, and admitted since the bucket was not in debt.
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 600)}, want: []limiter.Decision{ok(0, 90*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 600)}, want: []limiter.Decision{Allowed(0, 90*time.Second)}},
 		// 500 tokens of debt: 30 s to pay.
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{deny(30*time.Second, 90*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{Denied(30*time.Second, 90*time.Second)}},
 		// A charge in debt is denied and still recorded; it may retry when
 		// the bucket is out of debt, its own 100 tokens included: 36 s.
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 100)}, want: []limiter.Decision{deny(36*time.Second, 96*time.Second)}},
-		{at: 36*time.Second - time.Microsecond, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{deny(time.Microsecond, time.Minute+time.Microsecond)}},
-		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 100)}, want: []limiter.Decision{Denied(36*time.Second, 96*time.Second)}},
+		{at: 36*time.Second - time.Microsecond, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{Denied(time.Microsecond, time.Minute+time.Microsecond)}},
+		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 		// The debt floor: 5000 below empty, 5 minutes of refill.
-		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 100000)}, want: []limiter.Decision{ok(0, 6*time.Minute)}},
-		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 1)}, want: []limiter.Decision{deny(5*time.Minute, 6*time.Minute)}},
+		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 100000)}, want: []limiter.Decision{Allowed(0, 6*time.Minute)}},
+		{at: 36 * time.Second, reqs: []limiter.Request{req("a", tokensPerMinute, 1)}, want: []limiter.Decision{Denied(5*time.Minute, 6*time.Minute)}},
 	}},
 	{"a charge never makes a bucket deeper in debt than the floor fuller", []step{
 		// A reservation of 10 s under a limit without overdraft...
-		{at: 0, reqs: []limiter.Request{waitReq("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 1, 0)}, want: []limiter.Decision{ok(0, time.Second)}},
+		{at: 0, reqs: []limiter.Request{waitReq("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 1, 0)}, want: []limiter.Decision{Allowed(0, time.Second)}},
 		{at: 0, reqs: []limiter.Request{waitReq("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 9, 0)}, want: []limiter.Decision{{ExceedsBurst: true, ResetAfter: time.Second}}},
 		{at: 0, reqs: []limiter.Request{waitReq("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 1, 20*time.Second)}, want: []limiter.Decision{waited(time.Second, 2*time.Second)}},
 		{at: 0, reqs: []limiter.Request{waitReq("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 1, 20*time.Second)}, want: []limiter.Decision{waited(2*time.Second, 3*time.Second)}},
 		// ...then a post-paid limit with a floor of 2 s: the bucket owes 3 s,
 		// deeper than the floor; the charge leaves it there, not at 2 s.
-		{at: 0, reqs: []limiter.Request{req("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1, MaxDebt: 1}, 1)}, want: []limiter.Decision{deny(2*time.Second, 3*time.Second)}},
-		{at: 0, reqs: []limiter.Request{req("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 0)}, want: []limiter.Decision{deny(2*time.Second, 3*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1, MaxDebt: 1}, 1)}, want: []limiter.Decision{Denied(2*time.Second, 3*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("c", limiter.Limit{Count: 1, Period: time.Second, Burst: 1}, 0)}, want: []limiter.Decision{Denied(2*time.Second, 3*time.Second)}},
 	}},
 	{"a denied request still records its post-paid charges", []step{
-		{at: 0, reqs: []limiter.Request{req("b", onePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("b", onePerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 300), req("b", onePerMinute, 1)},
-			want: []limiter.Decision{ok(700, 18*time.Second), deny(time.Minute, time.Minute)}},
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(700, 18*time.Second)}},
+			want: []limiter.Decision{Allowed(700, 18*time.Second), Denied(time.Minute, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{Allowed(700, 18*time.Second)}},
 	}},
 	{"with CountWhereDenied a denied Take records only the charges that were denied", []step{
-		{at: 0, reqs: []limiter.Request{req("b", onePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("b", onePerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 		// a had room: its charge is not counted, as b denies the Take.
 		{at: 0, reqs: []limiter.Request{whereDenied(req("a", tokensPerMinute, 300)), req("b", onePerMinute, 1)},
-			want: []limiter.Decision{ok(1000, 0), deny(time.Minute, time.Minute)}},
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{ok(1000, 0)}},
+			want: []limiter.Decision{Allowed(1000, 0), Denied(time.Minute, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{Allowed(1000, 0)}},
 		// Alone, a charge that overdraws is counted (500 of debt)...
-		{at: 0, reqs: []limiter.Request{whereDenied(req("a", tokensPerMinute, 1500))}, want: []limiter.Decision{ok(0, 90*time.Second)}},
+		{at: 0, reqs: []limiter.Request{whereDenied(req("a", tokensPerMinute, 1500))}, want: []limiter.Decision{Allowed(0, 90*time.Second)}},
 		// ...and so is one its own bucket denies, whatever the others say.
 		{at: 0, reqs: []limiter.Request{whereDenied(req("a", tokensPerMinute, 100)), req("b", onePerMinute, 1)},
-			want: []limiter.Decision{deny(36*time.Second, 96*time.Second), deny(time.Minute, time.Minute)}},
-		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{deny(36*time.Second, 96*time.Second)}},
+			want: []limiter.Decision{Denied(36*time.Second, 96*time.Second), Denied(time.Minute, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", tokensPerMinute, 0)}, want: []limiter.Decision{Denied(36*time.Second, 96*time.Second)}},
 	}},
 	{"a shadow request's denial denies nothing", []step{
-		{at: 0, reqs: []limiter.Request{{Key: "s", Limit: onePerMinute, Hits: 1, Shadow: true}}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{{Key: "s", Limit: onePerMinute, Hits: 1, Shadow: true}}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1), {Key: "s", Limit: onePerMinute, Hits: 1, Shadow: true}},
-			want: []limiter.Decision{ok(1, 30*time.Second), deny(time.Minute, time.Minute)}},
-		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+			want: []limiter.Decision{Allowed(1, 30*time.Second), Denied(time.Minute, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 	}},
 	{"reservations queue in arrival order", []step{
-		{at: 0, reqs: []limiter.Request{waitReq("a", onePerSec, 1, 2*time.Second)}, want: []limiter.Decision{ok(0, time.Second)}},
+		{at: 0, reqs: []limiter.Request{waitReq("a", onePerSec, 1, 2*time.Second)}, want: []limiter.Decision{Allowed(0, time.Second)}},
 		{at: 0, reqs: []limiter.Request{waitReq("a", onePerSec, 1, 2*time.Second)}, want: []limiter.Decision{waited(time.Second, 2*time.Second)}},
 		{at: 0, reqs: []limiter.Request{waitReq("a", onePerSec, 1, 2*time.Second)}, want: []limiter.Decision{waited(2*time.Second, 3*time.Second)}},
-		{at: 0, reqs: []limiter.Request{waitReq("a", onePerSec, 1, 2*time.Second)}, want: []limiter.Decision{deny(3*time.Second, 3*time.Second)}},
+		{at: 0, reqs: []limiter.Request{waitReq("a", onePerSec, 1, 2*time.Second)}, want: []limiter.Decision{Denied(3*time.Second, 3*time.Second)}},
 		// Reserved tokens are debt: a check is denied until they are due.
-		{at: 0, reqs: []limiter.Request{req("a", onePerSec, 0)}, want: []limiter.Decision{deny(2*time.Second, 3*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", onePerSec, 0)}, want: []limiter.Decision{Denied(2*time.Second, 3*time.Second)}},
 		{at: 1500 * time.Millisecond, reqs: []limiter.Request{waitReq("a", onePerSec, 1, 2*time.Second)},
 			want: []limiter.Decision{waited(1500*time.Millisecond, 2500*time.Millisecond)}},
 	}},

@@ -32,11 +32,15 @@ func req(key string, l limiter.Limit, hits int64) limiter.Request {
 	return limiter.Request{Key: key, Limit: l, Hits: hits}
 }
 
-func ok(remaining int64, reset time.Duration) limiter.Decision {
+// Allowed is the Decision of an admitted request that left remaining
+// tokens and a bucket full again after reset.
+func Allowed(remaining int64, reset time.Duration) limiter.Decision {
 	return limiter.Decision{Allowed: true, Remaining: remaining, ResetAfter: reset}
 }
 
-func deny(retry, reset time.Duration) limiter.Decision {
+// Denied is the Decision of a denied request that would be admitted after
+// retry, its bucket full again after reset.
+func Denied(retry, reset time.Duration) limiter.Decision {
 	return limiter.Decision{RetryAfter: retry, ResetAfter: reset}
 }
 
@@ -59,94 +63,94 @@ const third = 333334 * time.Microsecond // 1/3 s rounded up
 // RunStoreTests prefixes them with the test's name.
 var timelines = []timeline{
 	{"five per minute counts down then denies", []step{
-		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(4, 12*time.Second)}},
-		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(3, 24*time.Second)}},
-		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(2, 36*time.Second)}},
-		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(1, 48*time.Second)}},
-		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
-		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{deny(12*time.Second, time.Minute)}},
-		{at: 11 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{deny(time.Second, 49*time.Second)}},
-		{at: 12 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
-		{at: 72 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 0)}, want: []limiter.Decision{ok(5, 0)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{Allowed(4, 12*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{Allowed(3, 24*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{Allowed(2, 36*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{Allowed(1, 48*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{Denied(12*time.Second, time.Minute)}},
+		{at: 11 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{Denied(time.Second, 49*time.Second)}},
+		{at: 12 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
+		{at: 72 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 0)}, want: []limiter.Decision{Allowed(5, 0)}},
 	}},
 	{"three per second is exact", []step{
-		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{ok(2, third)}},
-		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{ok(1, 666667*time.Microsecond)}},
-		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{ok(0, time.Second)}},
-		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{deny(third, time.Second)}},
-		{at: 333333 * time.Microsecond, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{deny(time.Microsecond, 666667*time.Microsecond)}},
-		{at: third, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{ok(0, time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{Allowed(2, third)}},
+		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{Allowed(1, 666667*time.Microsecond)}},
+		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{Allowed(0, time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{Denied(third, time.Second)}},
+		{at: 333333 * time.Microsecond, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{Denied(time.Microsecond, 666667*time.Microsecond)}},
+		{at: third, reqs: []limiter.Request{req("a", threePerSec, 1)}, want: []limiter.Decision{Allowed(0, time.Second)}},
 		// Three seconds of refill after that are exactly three tokens.
-		{at: third + 3*time.Second, reqs: []limiter.Request{req("a", threePerSec, 3)}, want: []limiter.Decision{ok(0, time.Second)}},
+		{at: third + 3*time.Second, reqs: []limiter.Request{req("a", threePerSec, 3)}, want: []limiter.Decision{Allowed(0, time.Second)}},
 	}},
 	{"one per hour refills one token per hour", []step{
-		{at: 0, reqs: []limiter.Request{req("a", onePerHour, 1)}, want: []limiter.Decision{ok(0, time.Hour)}},
-		{at: 59*time.Minute + 59*time.Second, reqs: []limiter.Request{req("a", onePerHour, 1)}, want: []limiter.Decision{deny(time.Second, time.Second)}},
-		{at: time.Hour, reqs: []limiter.Request{req("a", onePerHour, 1)}, want: []limiter.Decision{ok(0, time.Hour)}},
+		{at: 0, reqs: []limiter.Request{req("a", onePerHour, 1)}, want: []limiter.Decision{Allowed(0, time.Hour)}},
+		{at: 59*time.Minute + 59*time.Second, reqs: []limiter.Request{req("a", onePerHour, 1)}, want: []limiter.Decision{Denied(time.Second, time.Second)}},
+		{at: time.Hour, reqs: []limiter.Request{req("a", onePerHour, 1)}, want: []limiter.Decision{Allowed(0, time.Hour)}},
 	}},
 	{"burst above the rate, refill capped at burst", []step{
-		{at: 0, reqs: []limiter.Request{req("a", tenPerSecB20, 20)}, want: []limiter.Decision{ok(0, 2*time.Second)}},
-		{at: 0, reqs: []limiter.Request{req("a", tenPerSecB20, 1)}, want: []limiter.Decision{deny(100*time.Millisecond, 2*time.Second)}},
-		{at: 500 * time.Millisecond, reqs: []limiter.Request{req("a", tenPerSecB20, 5)}, want: []limiter.Decision{ok(0, 2*time.Second)}},
-		{at: time.Minute, reqs: []limiter.Request{req("b", onePerSecB2, 2)}, want: []limiter.Decision{ok(0, 2*time.Second)}},
-		{at: time.Minute + 10*time.Second, reqs: []limiter.Request{req("b", onePerSecB2, 2)}, want: []limiter.Decision{ok(0, 2*time.Second)}},
-		{at: time.Minute + 10*time.Second, reqs: []limiter.Request{req("b", onePerSecB2, 1)}, want: []limiter.Decision{deny(time.Second, 2*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", tenPerSecB20, 20)}, want: []limiter.Decision{Allowed(0, 2*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", tenPerSecB20, 1)}, want: []limiter.Decision{Denied(100*time.Millisecond, 2*time.Second)}},
+		{at: 500 * time.Millisecond, reqs: []limiter.Request{req("a", tenPerSecB20, 5)}, want: []limiter.Decision{Allowed(0, 2*time.Second)}},
+		{at: time.Minute, reqs: []limiter.Request{req("b", onePerSecB2, 2)}, want: []limiter.Decision{Allowed(0, 2*time.Second)}},
+		{at: time.Minute + 10*time.Second, reqs: []limiter.Request{req("b", onePerSecB2, 2)}, want: []limiter.Decision{Allowed(0, 2*time.Second)}},
+		{at: time.Minute + 10*time.Second, reqs: []limiter.Request{req("b", onePerSecB2, 1)}, want: []limiter.Decision{Denied(time.Second, 2*time.Second)}},
 	}},
 	{"hits above burst can never pass", []step{
 		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 6)}, want: []limiter.Decision{{ExceedsBurst: true}}},
-		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 5)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 5)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 6)}, want: []limiter.Decision{{ExceedsBurst: true, ResetAfter: time.Minute}}},
 	}},
 	{"a check spends nothing", []step{
-		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 0)}, want: []limiter.Decision{ok(2, 0)}},
-		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 0)}, want: []limiter.Decision{ok(2, 0)}},
-		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 2)}, want: []limiter.Decision{ok(0, time.Minute)}},
-		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 0)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 0)}, want: []limiter.Decision{Allowed(2, 0)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 0)}, want: []limiter.Decision{Allowed(2, 0)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 2)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 0)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 	}},
 	{"a denied request spends from no bucket", []step{
 		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1), req("b", onePerMinute, 1)},
-			want: []limiter.Decision{ok(1, 30*time.Second), ok(0, time.Minute)}},
+			want: []limiter.Decision{Allowed(1, 30*time.Second), Allowed(0, time.Minute)}},
 		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1), req("b", onePerMinute, 1)},
-			want: []limiter.Decision{ok(1, 30*time.Second), deny(time.Minute, time.Minute)}},
-		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+			want: []limiter.Decision{Allowed(1, 30*time.Second), Denied(time.Minute, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 	}},
 	{"one key twice in a request", []step{
 		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1), req("a", twoPerMinute, 1)},
-			want: []limiter.Decision{ok(1, 30*time.Second), ok(0, time.Minute)}},
+			want: []limiter.Decision{Allowed(1, 30*time.Second), Allowed(0, time.Minute)}},
 		{at: 30 * time.Second, reqs: []limiter.Request{req("a", twoPerMinute, 1), req("a", twoPerMinute, 1)},
-			want: []limiter.Decision{ok(1, 30*time.Second), deny(30*time.Second, time.Minute)}},
-		{at: 30 * time.Second, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+			want: []limiter.Decision{Allowed(1, 30*time.Second), Denied(30*time.Second, time.Minute)}},
+		{at: 30 * time.Second, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 	}},
 	// A bucket keeps the tokens it has spent across a change of its
 	// limit, now spent at the new rate: raising a limit frees at once what
 	// the raise adds, as a counter of hits would (envoyproxy/ratelimit's),
 	// and lowering it keeps what was spent.
 	{"a changed limit applies to the existing bucket", []step{
-		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 5)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", fivePerMinute, 5)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 		// 5 spent of 10: 5 left, after this one 4 (each 6 s at 10/min).
-		{at: 0, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{ok(4, 36*time.Second)}},
-		{at: 6 * time.Second, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{ok(4, 36*time.Second)}},
+		{at: 0, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{Allowed(4, 36*time.Second)}},
+		{at: 6 * time.Second, reqs: []limiter.Request{req("a", tenPerMinute, 1)}, want: []limiter.Decision{Allowed(4, 36*time.Second)}},
 		// 30 s of 10/min left to refill: 5 tokens, all of 5/min's burst.
-		{at: 12 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{deny(12*time.Second, time.Minute)}},
+		{at: 12 * time.Second, reqs: []limiter.Request{req("a", fivePerMinute, 1)}, want: []limiter.Decision{Denied(12*time.Second, time.Minute)}},
 	}},
 	{"a raised limit frees a throttled client at once", []step{
-		{at: 0, reqs: []limiter.Request{req("a", twoPerHour, 2)}, want: []limiter.Decision{ok(0, time.Hour)}},
-		{at: time.Minute, reqs: []limiter.Request{req("a", twoPerHour, 1)}, want: []limiter.Decision{deny(29*time.Minute, 59*time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerHour, 2)}, want: []limiter.Decision{Allowed(0, time.Hour)}},
+		{at: time.Minute, reqs: []limiter.Request{req("a", twoPerHour, 1)}, want: []limiter.Decision{Denied(29*time.Minute, 59*time.Minute)}},
 		// 2 per hour → 4 per hour: the 59 min owed at 2 an hour are 1.97
 		// tokens, 29.5 min at 4 an hour: 2 of the 4 are free.
-		{at: time.Minute, reqs: []limiter.Request{req("a", fourPerHour, 2)}, want: []limiter.Decision{ok(0, 59*time.Minute+30*time.Second)}},
-		{at: time.Minute, reqs: []limiter.Request{req("a", fourPerHour, 1)}, want: []limiter.Decision{deny(14*time.Minute+30*time.Second, 59*time.Minute+30*time.Second)}},
+		{at: time.Minute, reqs: []limiter.Request{req("a", fourPerHour, 2)}, want: []limiter.Decision{Allowed(0, 59*time.Minute+30*time.Second)}},
+		{at: time.Minute, reqs: []limiter.Request{req("a", fourPerHour, 1)}, want: []limiter.Decision{Denied(14*time.Minute+30*time.Second, 59*time.Minute+30*time.Second)}},
 	}},
 	{"a lowered limit never empties a bucket below its floor", []step{
-		{at: 0, reqs: []limiter.Request{req("a", tenPerMinute, 10)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", tenPerMinute, 10)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 		// 10 spent, at most 2 of them at 2/min: empty, full in a minute.
-		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{deny(30*time.Second, time.Minute)}},
-		{at: 30 * time.Second, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 0, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{Denied(30*time.Second, time.Minute)}},
+		{at: 30 * time.Second, reqs: []limiter.Request{req("a", twoPerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 	}},
 	{"a clock that steps back never unlocks a bucket", []step{
-		{at: time.Minute, reqs: []limiter.Request{req("a", onePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: time.Minute, reqs: []limiter.Request{req("a", onePerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 		{at: 30 * time.Second, reqs: []limiter.Request{req("a", onePerMinute, 1)}, want: []limiter.Decision{{}}, allowedOnly: true},
-		{at: 2 * time.Minute, reqs: []limiter.Request{req("a", onePerMinute, 1)}, want: []limiter.Decision{ok(0, time.Minute)}},
+		{at: 2 * time.Minute, reqs: []limiter.Request{req("a", onePerMinute, 1)}, want: []limiter.Decision{Allowed(0, time.Minute)}},
 	}},
 }
 
