@@ -64,6 +64,30 @@ func startLoop(t *testing.T, w *Watcher) (changes chan struct{}, stop func()) {
 	return changes, func() { cancel(); <-done }
 }
 
+// newFakeWatcher is a Watcher of files, starting from initial, that
+// loads only when told (a test sends the changes; see startLoop) and
+// reports to onLoad and onError.
+func newFakeWatcher(t *testing.T, initial *config.Set, files *fakeFiles, onLoad func(*config.Set), onError func(error)) *Watcher {
+	t.Helper()
+	w, err := New(Options{Path: "unused", Current: initial, Read: files.read, Parse: parse,
+		OnLoad: onLoad, OnError: onError, Watch: WatchReloadOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// runInBubble runs f as the subtest name in a synctest bubble, on new fake
+// files and the config they hold (see newFakeFiles).
+func runInBubble(t *testing.T, name string, f func(t *testing.T, initial *config.Set, files *fakeFiles)) {
+	t.Run(name, func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			initial, files := newFakeFiles(t)
+			f(t, initial, files)
+		})
+	})
+}
+
 // startRun runs w.Run until stop is called; stop waits until Run returned.
 func startRun(w *Watcher) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -188,39 +212,32 @@ func TestDebounce(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				initial, files := newFakeFiles(t)
-				var out outcome
-				w, err := New(Options{Path: "unused", Current: initial, Read: files.read, Parse: parse,
-					OnLoad: out.onLoad, OnError: out.onError, Watch: WatchReloadOnly})
-				if err != nil {
-					t.Fatal(err)
+		runInBubble(t, tt.name, func(t *testing.T, initial *config.Set, files *fakeFiles) {
+			var out outcome
+			w := newFakeWatcher(t, initial, files, out.onLoad, out.onError)
+			w.test.load = files.load
+			changes, stop := startLoop(t, w)
+			for _, s := range tt.steps {
+				time.Sleep(s.at - time.Since(files.start))
+				if s.yaml != "-" {
+					files.set(s.yaml)
 				}
-				w.test.load = files.load
-				changes, stop := startLoop(t, w)
-				for _, s := range tt.steps {
-					time.Sleep(s.at - time.Since(files.start))
-					if s.yaml != "-" {
-						files.set(s.yaml)
-					}
-					if s.reload {
-						w.Reload()
-					} else {
-						changes <- struct{}{}
-					}
+				if s.reload {
+					w.Reload()
+				} else {
+					changes <- struct{}{}
 				}
-				time.Sleep(tt.until - time.Since(files.start))
-				synctest.Wait()
-				stop()
-				if fmt.Sprint(files.loads) != fmt.Sprint(tt.wantLoads) {
-					t.Errorf("loads at %v, want %v", files.loads, tt.wantLoads)
-				}
-				if len(out.loaded) != tt.wantLoaded || len(out.errs) != tt.wantErrs {
-					t.Errorf("OnLoad called %d times, OnError %d times (%v); want %d and %d",
-						len(out.loaded), len(out.errs), out.errs, tt.wantLoaded, tt.wantErrs)
-				}
-			})
+			}
+			time.Sleep(tt.until - time.Since(files.start))
+			synctest.Wait()
+			stop()
+			if fmt.Sprint(files.loads) != fmt.Sprint(tt.wantLoads) {
+				t.Errorf("loads at %v, want %v", files.loads, tt.wantLoads)
+			}
+			if len(out.loaded) != tt.wantLoaded || len(out.errs) != tt.wantErrs {
+				t.Errorf("OnLoad called %d times, OnError %d times (%v); want %d and %d",
+					len(out.loaded), len(out.errs), out.errs, tt.wantLoaded, tt.wantErrs)
+			}
 		})
 	}
 }

@@ -67,49 +67,41 @@ func TestStormSettlesOnNewestValid(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				initial, files := newFakeFiles(t)
-				var out outcome
-				var rates []int
-				inForce := initial
-				w, err := New(Options{Path: "unused", Current: initial, Read: files.read, Parse: parse,
-					OnLoad: func(s *config.Set) {
-						out.onLoad(s)
-						rates = append(rates, int(rate(s)))
-						inForce = s
-					},
-					OnError: out.onError, Watch: WatchReloadOnly})
-				if err != nil {
-					t.Fatal(err)
+		runInBubble(t, tt.name, func(t *testing.T, initial *config.Set, files *fakeFiles) {
+			var out outcome
+			var rates []int
+			inForce := initial
+			w := newFakeWatcher(t, initial, files, func(s *config.Set) {
+				out.onLoad(s)
+				rates = append(rates, int(rate(s)))
+				inForce = s
+			}, out.onError)
+			changes, stop := startLoop(t, w)
+			for i, n := range tt.contents {
+				time.Sleep(time.Duration(i)*30*ms - time.Since(files.start))
+				if n == 0 {
+					// A file seen half-written: distinct each time, invalid.
+					files.set("domain: d\ndescriptors: [" + string(rune('a'+i%26)))
+				} else {
+					files.set(yamlWithRate(n))
 				}
-				changes, stop := startLoop(t, w)
-				for i, n := range tt.contents {
-					time.Sleep(time.Duration(i)*30*ms - time.Since(files.start))
-					if n == 0 {
-						// A file seen half-written: distinct each time, invalid.
-						files.set("domain: d\ndescriptors: [" + string(rune('a'+i%26)))
-					} else {
-						files.set(yamlWithRate(n))
-					}
-					changes <- struct{}{}
-				}
-				time.Sleep(time.Duration(len(tt.contents))*30*ms + 5*time.Second - time.Since(files.start))
-				synctest.Wait()
-				stop()
-				if fmt.Sprint(rates) != fmt.Sprint(tt.wantRates) {
-					t.Errorf("OnLoad given rates %v, want %v", rates, tt.wantRates)
-				}
-				if len(out.errs) != tt.wantErrs {
-					t.Errorf("OnError called %d times (%v), want %d", len(out.errs), out.errs, tt.wantErrs)
-				}
-				if got := rate(inForce); got != int64(tt.wantInForce) {
-					t.Errorf("in force after the storm: rate %d, want %d", got, tt.wantInForce)
-				}
-				if len(w.kept.list) != 0 || w.kept.bytes != 0 {
-					t.Errorf("%d contents (%d bytes) kept after the storm settled, want none", len(w.kept.list), w.kept.bytes)
-				}
-			})
+				changes <- struct{}{}
+			}
+			time.Sleep(time.Duration(len(tt.contents))*30*ms + 5*time.Second - time.Since(files.start))
+			synctest.Wait()
+			stop()
+			if fmt.Sprint(rates) != fmt.Sprint(tt.wantRates) {
+				t.Errorf("OnLoad given rates %v, want %v", rates, tt.wantRates)
+			}
+			if len(out.errs) != tt.wantErrs {
+				t.Errorf("OnError called %d times (%v), want %d", len(out.errs), out.errs, tt.wantErrs)
+			}
+			if got := rate(inForce); got != int64(tt.wantInForce) {
+				t.Errorf("in force after the storm: rate %d, want %d", got, tt.wantInForce)
+			}
+			if len(w.kept.list) != 0 || w.kept.bytes != 0 {
+				t.Errorf("%d contents (%d bytes) kept after the storm settled, want none", len(w.kept.list), w.kept.bytes)
+			}
 		})
 	}
 }
