@@ -54,20 +54,27 @@ func TestSummarize(t *testing.T) {
 	if !slices.Equal(s.ShortDeadline, want) {
 		t.Errorf("summarize: short deadline = %+v, want %+v", s.ShortDeadline, want)
 	}
-	var b bytes.Buffer
-	writeSummary(&b, s)
-	for _, line := range []string{
+	wantSummaryLines(t, s,
 		"mixed c=1: p50 of ratelimitd on Redis ÷ the script floor's = 1.05 (315µs ÷ 300µs)",
 		"mixed c=64 20ms deadline: calls answered with a decision within 20ms: ratelimitd on Redis 99.95%, floor 100.00%",
 		"mixed c=256 20ms deadline: calls answered with a decision within 20ms: ratelimitd on Redis 95.00%, floor 97.00%",
 		"errors in strict cells: none",
-	} {
+	)
+	if s := summarize(rs[:1]); s.RedisP50VsScriptFloor != 0 || s.ShortDeadline != nil {
+		t.Errorf("summarize of the floor alone = %+v, want nothing", s)
+	}
+}
+
+// wantSummaryLines fails t unless writeSummary prints each of lines, as
+// a whole line, for s.
+func wantSummaryLines(t *testing.T, s summary, lines ...string) {
+	t.Helper()
+	var b bytes.Buffer
+	writeSummary(&b, s)
+	for _, line := range lines {
 		if !strings.Contains(b.String(), line+"\n") {
 			t.Errorf("writeSummary printed\n%s\nwant the line %q", b.String(), line)
 		}
-	}
-	if s := summarize(rs[:1]); s.RedisP50VsScriptFloor != 0 || s.ShortDeadline != nil {
-		t.Errorf("summarize of the floor alone = %+v, want nothing", s)
 	}
 }
 
