@@ -21,26 +21,13 @@ func pair(t *testing.T) (server net.Conn, client net.Conn, notes func() []time.D
 	t.Helper()
 	var mu sync.Mutex
 	var got []time.Duration
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l := listen(t)
 	rl := readlag.Listener(l, func(waited time.Duration, now time.Time) {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, waited)
 	})
-	client, err = net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	server, err = rl.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { server.Close() })
+	client, server = connect(t, l, rl)
 	if _, ok := server.(*readlag.Conn); !ok {
 		t.Fatalf("Accept = %T, want a *readlag.Conn", server)
 	}
@@ -49,6 +36,35 @@ func pair(t *testing.T) (server net.Conn, client net.Conn, notes func() []time.D
 		defer mu.Unlock()
 		return append([]time.Duration(nil), got...)
 	}
+}
+
+// listen returns a listener on a free loopback port, closed when the test
+// ends.
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// connect dials l and accepts the connection through accept (l, or a
+// listener wrapping it); both ends are closed when the test ends.
+func connect(t *testing.T, l, accept net.Listener) (client, server net.Conn) {
+	t.Helper()
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	server, err = accept.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	return client, server
 }
 
 // exchange writes msg from client, waits wait, and reads it whole on
@@ -131,25 +147,13 @@ func TestReadIsARead(t *testing.T) {
 // when the kernel received the bytes, not when they were read: bytes left
 // unread for 50 ms are stamped within a few ms of their send.
 func TestReceivedIsTheArrival(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t)
+	nc, peer := connect(t, ln, ln)
 	c, err := readlag.Stamp(nc.(*net.TCPConn), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
 	// The host's first stamped packets may carry none: a few answers,
 	// until one is stamped.
 	for try := range 20 {
@@ -181,23 +185,10 @@ func TestReceivedIsTheArrival(t *testing.T) {
 // stamped read costs no allocation (the control message is parsed in
 // place, and the poller's callback is made once per connection).
 func TestReadAllocatesNothing(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listen(t)
 	var noted atomic.Int64
 	rl := readlag.Listener(l, func(time.Duration, time.Time) { noted.Add(1) })
-	client, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := rl.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
+	client, server := connect(t, l, rl)
 	msg, buf := []byte("x"), make([]byte, 1)
 	roundTrip := func() {
 		if _, err := client.Write(msg); err != nil {
