@@ -9,8 +9,8 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -41,17 +41,24 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
-// clusterFaultsConfig has two rules: wide (key v), a bucket per value at
-// a rate no load here reaches, so that Redis admits every call of it and
-// any other answer is the failure mode's; and hot (key k), 100/s burst
-// 20, as meshConfig's, whose admissions the tests bound.
-const clusterFaultsConfig = `domain: faults
-descriptors:
-  - key: v
-    rate_limit: {unit: second, requests_per_unit: 1000000, name: wide}
-  - key: k
-    rate_limit: {unit: second, requests_per_unit: 100, burst: 20, name: hot}
-`
+// clusterFaultsConfig is faultsConfig with the hot bucket of meshConfig:
+// 100/s burst 20.
+var clusterFaultsConfig = faultsConfig(100, 20)
+
+// faultsConfig is domain faults with two rules: wide (key v), a bucket per
+// value at wideRule's rate; and hot (key k), rate a second, burst burst,
+// whose admissions the tests bound.
+func faultsConfig(rate, burst int) string {
+	return "domain: faults\ndescriptors:\n" + wideRule("v") +
+		fmt.Sprintf("  - key: k\n    rate_limit: {unit: second, requests_per_unit: %d, burst: %d, name: hot}\n", rate, burst)
+}
+
+// wideRule is the descriptor of key named wide, a bucket per value at a
+// rate no load here reaches (wideBurst a second), so that Redis admits
+// every call of it and any other answer is the failure mode's.
+func wideRule(key string) string {
+	return fmt.Sprintf("  - key: %s\n    rate_limit: {unit: second, requests_per_unit: %d, name: wide}\n", key, wideBurst)
+}
 
 const (
 	// wideBurst is the wide rule's burst (requests_per_unit, its
@@ -256,11 +263,15 @@ type faultCall struct {
 const hotValue = -1
 
 // answer is OK, OVER_LIMIT or the error's code.
-func (c faultCall) answer() string {
+func (c faultCall) answer() string { return answerOf(c.code, c.admitted) }
+
+// answerOf is OK, OVER_LIMIT or code, of a call that ended with code and
+// was admitted or not.
+func answerOf(code codes.Code, admitted bool) string {
 	switch {
-	case c.code != codes.OK:
-		return c.code.String()
-	case c.admitted:
+	case code != codes.OK:
+		return code.String()
+	case admitted:
 		return "OK"
 	}
 	return "OVER_LIMIT"
@@ -493,14 +504,30 @@ func (l faultLoad) run(ctx context.Context) []faultCall {
 
 // runFor runs the load in the background until stop is called, which
 // returns the calls.
-func (l faultLoad) start() (stop func() []faultCall) {
+func (l faultLoad) start() (stop func() []faultCall) { return background(l.run) }
+
+// background calls run in a goroutine until stop is called, which ends
+// run's context and returns what run returned (stop may be called again:
+// it returns the same).
+func background[T any](run func(ctx context.Context) T) (stop func() T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan []faultCall, 1)
-	go func() { done <- l.run(ctx) }()
-	return sync.OnceValue(func() []faultCall {
+	done := make(chan T, 1)
+	go func() { done <- run(ctx) }()
+	return sync.OnceValue(func() T {
 		cancel()
 		return <-done
 	})
+}
+
+// every calls step, then waits interval, at most n times, until ctx ends.
+func every(ctx context.Context, interval time.Duration, n int, step func()) {
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		step()
+		select {
+		case <-ctx.Done():
+		case <-time.After(interval):
+		}
+	}
 }
 
 // callSet is some calls of a load, to count.
@@ -564,16 +591,7 @@ func (cs callSet) answers() string {
 		}
 		m[a]++
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s:%d ", k, m[k])
-	}
-	return strings.TrimSpace(b.String())
+	return counts(m, func(a string) string { return a })
 }
 
 // firstRedis returns when the first call that started at or after t and
@@ -870,13 +888,8 @@ func checkAdmissions(t *testing.T, what string, cs callSet, d time.Duration, upp
 // loggedNode returns the time of the first line p logged with message msg
 // and attribute node after t.
 func loggedNode(p *proc, msg, node string, t time.Time) (time.Time, bool) {
-	for line := range strings.Lines(p.logs.String()) {
-		var l struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
-			Node string    `json:"node"`
-		}
-		if json.Unmarshal([]byte(line), &l) == nil && strings.HasPrefix(l.Msg, msg) && (node == "" || l.Node == node) && l.Time.After(t) {
+	for l := range p.logLines() {
+		if strings.HasPrefix(l.Msg, msg) && (node == "" || l.Node == node) && l.Time.After(t) {
 			return l.Time, true
 		}
 	}
@@ -901,13 +914,8 @@ func backendFailingAt(p *proc, t time.Time) bool {
 // failing one.
 func failingAt(p *proc, node, failing, back string, t time.Time) bool {
 	last := false
-	for line := range strings.Lines(p.logs.String()) {
-		var l struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
-			Node string    `json:"node"`
-		}
-		if json.Unmarshal([]byte(line), &l) != nil || node != "" && l.Node != node || l.Time.After(t) {
+	for l := range p.logLines() {
+		if node != "" && l.Node != node || l.Time.After(t) {
 			continue
 		}
 		switch {
@@ -943,12 +951,9 @@ type readyzPoll struct {
 // pollReadyz polls p's /readyz every interval until stop is called, which
 // returns the polls.
 func pollReadyz(p *proc, interval time.Duration) (stop func() []readyzPoll) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan []readyzPoll, 1)
 	client := &http.Client{Timeout: 2 * time.Second}
-	go func() {
-		var polls []readyzPoll
-		for i := 0; i < 10_000 && ctx.Err() == nil; i++ {
+	return background(func(ctx context.Context) (polls []readyzPoll) {
+		every(ctx, interval, 10_000, func() {
 			at := time.Now()
 			code, body := 0, ""
 			if resp, err := client.Get("http://" + p.httpAddr + "/readyz"); err == nil {
@@ -962,16 +967,8 @@ func pollReadyz(p *proc, interval time.Duration) (stop func() []readyzPoll) {
 				body = err.Error()
 			}
 			polls = append(polls, readyzPoll{at: at, end: time.Now(), code: code, body: body})
-			select {
-			case <-ctx.Done():
-			case <-time.After(interval):
-			}
-		}
-		done <- polls
-	}()
-	return sync.OnceValue(func() []readyzPoll {
-		cancel()
-		return <-done
+		})
+		return polls
 	})
 }
 
@@ -984,13 +981,7 @@ func scriptsRan(t *testing.T, addrs []string) int {
 	t.Helper()
 	total := 0
 	for _, addr := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-		info, err := c.Info(context.Background(), "commandstats").Result()
-		c.Close()
-		if err != nil {
-			t.Fatalf("INFO commandstats on %s: %v", addr, err)
-		}
-		for line := range strings.Lines(info) {
+		for line := range strings.Lines(redisInfo(t, addr, "commandstats")) {
 			for _, cmd := range []string{"evalsha", "eval"} {
 				rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
 				if !ok {
@@ -1011,6 +1002,49 @@ func scriptsRan(t *testing.T, addrs []string) int {
 	return total
 }
 
+// failOver SIGKILLs rc's master victim (redistest's index) and waits,
+// until ctx ends, for a replica's promotion, then clusterFailoverAfter
+// more; it calls stop before it fails t.
+func failOver(ctx context.Context, t *testing.T, rc *redistest.ReplicatedCluster, victim int, stop func()) (killed time.Time, promotedTo string, promoted time.Time) {
+	t.Helper()
+	target := rc.MasterAddr(victim)
+	killed = rc.KillMaster(victim)
+	promotedTo, promoted, err := rc.WaitPromotion(ctx, target)
+	if err != nil {
+		stop()
+		t.Fatalf("after SIGKILL of master %s: %v", target, err)
+	}
+	time.Sleep(time.Until(promoted.Add(clusterFailoverAfter)))
+	return killed, promotedTo, promoted
+}
+
+// redisInfo is the section of INFO of the redis-server at addr.
+func redisInfo(t *testing.T, addr, section string) string {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	info, err := c.Info(context.Background(), section).Result()
+	if err != nil {
+		t.Fatalf("INFO %s on %s: %v", section, addr, err)
+	}
+	return info
+}
+
+// redisPID is the process id of the redis-server at addr, from INFO
+// server.
+func redisPID(t *testing.T, addr string) int {
+	t.Helper()
+	for line := range strings.Lines(redisInfo(t, addr, "server")) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			if pid, err := strconv.Atoi(v); err == nil {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("INFO server on %s: no process_id", addr)
+	return 0
+}
+
 // stateSample is one node's cluster_state as polled.
 type stateSample struct {
 	node string
@@ -1025,30 +1059,24 @@ const stateWatchEvery = 10 * time.Millisecond
 // watchClusterState polls CLUSTER INFO on each node at addrs every
 // stateWatchEvery until stop is called, which returns the samples.
 func watchClusterState(addrs []string) (stop func() []stateSample) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan []stateSample, len(addrs))
-	for _, addr := range addrs {
-		go func() {
-			c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
-			defer c.Close()
-			var samples []stateSample
-			for i := 0; i < 20_000 && ctx.Err() == nil; i++ {
-				at := time.Now()
-				info, err := c.ClusterInfo(ctx).Result()
-				if ctx.Err() != nil {
-					break
-				}
-				samples = append(samples, stateSample{node: addr, at: at, ok: strings.Contains(info, "cluster_state:ok"), err: err})
-				select {
-				case <-ctx.Done():
-				case <-time.After(stateWatchEvery):
-				}
-			}
-			done <- samples
-		}()
-	}
-	return sync.OnceValue(func() []stateSample {
-		cancel()
+	return background(func(ctx context.Context) []stateSample {
+		done := make(chan []stateSample, len(addrs))
+		for _, addr := range addrs {
+			go func() {
+				c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+				defer c.Close()
+				var samples []stateSample
+				every(ctx, stateWatchEvery, 20_000, func() {
+					at := time.Now()
+					info, err := c.ClusterInfo(ctx).Result()
+					if ctx.Err() != nil { // cut short by stop
+						return
+					}
+					samples = append(samples, stateSample{node: addr, at: at, ok: strings.Contains(info, "cluster_state:ok"), err: err})
+				})
+				done <- samples
+			}()
+		}
 		var all []stateSample
 		for range addrs {
 			all = append(all, <-done...)
@@ -1259,10 +1287,7 @@ func startCanary(t *testing.T, addrs []string) *canary {
 // call whose answer came in time misses its deadline when the client
 // reads it late). stop returns them, as canary events of kind "client".
 func clientMonitor() (stop func() []canaryEvent) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan []canaryEvent, 1)
-	go func() {
-		var events []canaryEvent
+	return background(func(ctx context.Context) (events []canaryEvent) {
 		for i := 0; i < 1_000_000 && ctx.Err() == nil; i++ {
 			slept := time.Now()
 			time.Sleep(canaryEvery)
@@ -1270,11 +1295,7 @@ func clientMonitor() (stop func() []canaryEvent) {
 				events = append(events, canaryEvent{kind: "client", node: "-", at: slept.Add(canaryEvery), d: late})
 			}
 		}
-		done <- events
-	}()
-	return sync.OnceValue(func() []canaryEvent {
-		cancel()
-		return <-done
+		return events
 	})
 }
 
@@ -1289,19 +1310,7 @@ func watchNoise(t *testing.T, addrs []string, procs []*proc) (stop func() noise)
 		pids[p.cmd.Process.Pid] = "ratelimitd"
 	}
 	for _, a := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
-		info, err := c.Info(context.Background(), "server").Result()
-		c.Close()
-		if err != nil {
-			t.Fatalf("INFO server on %s: %v", a, err)
-		}
-		for line := range strings.Lines(info) {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
-				if pid, err := strconv.Atoi(v); err == nil {
-					pids[pid] = "redis " + a
-				}
-			}
-		}
+		pids[redisPID(t, a)] = "redis " + a
 	}
 	c := startCanary(t, addrs)
 	stopClient := clientMonitor()
@@ -1323,13 +1332,10 @@ const schedEvery = 10 * time.Millisecond
 // wait of ratelimitd's): this machine's CPUs were busy with other work
 // while the process had work to do. stop returns the events.
 func schedMonitor(pids map[int]string) (stop func() []canaryEvent) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan []canaryEvent, 1)
-	go func() {
-		var events []canaryEvent
+	return background(func(ctx context.Context) (events []canaryEvent) {
 		last := map[string]int64{} // by /proc path
 		var readAt time.Time       // when the reads before began
-		for i := 0; i < 100_000 && ctx.Err() == nil; i++ {
+		every(ctx, schedEvery, 100_000, func() {
 			now := time.Now()
 			for pid, name := range pids {
 				// ratelimitd's every wait (they delay its timers: see
@@ -1357,16 +1363,8 @@ func schedMonitor(pids map[int]string) (stop func() []canaryEvent) {
 				}
 			}
 			readAt = now
-			select {
-			case <-ctx.Done():
-			case <-time.After(schedEvery):
-			}
-		}
-		done <- events
-	}()
-	return sync.OnceValue(func() []canaryEvent {
-		cancel()
-		return <-done
+		})
+		return events
 	})
 }
 
@@ -1378,13 +1376,8 @@ func nodeQuiet(p *proc, node string, quiet, within time.Duration) bool {
 	for {
 		var last time.Time
 		open := false
-		for line := range strings.Lines(p.logs.String()) {
-			var l struct {
-				Time time.Time `json:"time"`
-				Msg  string    `json:"msg"`
-				Node string    `json:"node"`
-			}
-			if json.Unmarshal([]byte(line), &l) == nil && l.Node == node && strings.HasPrefix(l.Msg, "Redis Cluster node") {
+		for l := range p.logLines() {
+			if l.Node == node && strings.HasPrefix(l.Msg, "Redis Cluster node") {
 				last, open = l.Time, strings.HasPrefix(l.Msg, "Redis Cluster node failing")
 			}
 		}
@@ -1407,14 +1400,15 @@ func lateHistogram(cs callSet, t time.Time) string {
 			m[int(math.Floor(c.start.Sub(t).Seconds()*10))]++
 		}
 	}
-	keys := make([]int, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	return counts(m, func(k int) string { return fmt.Sprintf("%+.1fs", float64(k)/10) })
+}
+
+// counts is "key:n key:n ...", for messages: the counts m, in the order
+// of their keys, each key as label writes it.
+func counts[K cmp.Ordered](m map[K]int, label func(K) string) string {
 	var b strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%+.1fs:%d ", float64(k)/10, m[k])
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		fmt.Fprintf(&b, "%s:%d ", label(k), m[k])
 	}
 	return strings.TrimSpace(b.String())
 }

@@ -74,6 +74,26 @@ var outageAnswers = map[string]struct{ wide, hot []string }{
 	"local": {[]string{"OK"}, []string{"OK", "OVER_LIMIT"}},
 }
 
+// checkOutageAnswers fails t at the first call of outage, on a bucket of
+// a faulted node in failure mode mode, that got an answer outageAnswers
+// does not list (a call the client gave up on aside) or that Redis decided
+// on a wide bucket. fault names the fault, event what happened at since.
+func checkOutageAnswers(t *testing.T, mode, fault, event string, since time.Time, outage callSet) {
+	t.Helper()
+	want := outageAnswers[mode]
+	for _, c := range outage {
+		kinds := want.wide
+		if c.value == hotValue {
+			kinds = want.hot
+		}
+		if !slices.Contains(kinds, c.answer()) && c.code != codes.DeadlineExceeded || c.redis && c.value != hotValue {
+			t.Errorf("%s mode, %s: a call %v after %s answered %s (redis %v), want only %v; outage answers: %s",
+				mode, fault, c.start.Sub(since).Round(time.Microsecond), event, c.answer(), c.redis, kinds, outage.answers())
+			return
+		}
+	}
+}
+
 // modeFlags are the flags a failure mode's process gets.
 func modeFlags(mode string) []string {
 	args := []string{"--on-backend-failure", mode}
@@ -218,15 +238,9 @@ func testClusterFailover(t *testing.T, rc *redistest.ReplicatedCluster, fo clust
 	}
 	began := time.Now()
 	time.Sleep(faultWarmUp + faultBaseline)
-	killed := rc.KillMaster(fo.victim)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	promotedTo, promoted, err := rc.WaitPromotion(ctx, target)
-	if err != nil {
-		stopAll()
-		t.Fatalf("after SIGKILL of master %s: %v", target, err)
-	}
-	time.Sleep(time.Until(promoted.Add(clusterFailoverAfter)))
+	killed, promotedTo, promoted := failOver(ctx, t, rc, fo.victim, stopAll)
 	stopAll()
 	t.Logf("master %s SIGKILLed; replica %s promoted %v later", target, promotedTo, promoted.Sub(killed).Round(time.Millisecond))
 	var down stateWindow
@@ -346,18 +360,7 @@ func checkFailover(t *testing.T, fp *failoverProc, from, killed, promoted time.T
 	if len(outage.where(failedWide)) < 100 {
 		t.Errorf("%s mode: only %d calls on the failed master's wide buckets in the outage: too few to judge", mode, len(outage.where(failedWide)))
 	}
-	want := outageAnswers[mode]
-	for _, c := range outage {
-		kinds := want.wide
-		if c.value == hotValue {
-			kinds = want.hot
-		}
-		if !slices.Contains(kinds, c.answer()) && c.code != codes.DeadlineExceeded || c.redis && c.value != hotValue {
-			t.Errorf("%s mode, failed master down: a call %v after the kill answered %s (redis %v), want only %v; outage answers: %s",
-				mode, c.start.Sub(killed).Round(time.Microsecond), c.answer(), c.redis, kinds, outage.answers())
-			break
-		}
-	}
+	checkOutageAnswers(t, mode, "failed master down", "the kill", killed, outage)
 	checkInTime(t, mode+" mode, failed master's buckets in the outage", outage, base, nz)
 	checkInTime(t, mode+" mode, every call", all, base, nz)
 
@@ -670,18 +673,7 @@ func testProxyFault(t *testing.T, rc *redistest.ReplicatedCluster, f proxyFault)
 		outage := all.where(func(c faultCall) bool {
 			return onNode[c.value] && !c.start.Before(opened.Add(faultDeadline)) && c.end.Before(passAt)
 		})
-		want := outageAnswers[mode]
-		for _, c := range outage {
-			kinds := want.wide
-			if c.value == hotValue {
-				kinds = want.hot
-			}
-			if !slices.Contains(kinds, c.answer()) && c.code != codes.DeadlineExceeded || c.redis && c.value != hotValue {
-				t.Errorf("%s mode, master 0 faulted: a call %v after its breaker opened answered %s (redis %v), want only %v; answers: %s",
-					mode, c.start.Sub(opened).Round(time.Microsecond), c.answer(), c.redis, kinds, outage.answers())
-				break
-			}
-		}
+		checkOutageAnswers(t, mode, "master 0 faulted", "its breaker opened", opened, outage)
 		back, ok := all.firstRedis(passAt, func(c faultCall) bool { return wide(c) && onNode[c.value] })
 		m := scrape(t, fp.p)
 		t.Logf("%s mode: master 0's breaker opened %v after the fault began (logged at %v; ratelimitd waited %v for a CPU meanwhile); its buckets while faulted: %s; decided by Redis again %v after the fault ended; failure-mode answers %s; backend errors %s; node_up %s",
@@ -820,31 +812,26 @@ func testSlotMove(t *testing.T, rc *redistest.ReplicatedCluster) {
 	defer stop()
 	began := time.Now()
 	time.Sleep(faultWarmUp + faultBaseline)
-	moveAt := time.Now()
-	for _, s := range slots {
-		if err := rc.BeginMigration(ctx, s, targets[s]); err != nil {
-			stop()
-			t.Fatal(err)
-		}
-	}
-	begun := time.Now()
-	for i, half := range [][]int{slots[:len(slots)/2], slots[len(slots)/2:]} {
-		time.Sleep([]time.Duration{500 * time.Millisecond, 700 * time.Millisecond}[i])
-		for _, s := range half {
-			if err := rc.MigrateKeys(ctx, s); err != nil {
+	// migrate does step of the migration on each slot of slots, stopping
+	// the load before it fails the test.
+	migrate := func(slots []int, step func(s int) error) {
+		for _, s := range slots {
+			if err := step(s); err != nil {
 				stop()
 				t.Fatal(err)
 			}
 		}
 	}
+	moveAt := time.Now()
+	migrate(slots, func(s int) error { return rc.BeginMigration(ctx, s, targets[s]) })
+	begun := time.Now()
+	for i, half := range [][]int{slots[:len(slots)/2], slots[len(slots)/2:]} {
+		time.Sleep([]time.Duration{500 * time.Millisecond, 700 * time.Millisecond}[i])
+		migrate(half, func(s int) error { return rc.MigrateKeys(ctx, s) })
+	}
 	time.Sleep(300 * time.Millisecond)
 	finishing := time.Now()
-	for _, s := range slots {
-		if err := rc.FinishMigration(ctx, s, targets[s]); err != nil {
-			stop()
-			t.Fatal(err)
-		}
-	}
+	migrate(slots, func(s int) error { return rc.FinishMigration(ctx, s, targets[s]) })
 	movedAt := time.Now()
 	time.Sleep(200 * time.Millisecond)
 	// The hot bucket's state moved with its key: the key is on its new
@@ -885,12 +872,19 @@ func testSlotMove(t *testing.T, rc *redistest.ReplicatedCluster) {
 	}
 	checkHotBound(t, "slot move, the whole run", all.where(func(c faultCall) bool { return c.value == hotValue }), all.span(), 0)
 
-	// No take ran twice.
+	checkRanOnce(t, "slot move", ranAfter-ranBefore, m)
+}
+
+// checkRanOnce checks that no take ran twice in the run what: that Redis
+// ran, ran scripts, no more than the process (whose metrics are m) asked
+// for.
+func checkRanOnce(t *testing.T, what string, ran int, m promText) {
+	t.Helper()
 	asked := m.value("ratelimitd_redis_script_calls_total")
-	t.Logf("slot move: Redis ran %d scripts; the process asked for %.0f script calls; failure-mode answers %s",
-		ranAfter-ranBefore, asked, m.series("ratelimitd_failure_mode_answers_total"))
-	if float64(ranAfter-ranBefore) > asked {
-		t.Errorf("slot move: Redis ran %d scripts, more than the %.0f script calls the process asked for: a take ran twice", ranAfter-ranBefore, asked)
+	t.Logf("%s: Redis ran %d scripts; the process asked for %.0f script calls; failure-mode answers %s",
+		what, ran, asked, m.series("ratelimitd_failure_mode_answers_total"))
+	if float64(ran) > asked {
+		t.Errorf("%s: Redis ran %d scripts, more than the %.0f script calls the process asked for: a take ran twice", what, ran, asked)
 	}
 }
 
@@ -957,12 +951,7 @@ func testScaleOut(t *testing.T, rc *redistest.ReplicatedCluster) {
 		return c.value != hotValue && isNew[c.value] && !c.start.Before(rebalanced)
 	}), base, nz)
 	checkHotBound(t, "scale-out, the whole run", all.where(func(c faultCall) bool { return c.value == hotValue }), all.span(), 0)
-	asked := m.value("ratelimitd_redis_script_calls_total")
-	t.Logf("scale-out: Redis ran %d scripts; the process asked for %.0f script calls; failure-mode answers %s",
-		ranAfter-ranBefore, asked, m.series("ratelimitd_failure_mode_answers_total"))
-	if float64(ranAfter-ranBefore) > asked {
-		t.Errorf("scale-out: Redis ran %d scripts, more than the %.0f script calls the process asked for: a take ran twice", ranAfter-ranBefore, asked)
-	}
+	checkRanOnce(t, "scale-out", ranAfter-ranBefore, m)
 }
 
 // TestClusterFaultsStandaloneBlackhole black-holes a standalone Redis

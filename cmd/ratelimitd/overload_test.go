@@ -33,11 +33,7 @@ import (
 // wideConfig is runLoad's bucket (domain mesh, key k) at a rate no load
 // here reaches: every call Redis decides is admitted, so an OVER_LIMIT
 // answer can only be the failure mode's.
-const wideConfig = `domain: mesh
-descriptors:
-  - key: k
-    rate_limit: {unit: second, requests_per_unit: 1000000, name: wide}
-`
+var wideConfig = "domain: mesh\ndescriptors:\n" + wideRule("k")
 
 // scrape reads the process's /metrics.
 func scrape(t *testing.T, p *proc) promText {

@@ -16,6 +16,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"iter"
 	"math/big"
 	"net"
 	"net/http"
@@ -109,6 +110,27 @@ type proc struct {
 	httpAddr string
 	logs     *proctest.Buffer
 	exited   chan error
+}
+
+// logLine is a JSON log line of a ratelimitd process: its time, message
+// and the Redis Cluster node it names (if any).
+type logLine struct {
+	Time time.Time `json:"time"`
+	Msg  string    `json:"msg"`
+	Node string    `json:"node"`
+}
+
+// logLines yields p's JSON log lines so far, in order; it skips the lines
+// that are not JSON.
+func (p *proc) logLines() iter.Seq[logLine] {
+	return func(yield func(logLine) bool) {
+		for line := range strings.Lines(p.logs.String()) {
+			var l logLine
+			if json.Unmarshal([]byte(line), &l) == nil && !yield(l) {
+				return
+			}
+		}
+	}
 }
 
 // startProc starts ratelimitd with args (plus loopback addresses on free

@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -364,12 +363,8 @@ func fallbackCounts(t *testing.T, procs []*proc) []map[string]float64 {
 // loggedAfter returns the time of the first line p logged with message msg
 // after t.
 func loggedAfter(p *proc, msg string, t time.Time) (time.Time, bool) {
-	for line := range strings.Lines(p.logs.String()) {
-		var l struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
-		}
-		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == msg && l.Time.After(t) {
+	for l := range p.logLines() {
+		if l.Msg == msg && l.Time.After(t) {
 			return l.Time, true
 		}
 	}
@@ -384,15 +379,7 @@ type timedCall struct {
 }
 
 // answer is OK, OVER_LIMIT or the error's code.
-func (c timedCall) answer() string {
-	switch {
-	case c.code != codes.OK:
-		return c.code.String()
-	case c.admitted:
-		return "OK"
-	}
-	return "OVER_LIMIT"
-}
+func (c timedCall) answer() string { return answerOf(c.code, c.admitted) }
 
 // runTimedLoad is runLoad recording every call: clients call
 // ShouldRateLimit on the bucket of meshConfig through conns, round-robin,

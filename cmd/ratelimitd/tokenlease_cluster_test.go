@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
@@ -24,13 +22,7 @@ import (
 // reserved even while the two processes keep the bucket empty.
 // The bucket keys are clusterFaultsConfig's (a key names the domain and
 // the entries, not the limit), so faultLayout finds their masters.
-const leaseClusterConfig = `domain: faults
-descriptors:
-  - key: v
-    rate_limit: {unit: second, requests_per_unit: 1000000, name: wide}
-  - key: k
-    rate_limit: {unit: second, requests_per_unit: 800, burst: 800, name: hot}
-`
+var leaseClusterConfig = faultsConfig(leaseHotRate, leaseHotBurst)
 
 const (
 	leaseHotRate, leaseHotBurst = 800.0, 800.0
@@ -164,15 +156,9 @@ func TestTokenLeasesClusterFailover(t *testing.T) {
 	// busy host, and the victim's sockets reset later still. From died
 	// on, it decides nothing.
 	died := killVictim(t, target)
-	killed := rc.KillMaster(victim)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	promotedTo, promoted, err := rc.WaitPromotion(ctx, target)
-	if err != nil {
-		stopAll()
-		t.Fatalf("after SIGKILL of master %s: %v", target, err)
-	}
-	time.Sleep(time.Until(promoted.Add(clusterFailoverAfter)))
+	killed, promotedTo, promoted := failOver(ctx, t, rc, victim, func() { stopAll() })
 	calls := stopAll()
 	if err := rc.WaitStateOK(ctx); err != nil {
 		t.Errorf("the cluster is not ok after the failover: %v", err)
@@ -325,24 +311,9 @@ func checkLeaseBound(t *testing.T, cs callSet, extra float64) {
 // INFO server) and returns when it did.
 func killVictim(t *testing.T, addr string) time.Time {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-	defer c.Close()
-	info, err := c.Info(context.Background(), "server").Result()
-	if err != nil {
-		t.Fatalf("INFO server on %s: %v", addr, err)
+	pid := redisPID(t, addr)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL redis-server %d (%s): %v", pid, addr, err)
 	}
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
-			pid, err := strconv.Atoi(v)
-			if err != nil {
-				break
-			}
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-				t.Fatalf("SIGKILL redis-server %d (%s): %v", pid, addr, err)
-			}
-			return time.Now()
-		}
-	}
-	t.Fatalf("INFO server on %s: no process_id", addr)
-	return time.Time{}
+	return time.Now()
 }
