@@ -9,11 +9,8 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/grpc"
 
 	"github.com/ratelimitd/ratelimitd/internal/server"
-	"github.com/ratelimitd/ratelimitd/internal/servertest"
-	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
 // shadowAllConfig has a one-token rule, a block rule (requests_per_unit 0)
@@ -70,20 +67,12 @@ func TestShadowModeEverywhere(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				obs := &recorder[[]server.Outcome]{keep: descriptorOutcomes}
-				srv, err := server.New(server.Options{
-					Store:      limiter.NewMemoryStore(limiter.MemoryOptions{}),
-					Observer:   obs,
-					ShadowMode: shadowAll,
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				srv.SetConfig(server.MustParse(t, shadowAllConfig))
-				rls := servertest.Start(t, servertest.Options{RateLimit: srv, ServerOptions: []grpc.ServerOption{server.Codec()}}).Client()
+				rls, _ := startServer(t, server.Options{Observer: obs, ShadowMode: shadowAll}, server.MustParse(t, shadowAllConfig))
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
 				var resp *rlsv3.RateLimitResponse
 				for range tt.calls {
+					var err error
 					if resp, err = rls.ShouldRateLimit(ctx, request("api", tt.desc())); err != nil {
 						t.Fatalf("ShouldRateLimit: %v", err)
 					}
