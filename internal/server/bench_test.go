@@ -10,8 +10,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -43,20 +43,19 @@ func (c *benchClock) Now() time.Time {
 	return time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).Add(time.Duration(c.us.Add(1)) * time.Microsecond)
 }
 
-func benchServer(b *testing.B) *server.Server {
-	b.Helper()
-	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: []byte(benchConfig)}})
-	if err != nil {
-		b.Fatalf("config.Parse: %v", err)
-	}
+// benchServer is a server on the memory store and a benchClock, with
+// benchConfig in force, that reports to obs (none if nil).
+func benchServer(tb testing.TB, obs server.Observer) *server.Server {
+	tb.Helper()
 	srv, err := server.New(server.Options{
-		Store: limiter.NewMemoryStore(limiter.MemoryOptions{}),
-		Now:   new(benchClock).Now,
+		Store:    limiter.NewMemoryStore(limiter.MemoryOptions{}),
+		Now:      new(benchClock).Now,
+		Observer: obs,
 	})
 	if err != nil {
-		b.Fatalf("server.New: %v", err)
+		tb.Fatalf("server.New: %v", err)
 	}
-	srv.SetConfig(set)
+	srv.SetConfig(servertest.ParseConfig(tb, "bench.yaml", benchConfig))
 	return srv
 }
 
@@ -88,7 +87,7 @@ var handlerCases = []struct {
 func benchHandler(b *testing.B, then func(*rlsv3.RateLimitResponse) error) {
 	for _, bm := range handlerCases {
 		b.Run(bm.name, func(b *testing.B) {
-			srv := benchServer(b)
+			srv := benchServer(b, nil)
 			ctx := context.Background()
 			// One call first: it empties the hot bucket of the over-limit case.
 			if _, err := srv.ShouldRateLimit(ctx, bm.req); err != nil {
@@ -134,7 +133,7 @@ func BenchmarkMarshalAnswer(b *testing.B) {
 // BenchmarkShouldRateLimitParallel is the one-descriptor case from every P
 // at once, over 10,000 clients: what the server costs under concurrency.
 func BenchmarkShouldRateLimitParallel(b *testing.B) {
-	srv := benchServer(b)
+	srv := benchServer(b, nil)
 	ctx := context.Background()
 	clients := make([]string, 10_000)
 	for i := range clients {
@@ -167,16 +166,8 @@ func (discardObserver) ObserveCall(server.Call) {}
 // allocation, the slice of its descriptors' outcomes, whatever the
 // answer (the guard's check once allocated on every call).
 func TestObservingAllocatesOnlyTheOutcomes(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "bench.yaml", Data: []byte(benchConfig)}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	allocs := func(obs server.Observer, req *rlsv3.RateLimitRequest) float64 {
-		srv, err := server.New(server.Options{Store: limiter.NewMemoryStore(limiter.MemoryOptions{}), Now: new(benchClock).Now, Observer: obs})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv.SetConfig(set)
+		srv := benchServer(t, obs)
 		return testing.AllocsPerRun(100, func() {
 			if _, err := srv.ShouldRateLimit(context.Background(), req); err != nil {
 				t.Fatal(err)
