@@ -19,31 +19,43 @@ import (
 // health the test sets. As redisstore does, it answers a call its context
 // ends on with a *limiter.DeadlineError saying how long it had it.
 type backend struct {
-	mu    sync.Mutex
+	fakeStore
 	state string // "up", "down", "hung" (sent, never answered) or "queued" (never sent)
 	// queueDelay is how long an "up" call waits before it is sent (a busy
 	// batch queue); the backend then answers at once.
 	queueDelay time.Duration
-	calls      int
 	refunds    int // Refund calls
 	pings      int // Ping calls
-	mem        *limiter.MemoryStore
+}
+
+// fakeStore is what the hand-written stores share: a lock for their
+// fields, the count of Take calls, and the in-memory buckets that decide
+// the calls they let through.
+type fakeStore struct {
+	mu    sync.Mutex
+	calls int
+	mem   *limiter.MemoryStore
+}
+
+func newFakeStore() fakeStore {
+	return fakeStore{mem: limiter.NewMemoryStore(limiter.MemoryOptions{})}
+}
+
+// Calls is how many Take calls the store had.
+func (f *fakeStore) Calls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
 }
 
 func newBackend() *backend {
-	return &backend{state: "up", mem: limiter.NewMemoryStore(limiter.MemoryOptions{})}
+	return &backend{state: "up", fakeStore: newFakeStore()}
 }
 
 func (b *backend) set(state string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.state = state
-}
-
-func (b *backend) Calls() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.calls
 }
 
 func (b *backend) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {

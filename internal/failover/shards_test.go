@@ -32,22 +32,14 @@ func nodeOf(key string) string {
 // buckets and returns the call's error, or nil to let the in-memory
 // buckets decide.
 type shardBackend struct {
-	mu     sync.Mutex
+	fakeStore
 	answer func(shards []string) error
-	calls  int
-	mem    *limiter.MemoryStore
 }
 
 func (b *shardBackend) set(answer func(shards []string) error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.answer = answer
-}
-
-func (b *shardBackend) Calls() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.calls
 }
 
 func (b *shardBackend) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
@@ -138,7 +130,7 @@ type shardRig struct {
 // callbacks (opts.Shard is left as given).
 func newShardRig(t *testing.T, opts failover.Options) *shardRig {
 	t.Helper()
-	r := &shardRig{t: t, b: &shardBackend{mem: limiter.NewMemoryStore(limiter.MemoryOptions{})}, clk: clocktest.New(), probes: map[string]int{}}
+	r := &shardRig{t: t, b: &shardBackend{fakeStore: newFakeStore()}, clk: clocktest.New(), probes: map[string]int{}}
 	r.clk.Set(t0)
 	opts.Now = r.clk.Now
 	opts.OnShardChange = func(shard string, healthy bool, err error) {
