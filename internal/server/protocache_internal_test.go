@@ -8,7 +8,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
-	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
 
@@ -17,15 +16,12 @@ import (
 // matches makes a rule per call; caching it grew the cache by one entry a
 // call, without bound, until the next reload.
 func TestLimitOverridesAreNotCached(t *testing.T) {
-	set, err := config.Parse([]config.File{{Name: "t.yaml", Data: []byte(`
+	set := MustParse(t, `
 domain: api
 descriptors:
   - key: model
     rate_limit: {unit: second, requests_per_unit: 10, name: model}
-`)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	override := &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100000, Unit: typev3.RateLimitUnit_SECOND}
 	for _, tc := range []struct {
 		name  string
