@@ -2,10 +2,7 @@ package server_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +12,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/goldentest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/limiter"
 )
@@ -215,29 +213,9 @@ func TestConcurrencyHeaders(t *testing.T) {
 		}
 		clock.Advance(10 * time.Second)
 	}
-	golden(t, "testdata/ietf-headers.golden", b.String())
-}
-
-var update = flag.Bool("update", false, "rewrite the golden files")
-
-// golden compares got with the file at path, or writes it with -update.
-func golden(t *testing.T, path, got string) {
-	t.Helper()
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("got:\n%s\nwant (%s):\n%s", got, path, want)
+	const path = "testdata/ietf-headers.golden"
+	if want, differ := goldentest.Compare(t, path, b.String()); differ {
+		t.Errorf("got:\n%s\nwant (%s):\n%s", b.String(), path, want)
 	}
 }
 
