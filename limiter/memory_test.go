@@ -9,17 +9,12 @@ import (
 	"github.com/ratelimitd/ratelimitd/limiter/limitertest"
 )
 
-func TestMemoryStoreConformance(t *testing.T) {
-	limitertest.RunStoreTests(t, func(t *testing.T) limiter.Store {
-		return limiter.NewMemoryStore(limiter.MemoryOptions{})
-	})
-}
+// newMemoryStore is a MemoryStore with the defaults, for the suites.
+func newMemoryStore(*testing.T) limiter.Store { return limiter.NewMemoryStore(limiter.MemoryOptions{}) }
 
-func TestMemoryStorePostpaid(t *testing.T) {
-	limitertest.RunPostpaidTests(t, func(t *testing.T) limiter.Store {
-		return limiter.NewMemoryStore(limiter.MemoryOptions{})
-	})
-}
+func TestMemoryStoreConformance(t *testing.T) { limitertest.RunStoreTests(t, newMemoryStore) }
+
+func TestMemoryStorePostpaid(t *testing.T) { limitertest.RunPostpaidTests(t, newMemoryStore) }
 
 // TestMemoryStoreTakeAllocates: a Take of up to 8 requests allocates only
 // the decisions it returns (the states it reads and writes stay on the
