@@ -133,7 +133,7 @@ func TestTakeAcrossSlotsDenied(t *testing.T) {
 
 			f := &faults{release: make(chan struct{})}
 			t.Cleanup(func() { close(f.release) }) // before s.Close and ring.Close
-			giveBackSrc := clockSource + commonSource + giveBackSource
+			giveBackSrc := clockSource + stateSource + commonSource + giveBackSource
 			isGiveBack := func(args []any) bool { return runs(args, s.giveBack, giveBackSrc, s.Key("a")) }
 			switch tc.giveBack {
 			case "fail":
@@ -143,7 +143,7 @@ func TestTakeAcrossSlotsDenied(t *testing.T) {
 			}
 			if tc.failTake != "" {
 				f.fail = func(args []any) bool {
-					return runs(args, s.take, clockSource+commonSource+stepSource+takeSource, s.Key(tc.failTake))
+					return runs(args, s.take, clockSource+stateSource+commonSource+singleSource+stepSource+takeSource, s.Key(tc.failTake))
 				}
 			}
 			ring.AddHook(f)

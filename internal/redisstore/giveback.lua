@@ -22,8 +22,8 @@
 --     TAT back by exactly what the admitted Take added beyond the denied
 --     one, W − max(T, its now).
 -- A bucket moved back to (or before) now is deleted: full.
--- Returns the number of buckets given back. (clock.lua and common.lua,
--- prepended, read the clock and have the helpers.)
+-- Returns the number of buckets given back. (clock.lua, state.lua and
+-- common.lua, prepended, read the clock and have the helpers.)
 
 local taken = tonumber(ARGV[2])
 

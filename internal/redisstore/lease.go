@@ -42,7 +42,7 @@ var (
 	//go:embed lease.lua
 	leaseSource string
 	// leaseScript is immutable: its source and SHA.
-	leaseScript = redis.NewScript(clockSource + commonSource + leaseSource)
+	leaseScript = redis.NewScript(clockSource + stateSource + commonSource + leaseSource)
 )
 
 // LeaseKey returns the Redis key of the pool named pool: the prefix,

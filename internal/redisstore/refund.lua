@@ -14,8 +14,9 @@
 --           the time its tokens take to arrive: limiter.Limit.Span of its
 --           hits, at most burst + max debt (the Go side computes it).
 --
--- Returns the number of buckets written or deleted. (clock.lua and
--- common.lua, prepended, read the clock and have the helpers.)
+-- Returns the number of buckets written or deleted. (clock.lua,
+-- state.lua and common.lua, prepended, read the clock and have the
+-- helpers.)
 
 local changed = 0
 for i, key in ipairs(KEYS) do

@@ -1,5 +1,5 @@
 -- ratelimitd: the admission arithmetic of take.lua (store.go puts it
--- after clock.lua, common.lua and single.lua, before take.lua):
+-- after clock.lua, state.lua, common.lua and single.lua, before take.lua):
 -- limiter.Decide (limiter/bucket.go) for one request, on a spec parsed
 -- from take.lua's arguments (its header gives their layout and the bounds
 -- that keep every number an exact integer in a double). A take, a check
@@ -13,6 +13,17 @@ local function add(tus, tfr, uus, ufr, count)
     return us + 1, fr - count
   end
   return us, fr
+end
+
+-- before is tat − now for a bucket in state (sus, sfr) at now, in the
+-- frame of now (see step): never negative, its fraction at most
+-- count − 1. (decide_one, on the path of every take, has it written out.)
+local function before(sus, sfr, count, now)
+  local tus, tfr = sus - now, math.min(sfr, count - 1)
+  if tus < 0 then
+    return 0, 0
+  end
+  return tus, tfr
 end
 
 -- step mirrors Decide for the request with spec p (see parse_spec), on a bucket
@@ -34,10 +45,7 @@ local function step(p, sus, sfr, now)
     return nus, nfr, ok, wrote
   end
   local count = p.count
-  local tus, tfr = sus - now, math.min(sfr, count - 1) -- before: tat − now
-  if tus < 0 then
-    tus, tfr = 0, 0
-  end
+  local tus, tfr = before(sus, sfr, count, now)
   local hus, hfr = p.hus, p.hfr
   local fus, ffr = p.fus, p.ffr
   -- mirrors Limit.charge: never deeper than the floor, nor fuller than

@@ -51,6 +51,8 @@ import (
 var (
 	//go:embed clock.lua
 	clockSource string
+	//go:embed state.lua
+	stateSource string
 	//go:embed common.lua
 	commonSource string
 	//go:embed single.lua
@@ -306,10 +308,10 @@ func New(c Client, opts Options) (*Store, error) {
 		client:   c,
 		prefix:   opts.Prefix,
 		clock:    opts.Clock,
-		take:     redis.NewScript(clockSource + commonSource + singleSource + stepSource + takeSource),
-		takeOne:  redis.NewScript(clockSource + singleSource + takeOneSource),
-		giveBack: redis.NewScript(clockSource + commonSource + giveBackSource),
-		refund:   redis.NewScript(clockSource + commonSource + refundSource),
+		take:     redis.NewScript(clockSource + stateSource + commonSource + singleSource + stepSource + takeSource),
+		takeOne:  redis.NewScript(clockSource + stateSource + singleSource + takeOneSource),
+		giveBack: redis.NewScript(clockSource + stateSource + commonSource + giveBackSource),
+		refund:   redis.NewScript(clockSource + stateSource + commonSource + refundSource),
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix

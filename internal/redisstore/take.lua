@@ -17,9 +17,10 @@
 -- is split into several calls); each is still decided alone, on the state
 -- the Takes before it left.
 -- Go side: internal/redisstore/store.go (takeArgs, takeSpec, decodeTakeCmd)
--- and batch.go (merging). It starts with clock.lua and common.lua (store.go
--- prepends them): now, read from ARGV[1] or the server's TIME, and divmod,
--- less, sub, ceil_us, full, parse, put, store.
+-- and batch.go (merging). It starts with clock.lua, state.lua and
+-- common.lua (store.go prepends them): now, read from ARGV[1] or the
+-- server's TIME, and divmod, parse, rescale, less, sub, ceil_us, full, put,
+-- store.
 --
 -- Lua numbers are doubles: every value below stays an integer under 2^53
 -- for a valid limiter.Limit and Request (limiter.MaxTokens, MaxFill), and so
@@ -258,13 +259,7 @@ end
 -- formed for j ≤ m.
 local function take_many(p, m, sus, sfr, now)
   local count, hus, hfr = p.count, p.hus, p.hfr
-  local tus, tfr = sus - now, sfr
-  if tfr > count - 1 then
-    tfr = count - 1
-  end
-  if tus < 0 then
-    tus, tfr = 0, 0
-  end
+  local tus, tfr = before(sus, sfr, count, now)
   -- room = bound − before, where bound = (fus, ffr) − (hus, hfr) + maxwait
   local dus, dfr = p.fus - hus + p.lus - tus, p.ffr - hfr - tfr
   if dfr < 0 then

@@ -14,13 +14,12 @@
 -- that holds something other than "TAT:Frac": take.lua's reply to one
 -- Take.
 --
--- It starts with clock.lua (server_clock, now) and single.lua (decide_one,
--- the decision of these kinds, shared with take.lua) and nothing else: not
--- common.lua and step.lua, whose parts it needs it writes out in one flat
--- chunk, because a script's local functions and tables are made anew on
--- every call, which cost a lone call about a sixth of its time in Redis.
--- Each part names what it mirrors there; TestMatchesDecideAll* hold both
--- scripts to limiter.DecideAll.
+-- It starts with clock.lua (server_clock, now), state.lua (divmod, parse,
+-- rescale, put) and single.lua (decide_one, the decision of these kinds,
+-- shared with take.lua) and nothing else: not common.lua and step.lua,
+-- because a script's local functions and tables are made anew on every
+-- call, which cost a lone call about a sixth of its time in Redis. TestMatchesDecideAll* hold both scripts to
+-- limiter.DecideAll.
 
 local key, spec = KEYS[1], ARGV[2]
 local kind, count, hus, hfr, fus, ffr, maxwait, per, cap = string.match(spec or '',
@@ -48,42 +47,17 @@ if type(v) == 'table' then
   v = false
 end
 local sus, sfr = 0, 0
--- divmod (common.lua): floor(a/b) and a mod b, exact for integers
-local function divmod(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q, r = q - 1, r + b
-  elseif r >= b then
-    q, r = q + 1, r - b
-  end
-  return q, r
-end
 local stored_us, stored_fr -- the state as stored, when rescaled
 if v then
-  local a, b, c0, p0 = string.match(v, '^(-?%d+):(%d+):(%d+):(%d+)$')
-  if not a then
-    a, b = string.match(v, '^(-?%d+):(%d+)$')
-    if not a then
-      return {redis.error_reply('ratelimitd: bucket ' .. key .. ' holds ' .. v .. ', not TAT:Frac:Count:Period'), 0, 0, 0}
-    end
+  local r0
+  sus, sfr, r0 = parse(key, v)
+  if not sus then
+    return {redis.error_reply(sfr), 0, 0, 0}
   end
-  sus, sfr = a + 0, b + 0
-  -- rescale (common.lua) when written under another rate
-  if c0 then
-    c0, p0 = c0 + 0, p0 + 0
-    local per_n, cap_n = per + 0, cap + 0
-    if c0 >= 1 and p0 >= 1 and (c0 ~= count or p0 ~= per_n) and sus >= now then
-      local n = ((sus - now) * c0 + math.min(sfr, c0 - 1)) / p0
-      if n > cap_n then
-        n = cap_n
-      end
-      local span = n * per_n / count
-      local q = math.floor(span)
-      local r = math.floor((span - q) * count)
-      stored_us, stored_fr = sus, sfr
-      sus, sfr = now + q, math.max(0, math.min(r, count - 1))
-    end
+  local rus, rfr, applied = rescale(sus, sfr, r0, count, per + 0, rate, cap + 0, now)
+  if applied then
+    stored_us, stored_fr = sus, sfr
+    sus, sfr = rus, rfr
   end
 end
 
@@ -101,24 +75,10 @@ if nus ~= sus or nfr ~= sfr then
   wus, wfr = nus, nfr
 end
 
--- put: the key expires when the bucket is full again, at ceil_us(TAT) in
--- ms rounded up (PXAT on the server's clock, else PX counted from now),
--- divided as divmod does, exactly for any integer below 2^53. A rescaled
--- state may be full: the key then goes, as common.lua's store does.
+-- put (state.lua): the key expires when the bucket is full again; a
+-- rescaled state may be full, and the key then goes.
 if wus then
-  local e = wus
-  if wfr > 0 then
-    e = e + 1
-  end
-  if not server_clock then
-    e = e - now
-  end
-  local ms = divmod(e + 999, 1000)
-  if ms > 0 then
-    redis.call('SET', key, string.format('%d:%d', wus, wfr) .. rate, server_clock and 'PXAT' or 'PX', string.format('%d', ms))
-  else
-    redis.call('DEL', key)
-  end
+  put(key, wus, wfr, now, rate)
 end
 
 -- a Shadow request's denial denies nothing
