@@ -94,11 +94,7 @@ descriptors:
 					return d[0]
 				}
 				one := tokenTime(l, 1)
-				steps := []struct {
-					at   time.Duration
-					hits int64
-					want limiter.Decision
-				}{
+				steps := []chargeStep{
 					{0, 0, limiter.Decision{Allowed: true, Remaining: l.Count}},
 					{0, 4294967296, limiter.Decision{ExceedsBurst: true}}, // more than any burst here
 					{0, l.Count - 1, limiter.Decision{Allowed: true, Remaining: 1, ResetAfter: tokenTime(l, l.Count-1)}},
@@ -119,6 +115,14 @@ descriptors:
 			})
 		}
 	}
+}
+
+// chargeStep is a step of the tests here: at t0 + at, hits taken (or
+// charged) on one bucket, and the decision wanted.
+type chargeStep struct {
+	at   time.Duration
+	hits int64
+	want limiter.Decision
 }
 
 // TestStreamDoneChargeUnderDefaultOverdraft: an incumbent-style rule (no
@@ -144,17 +148,9 @@ descriptors:
 			for _, tt := range []struct {
 				name  string
 				limit limiter.Limit
-				steps []struct {
-					at   time.Duration
-					hits int64
-					want limiter.Decision
-				}
+				steps []chargeStep
 			}{
-				{"default overdraft", l, []struct {
-					at   time.Duration
-					hits int64
-					want limiter.Decision
-				}{
+				{"default overdraft", l, []chargeStep{
 					{0, 1, limiter.Decision{Allowed: true, Remaining: 999, ResetAfter: tok(1)}},
 					// The stream-done charge: 1500 tokens, 999 left. Recorded
 					// (501 in debt); admitted, as the bucket was not in debt
@@ -173,11 +169,7 @@ descriptors:
 					{tok(1502) - time.Microsecond, 0, limiter.Decision{RetryAfter: time.Microsecond, ResetAfter: tok(1000) + time.Microsecond}},
 					{tok(1502), 1, limiter.Decision{Allowed: true, ResetAfter: tok(1001)}},
 				}},
-				{"no overdraft: the charge is dropped", rule, []struct {
-					at   time.Duration
-					hits int64
-					want limiter.Decision
-				}{
+				{"no overdraft: the charge is dropped", rule, []chargeStep{
 					{0, 1, limiter.Decision{Allowed: true, Remaining: 999, ResetAfter: tok(1)}},
 					{0, 1500, limiter.Decision{ExceedsBurst: true, ResetAfter: tok(1)}},
 					{0, 0, limiter.Decision{Allowed: true, Remaining: 999, ResetAfter: tok(1)}},
