@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -82,11 +81,7 @@ func shellWords(s string) []string {
 // with the image the package builds: the same user, entrypoint, ports,
 // environment, labels, paths, files and build flags.
 func TestDockerfile(t *testing.T) {
-	text, err := os.ReadFile(filepath.Join(moduleRoot, "Dockerfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	all := parseDockerfile(string(text))
+	all := parseDockerfile(string(readFile(t, filepath.Join(moduleRoot, "Dockerfile"))))
 	last := 0
 	for i, in := range all {
 		if in.cmd == "FROM" {

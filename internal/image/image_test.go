@@ -352,18 +352,11 @@ func TestImageFiles(t *testing.T) {
 		t.Errorf("%s and %s are different files", image.BinaryPath, image.IncumbentPath)
 	}
 	sameBytes(t, filepath.Join(root, image.BinaryPath), f.bin)
-	bin, err := os.ReadFile(filepath.Join(root, image.IncumbentPath))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := image.CheckStatic(bin, runtime.GOARCH); err != nil {
+	if err := image.CheckStatic(readFile(t, filepath.Join(root, image.IncumbentPath)), runtime.GOARCH); err != nil {
 		t.Errorf("CheckStatic(%s) = %v", image.IncumbentPath, err)
 	}
 	sameBytes(t, filepath.Join(root, image.CABundlePath), image.DefaultCABundle)
-	passwd, err := os.ReadFile(filepath.Join(root, "etc/passwd"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	passwd := readFile(t, filepath.Join(root, "etc/passwd"))
 	if !strings.Contains(string(passwd), "\nnobody:x:65534:65534:") {
 		t.Errorf("/etc/passwd has no nobody 65534:65534:\n%s", passwd)
 	}
@@ -371,17 +364,20 @@ func TestImageFiles(t *testing.T) {
 
 func sameBytes(t *testing.T, got, want string) {
 	t.Helper()
-	g, err := os.ReadFile(got)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := os.ReadFile(want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(g, w) {
+	if g, w := readFile(t, got), readFile(t, want); !bytes.Equal(g, w) {
 		t.Errorf("%s (%d bytes) differs from %s (%d bytes)", got, len(g), want, len(w))
 	}
+}
+
+// readFile is the content of the file at path; it fails t if it cannot
+// be read.
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // TestReproducible: the same inputs give the same digests; another time

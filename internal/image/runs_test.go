@@ -4,7 +4,6 @@ package image_test
 
 import (
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -140,11 +139,7 @@ func envoyGatewayDeployment(t *testing.T, root rootfs) launch {
 		"/certs/tls.crt": certs.ClientCert, "/certs/tls.key": certs.ClientKey, "/certs/ca.crt": certs.CA.File,
 		"/certs/grpc.crt": certs.ServerCert, "/certs/grpc.key": certs.ServerKey,
 	} {
-		data, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		root.write(t, file, data)
+		root.write(t, file, readFile(t, src))
 	}
 	l := launch{path: image.IncumbentPath, grpcAddr: proctest.FreeAddr(t), httpAddr: proctest.FreeAddr(t), grpcCA: certs.CA.File}
 	l.httpOK = []string{"http://" + l.httpAddr + "/healthcheck"}
@@ -223,10 +218,7 @@ func mountConfigMap(t *testing.T, root rootfs, d *appsv1.Deployment, cm *corev1.
 // strictly).
 func exampleDeployment(t *testing.T, file, name string) (*appsv1.Deployment, *corev1.ConfigMap) {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(moduleRoot, "examples/kubernetes", file))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := readFile(t, filepath.Join(moduleRoot, "examples/kubernetes", file))
 	var d *appsv1.Deployment
 	var cm *corev1.ConfigMap
 	for _, doc := range strings.Split(string(data), "\n---\n") {
@@ -237,6 +229,7 @@ func exampleDeployment(t *testing.T, file, name string) (*appsv1.Deployment, *co
 		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
 			t.Fatal(err)
 		}
+		var err error
 		switch {
 		case head.Kind == "Deployment" && head.Metadata.Name == name:
 			d = &appsv1.Deployment{}
