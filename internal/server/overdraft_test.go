@@ -5,9 +5,7 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/server"
@@ -151,9 +149,7 @@ descriptors:
 		t.Run(fmt.Sprintf("overdraft %v", on), func(t *testing.T) {
 			c, _ := startServer(t, server.Options{Now: clocktest.New().Now, Overdraft: server.Overdraft{On: on}}, server.MustParse(t, file))
 			overridden := func(hits uint64) *rlsv3.RateLimitResponse {
-				d := withHits(desc("model", "m"), hits)
-				d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: typev3.RateLimitUnit_HOUR}
-				return call(t, c, request("ai", d))
+				return call(t, c, request("ai", overridePerHour(withHits(desc("model", "m"), hits), 100)))
 			}
 			overridden(60)
 			overridden(60) // 40 left: recorded only under the overdraft

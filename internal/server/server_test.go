@@ -112,6 +112,12 @@ func withHits(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLim
 	return d
 }
 
+// overridePerHour is d with Envoy's limit override of n requests an hour.
+func overridePerHour(d *ratelimitv3.RateLimitDescriptor, n uint32) *ratelimitv3.RateLimitDescriptor {
+	d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_HOUR}
+	return d
+}
+
 // request is servertest.Request, short for the tables here.
 func request(domain string, descs ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
 	return servertest.Request(domain, descs...)
@@ -334,13 +340,9 @@ func TestZeroRateDeniesEverything(t *testing.T) {
 
 func TestLimitOverride(t *testing.T) {
 	c := startTestConfig(t)
-	override := func(d *ratelimitv3.RateLimitDescriptor, n uint32) *ratelimitv3.RateLimitDescriptor {
-		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_HOUR}
-		return d
-	}
 	// gpt-4o is configured at 5/minute; the override says 2/hour.
 	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, over} {
-		resp := call(t, c, request("api", override(desc("model", "gpt-4o"), 2)))
+		resp := call(t, c, request("api", overridePerHour(desc("model", "gpt-4o"), 2)))
 		st := resp.GetStatuses()[0]
 		if st.GetCode() != want || st.GetCurrentLimit().GetRequestsPerUnit() != 2 || st.GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR {
 			t.Errorf("overridden call %d: %v %v, want %v at 2/HOUR", i+1, st.GetCode(), st.GetCurrentLimit(), want)
@@ -348,7 +350,7 @@ func TestLimitOverride(t *testing.T) {
 	}
 	// An override applies where no rule matches.
 	for i, want := range []rlsv3.RateLimitResponse_Code{ok, over} {
-		resp := call(t, c, request("api", override(desc("color", "red"), 1)))
+		resp := call(t, c, request("api", overridePerHour(desc("color", "red"), 1)))
 		if got := resp.GetStatuses()[0].GetCode(); got != want {
 			t.Errorf("override without rule, call %d: %v, want %v", i+1, got, want)
 		}

@@ -8,7 +8,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/server"
 )
@@ -47,11 +46,7 @@ func lastOutcome(obs *recorder[[]server.Outcome]) server.Outcome {
 // bucket would deny are admitted (descriptor status OK) and observed as
 // ShadowOverLimit; without it they are denied.
 func TestShadowModeEverywhere(t *testing.T) {
-	override := func(key string) *ratelimitv3.RateLimitDescriptor {
-		d := desc(key, "x")
-		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}
-		return d
-	}
+	override := func(key string) *ratelimitv3.RateLimitDescriptor { return overridePerHour(desc(key, "x"), 1) }
 	entry := func(key string) *ratelimitv3.RateLimitDescriptor { return desc(key, "x") }
 	tests := []struct {
 		name  string
