@@ -149,14 +149,16 @@ func (s *Server) acquireLeases(ctx context.Context, now time.Time, p *plan) ([]*
 				return nil, now, statusFromError(err)
 			}
 			lt.release, lt.asked = rel, true
-			if rel.Released {
-				ls.wake(lt.pool)
-			}
 			op := LeaseReleased
 			if !rel.Released {
 				op = LeaseReleaseMissed
 			}
+			// Recorded before a waiter is woken: the count the waiter's
+			// acquire reports is the newer one, and must be recorded last.
 			ls.observe(lt, op, rel.InFlight, rel.Expired)
+			if rel.Released {
+				ls.wake(lt.pool)
+			}
 		case leaseCheck:
 			if err := s.checkLease(ctx, now, lt); err != nil {
 				s.logFailure(ctx, now, p.domain, err)
@@ -377,8 +379,8 @@ func (ls *leaseState) giveBack(lt *leaseTake) {
 		return // the lease expires by itself
 	}
 	if rel.Released {
+		ls.observe(lt, LeaseGivenBack, rel.InFlight, rel.Expired) // before the wake: see acquireLeases
 		ls.wake(lt.pool)
-		ls.observe(lt, LeaseGivenBack, rel.InFlight, rel.Expired)
 	} else if rel.Expired > 0 {
 		ls.observe(lt, LeaseChecked, rel.InFlight, rel.Expired)
 	}
