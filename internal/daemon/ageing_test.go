@@ -9,7 +9,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
@@ -59,25 +58,13 @@ func TestMaxConnectionAge(t *testing.T) {
 			const age = 300 * time.Millisecond
 			r := run(t, daemon.Config{MaxConnectionAge: age, MaxConnectionAgeGrace: tt.grace}, ageingConfig)
 			conns := &connCounter{}
-			conn, err := grpc.NewClient(r.d.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithStatsHandler(conns))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			rls := rlsv3.NewRateLimitServiceClient(conn)
+			rls := rlsv3.NewRateLimitServiceClient(servertest.Dial(t, r.d.GRPCAddr().String(), grpc.WithStatsHandler(conns)))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 
 			// The held call takes the token, the next one waits for the
 			// next: about 2s, past the first connection's age.
-			if _, err := rls.ShouldRateLimit(ctx, entry("held")); err != nil {
-				t.Fatal(err)
-			}
-			held := make(chan error, 1)
-			go func() {
-				_, err := rls.ShouldRateLimit(ctx, entry("held"))
-				held <- err
-			}()
+			held := takeThenHold(ctx, t, rls, entry("held"))
 
 			// Calls every 10ms for 2.5s (at most 250): about eight ages.
 			start, calls := time.Now(), 0

@@ -21,6 +21,22 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 20, burst: 1, max_wait: 5s}
 `
 
+// takeThenHold makes req's call, which must be admitted, then the same
+// call in the background, held for the next token; that call's error
+// comes on the channel. Both calls end with ctx.
+func takeThenHold(ctx context.Context, t *testing.T, rls rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest) <-chan error {
+	t.Helper()
+	if resp, err := rls.ShouldRateLimit(ctx, req); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("first call = %v, %v; want OK", resp.GetOverallCode(), err)
+	}
+	held := make(chan error, 1)
+	go func() {
+		_, err := rls.ShouldRateLimit(ctx, req)
+		held <- err
+	}()
+	return held
+}
+
 // TestRunReportsACutDrain: a call held for its token (about 3 s) when the
 // context ends is answered UNAVAILABLE and Run returns ErrDrainCut when
 // ShutdownTimeout is shorter than the hold; with a longer one it is
@@ -42,16 +58,7 @@ func TestRunReportsACutDrain(t *testing.T) {
 			defer cancel()
 			rls := rlsv3.NewRateLimitServiceClient(r.conn)
 			req := servertest.Request("agents", servertest.Desc("agent", "a"))
-			if resp, err := rls.ShouldRateLimit(ctx, req); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-				t.Fatalf("first call = %v, %v; want OK", resp.GetOverallCode(), err)
-			}
-			held := make(chan error, 1)
-			go func() {
-				callCtx, callCancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer callCancel()
-				_, err := rls.ShouldRateLimit(callCtx, req)
-				held <- err
-			}()
+			held := takeThenHold(ctx, t, rls, req)
 			time.Sleep(300 * time.Millisecond) // for the call to reach the server; it waits 3 s
 			err := r.stop()
 			if got := errors.Is(err, daemon.ErrDrainCut); got != tt.wantCut {

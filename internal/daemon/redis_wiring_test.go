@@ -13,9 +13,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/failover"
 	"github.com/ratelimitd/ratelimitd/internal/faultproxy"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 	"github.com/ratelimitd/ratelimitd/limiter"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -161,12 +160,7 @@ func TestDaemonMarginFollowsTimerLateness(t *testing.T) {
 // deadline.
 func TestDaemonMarginFollowsReadWaits(t *testing.T) {
 	d, proxy := wiringDaemon(t, failover.Options{Mode: failover.Deny, FailureThreshold: 10})
-	conn, err := grpc.NewClient(d.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
+	hc := healthpb.NewHealthClient(servertest.Dial(t, d.GRPCAddr().String()))
 	// The kernel turns stamping on lazily: the first reads may carry none.
 	for i := 0; d.reads.Lateness(time.Now()) == 0; i++ {
 		if i == 50 {
