@@ -30,7 +30,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
@@ -39,6 +38,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/readlag"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/servertest"
 )
 
 // clusterFaultsConfig is faultsConfig with the hot bucket of meshConfig:
@@ -386,12 +386,7 @@ func openFaultConn(t *testing.T, addr string) *grpc.ClientConn {
 		current.Store(c)
 		return c, nil
 	}
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(dial), grpc.WithStatsHandler(arrivals{conn: &current}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := servertest.Dial(t, "passthrough:///"+addr, grpc.WithContextDialer(dial), grpc.WithStatsHandler(arrivals{conn: &current}))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {

@@ -77,11 +77,7 @@ func TestRunAsRatelimitWithEGsEnvironment(t *testing.T) {
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca)
-	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := servertest.Dial(t, p.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13})))
 	client := rlsv3.NewRateLimitServiceClient(conn)
 	const domain = "default/eg/http"
 	waitFor := func(what string, cond func() bool) {
