@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -105,14 +104,14 @@ func waitListening(t *testing.T, p *process, addr string, d time.Duration) {
 	t.Fatalf("%s: nothing listening on %s within %v:\n%s", p.name, addr, d, p.tail(40))
 }
 
+// freePort is the port of proctest.FreeAddr.
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	_, port, err := net.SplitHostPort(proctest.FreeAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	return port
 }
 
 // envoyGateway is EG run standalone: the file resource provider on
