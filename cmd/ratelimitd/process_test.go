@@ -24,7 +24,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -809,15 +808,8 @@ func TestHeapFloorReachesTheRuntime(t *testing.T) {
 		{"0", 100, 100},
 	} {
 		p := startProc(t, "--config", dir, "--gc-heap-floor-mib", tt.floor)
-		code, body := servertest.Get(t, "http://"+p.httpAddr+"/metrics")
-		var got float64
-		for line := range strings.Lines(body) {
-			if v, ok := strings.CutPrefix(line, "go_gc_gogc_percent "); ok {
-				got, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
-			}
-		}
-		if code != http.StatusOK || got < tt.min || got > tt.max {
-			t.Errorf("--gc-heap-floor-mib %s: GET /metrics = %d, go_gc_gogc_percent %v, want %v to %v", tt.floor, code, got, tt.min, tt.max)
+		if got := scrape(t, p).value("go_gc_gogc_percent"); got < tt.min || got > tt.max {
+			t.Errorf("--gc-heap-floor-mib %s: go_gc_gogc_percent %v, want %v to %v", tt.floor, got, tt.min, tt.max)
 		}
 	}
 }
