@@ -71,7 +71,9 @@ const (
 // a batch into take.lua calls of the pipeline (see envelopes). Calls queue
 // in one channel; senders goroutines each take what is queued as a batch
 // and send it. A call that arrives while no round trip is in flight and no
-// batch is forming is sent at once, alone if it is alone. Calls that
+// batch is forming is sent at once, alone if it is alone; while the load
+// is busy (see busy), it goes with the calls already on their way
+// (gather). Calls that
 // arrive while a round trip is in flight collect in the next batch until
 // that round trip, or any other, lands (Redis is free again), until max,
 // or for at most wait, and go out together; while every sender is busy,
@@ -105,10 +107,16 @@ type batcher struct {
 	// before it counts itself.
 	queued atomic.Int32
 	// directWhenIdle lets a call that finds nothing in flight be sent from
-	// its caller's goroutine (the client honours deadlines).
+	// its caller's goroutine (the client honours deadlines), unless the
+	// load is busy (see busy).
 	directWhenIdle bool
-	stop           chan struct{}
-	stopOnce       sync.Once
+	// busyUntil (Unix ns) is when the load stops counting as busy: until
+	// busyFor after a round trip that carried more than one call landed.
+	// shared is how many calls the last such round trip carried.
+	busyUntil atomic.Int64
+	shared    atomic.Int32
+	stop      chan struct{}
+	stopOnce  sync.Once
 	// landings holds a token once a round trip or a direct call has left
 	// flight (see land): the forming batch, if any, goes.
 	landings chan struct{}
@@ -211,12 +219,32 @@ func (b *batcher) close() {
 // received as queued, so a call never goes around a batch that is
 // collecting latecomers.
 func (b *batcher) claimIdle() bool {
-	return b.directWhenIdle && b.queued.Load() == 0 && b.inflight.CompareAndSwap(0, 1)
+	return b.directWhenIdle && b.queued.Load() == 0 && !b.busy() && b.inflight.CompareAndSwap(0, 1)
 }
 
-// land counts a round trip, or a call sent directly, out of flight and
-// tells the batch forming meanwhile, if any, to go: Redis is free.
-func (b *batcher) land() {
+// busyFor is how long after a round trip that carried more than one call
+// landed the load counts as busy: about the time its callers take to come
+// back with their next calls through Envoy and gRPC (1–3 ms at 64
+// callers on one connection here). While busy, a call that finds Redis
+// idle does not go alone: it starts a batch that waits for the others
+// (see send), so that a busy load's round trips do not alternate between
+// one carrying the first caller back and one carrying all the rest.
+const busyFor = 2 * time.Millisecond
+
+// busy reports whether a round trip that carried more than one call
+// landed within busyFor.
+func (b *batcher) busy() bool {
+	return time.Now().UnixNano() < b.busyUntil.Load()
+}
+
+// land counts a round trip of calls calls, or a call sent directly (1),
+// out of flight and tells the batch forming meanwhile, if any, to go:
+// Redis is free. A round trip of more than one call marks the load busy.
+func (b *batcher) land(calls int) {
+	if calls > 1 {
+		b.shared.Store(int32(calls))
+		b.busyUntil.Store(time.Now().Add(busyFor).UnixNano())
+	}
 	b.inflight.Add(-1)
 	select {
 	case b.landings <- struct{}{}:

@@ -85,9 +85,10 @@ func TestALandingSendsTheFormingBatch(t *testing.T) {
 }
 
 // TestNoBatchWaitsOutItsWait: with BatchWait an hour, 32 callers taking
-// at once, then a lone one, are all answered, and the lone call goes
-// directly: a batch waits for a round trip to land, never for the timer,
-// and no load makes the next lone call wait for company.
+// at once, then a lone one, are all answered, and once the load's busy
+// window has passed a lone call goes directly: a batch waits for a round
+// trip to land or for the callers already runnable, never for the timer,
+// and no load makes a lone call wait for company.
 func TestNoBatchWaitsOutItsWait(t *testing.T) {
 	s, _ := ownServerStore(t, Options{Clock: CallerClock, Prefix: "nowait:", BatchWait: time.Hour})
 	var batched atomic.Int64
@@ -118,12 +119,58 @@ func TestNoBatchWaitsOutItsWait(t *testing.T) {
 	if batched.Load() == 0 {
 		t.Fatal("32 callers at once: no call was batched, want some")
 	}
+	// At once, likely within the busy window: queued, not sent directly,
+	// and still not held for the hour.
+	if err := take("lone"); err != nil {
+		t.Fatalf("a lone call right after the load: %v", err)
+	}
+	waitFor(t, "the load's busy window to pass", func() bool { return !s.server.batch.busy() })
 	before := s.Stats().Direct
 	if err := take("lone"); err != nil {
 		t.Fatalf("a lone call after the load: %v", err)
 	}
 	if got := s.Stats().Direct - before; got != 1 {
 		t.Errorf("a lone call after the load: %d sent directly, want 1", got)
+	}
+}
+
+// TestABusyLoadGoesTogether: while the load is busy (a round trip of
+// several calls has just landed), callers that find Redis idle are not
+// sent directly one by one: each joins a batch, and every one is answered
+// without waiting out BatchWait (an hour).
+func TestABusyLoadGoesTogether(t *testing.T) {
+	s, _ := ownServerStore(t, Options{Clock: CallerClock, Prefix: "busy:", BatchWait: time.Hour})
+	sizes := batchSizes(s)
+	b := s.server.batch
+	// As after a round trip of 8 calls landed, for the rest of the test.
+	b.shared.Store(8)
+	b.busyUntil.Store(time.Now().Add(time.Hour).UnixNano())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	t0 := time.Unix(1_800_000_000, 0)
+	l := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1000}
+	before := s.Stats().Direct
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			<-start
+			if _, err := s.Take(ctx, t0, []limiter.Request{{Key: "b" + strconv.Itoa(g), Limit: l, Hits: 1}}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if got := s.Stats().Direct - before; got != 0 {
+		t.Errorf("while busy, %d calls were sent directly, want 0", got)
+	}
+	total := 0
+	for _, n := range sizes() {
+		total += n
+	}
+	if total != 8 {
+		t.Errorf("while busy, batches %v carried %d calls, want 8", sizes(), total)
 	}
 }
 

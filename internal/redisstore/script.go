@@ -278,7 +278,7 @@ func (s *Store) send(r *route, ctx context.Context, by time.Time, c scriptCall) 
 	if r.batch != nil {
 		// Redis is idle: send at once from this goroutine, without the two
 		// hand-offs to and from a sender; calls arriving meanwhile batch up.
-		defer r.batch.land()
+		defer r.batch.land(1)
 		if err := r.batch.closedOr(ctx); err != nil {
 			return errCmd(ctx, err)
 		}

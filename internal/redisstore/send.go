@@ -106,14 +106,19 @@ func (b *batcher) send() {
 		default:
 		}
 		// With another round trip in flight, latecomers are likely:
-		// collect them until it lands. Otherwise go at once (a lone
-		// caller never waits).
+		// collect them until it lands. With none in flight but the load
+		// busy, the callers of the last shared round trip are coming
+		// back: gather those already runnable. Otherwise go at once (a
+		// lone caller never waits).
 		var stopped bool
 		switch {
 		case b.hold > 0:
 			batch, stopped = b.collect(batch, timer, b.hold, false)
-		case len(batch) < b.max && b.wait > 0 && b.inflight.Load() > 1:
+		case len(batch) >= b.max || b.wait <= 0:
+		case b.inflight.Load() > 1:
 			batch, stopped = b.collect(batch, timer, b.wait, true)
+		case b.busy():
+			batch = b.gather(batch, min(int(b.shared.Load()), b.max))
 		}
 		if stopped {
 			b.forming.Unlock()
@@ -145,12 +150,13 @@ func (b *batcher) send() {
 func (b *batcher) exchange(batch []*call, timer *time.Timer) {
 	var sentAt atomic.Int64 // when the round trip was written, Unix ns; 0 if it was not
 	trip := func() {
+		calls := len(batch) // before roundTrip reuses batch's array
 		sent := b.roundTrip(batch, &sentAt)
 		// Out of flight before answering: the next batch goes while these
 		// calls are answered, and a caller may send its next call as soon
 		// as it has its answer, and must not find this round trip still
 		// counted (it would join a batch for nothing).
-		b.land()
+		b.land(calls)
 		b.answer(sent)
 	}
 	if b.slowAfter <= 0 {
@@ -259,6 +265,23 @@ func (b *batcher) drain(batch []*call) []*call {
 			batch = append(batch, c)
 		default:
 			return batch
+		}
+	}
+	return batch
+}
+
+// gather adds to batch the calls queued while the goroutines already
+// runnable run, until it holds upTo: it yields the processor and takes
+// what was queued meanwhile, and stops once a yield brings nothing. So a
+// busy load's callers, handed their answers and their next calls by one
+// read of a gRPC connection, go out together, and no call ever waits for
+// a timer or for callers that are not coming.
+func (b *batcher) gather(batch []*call, upTo int) []*call {
+	for len(batch) < upTo {
+		runtime.Gosched()
+		n := len(batch)
+		if batch = b.drain(batch); len(batch) == n {
+			break
 		}
 	}
 	return batch
