@@ -53,7 +53,7 @@ const (
 )
 
 // attackConfig is the descriptor file of attackDomain: bench.yaml's rules
-// (client › route › method, abuser, hot) with attackWildcards wildcard
+// (benchConfig's descriptors, as they stand) with attackWildcards wildcard
 // descriptors and the pathological pattern beside the key-only client
 // descriptor, at the level the mixed load's first entry walks. No
 // legitimate value ("tenant-N") matches a pattern, so the legitimate calls
@@ -66,20 +66,10 @@ func attackConfig() string {
 # patterns of issue 21 that no legitimate value matches.
 domain: ` + attackDomain + `
 descriptors:
-  - key: client
-    rate_limit: {unit: second, requests_per_unit: 1000000, name: client}
-    descriptors:
-      - key: route
-        rate_limit: {unit: second, requests_per_unit: 1000000, name: client-route}
-        descriptors:
-          - key: method
-            rate_limit: {unit: second, requests_per_unit: 1000000, name: client-route-method}
-  - key: abuser
-    rate_limit: {unit: hour, requests_per_unit: 1, name: abuser}
-  - key: hot
-    value: key
-    rate_limit: {unit: hour, requests_per_unit: 1, name: hot}
 `)
+	// bench.yaml's top-level descriptors list is the rest of its file.
+	_, rules, _ := strings.Cut(benchConfig, "\ndescriptors:\n")
+	b.WriteString(rules)
 	wild := func(value, name string) {
 		fmt.Fprintf(&b, "  - key: client\n    value: %q\n    rate_limit: {unit: second, requests_per_unit: 1000000, name: %s}\n", value, name)
 	}

@@ -69,6 +69,15 @@ func TestAttackConfig(t *testing.T) {
 			t.Errorf("Lookup(%s, client=%.40q) = rule %q, want %q", attackDomain, tt.value, got, tt.want)
 		}
 	}
+	// bench.yaml's other rules stand in the attack domain as well.
+	for _, kv := range [][]string{
+		{"client", "tenant-3", "route", "/r", "method", "GET"},
+		{"abuser", "tenant-3"}, {"hot", "key"}, {"model", "shared"},
+	} {
+		if got, want := lookup(set, attackDomain, kv...), lookup(set, "bench", kv...); got == "" || got != want {
+			t.Errorf("Lookup(%s, %v) = rule %q, want %q as in bench.yaml", attackDomain, kv, got, want)
+		}
+	}
 	for _, n := range []int{defaultAttackValueBytes, 1000, 7} {
 		for i, v := range attackValues(n) {
 			if len(v) != n {
