@@ -67,24 +67,24 @@ func NewLeases(reg prometheus.Registerer) (*Leases, error) {
 // LeasePools); until then it reports none.
 func (l *Leases) SetPools(pools func(n int) []server.PoolInFlight) { l.pools.Store(&pools) }
 
-// opCounter is, for each op that is counted, its counter's place in
-// counters (taken, denied, released, given back, expired, waits, sheds).
-// Renewals, checks and missed releases count nothing; expiries come with
-// any op, as LeaseEvent.Expired.
-var opCounter = map[server.LeaseOp]int{
-	server.LeaseTaken:     0,
-	server.LeaseDenied:    1,
-	server.LeaseReleased:  2,
-	server.LeaseGivenBack: 3,
-	server.LeaseWaited:    5,
-	server.LeaseShed:      6,
-}
-
 // ObserveLease implements server.LeaseObserver.
 func (l *Leases) ObserveLease(e server.LeaseEvent) {
-	c := l.counters(e.Rule)
-	if i, ok := opCounter[e.Op]; ok {
-		c[i].Inc()
+	c := l.counters(e.Rule) // taken, denied, released, given back, expired, waits, sheds
+	// Renewals, checks and missed releases count nothing; expiries come
+	// with any op, as LeaseEvent.Expired.
+	switch e.Op {
+	case server.LeaseTaken:
+		c[0].Inc()
+	case server.LeaseDenied:
+		c[1].Inc()
+	case server.LeaseReleased:
+		c[2].Inc()
+	case server.LeaseGivenBack:
+		c[3].Inc()
+	case server.LeaseWaited:
+		c[5].Inc()
+	case server.LeaseShed:
+		c[6].Inc()
 	}
 	if e.Expired > 0 {
 		c[4].Add(float64(e.Expired))

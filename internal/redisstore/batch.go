@@ -226,9 +226,10 @@ func (b *batcher) claimIdle() bool {
 // landed the load counts as busy: about the time its callers take to come
 // back with their next calls through Envoy and gRPC (1–3 ms at 64
 // callers on one connection here). While busy, a call that finds Redis
-// idle does not go alone: it starts a batch that waits for the others
-// (see send), so that a busy load's round trips do not alternate between
-// one carrying the first caller back and one carrying all the rest.
+// idle does not go alone: it starts a batch that gathers the calls already
+// on their way (see send and gather), so that a busy load's round trips do
+// not alternate between one carrying the first caller back and one
+// carrying all the rest.
 const busyFor = 2 * time.Millisecond
 
 // busy reports whether a round trip that carried more than one call

@@ -91,7 +91,7 @@ func (l *Leaser) fetch(ctx context.Context, by, now time.Time, r limiter.Request
 	// Arrivals are counted from the answer, after Redis decided: late,
 	// never early.
 	local := l.opts.Now()
-	filled := err == nil && got[0].Fallback == limiter.FallbackNone && got[0].Allowed
+	filled := err == nil && got[0].Allowed // a fallback answer returned above
 	var ended []limiter.Request
 	l.mu.Lock()
 	b, ok := l.buckets[r.Key]
