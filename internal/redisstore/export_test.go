@@ -33,3 +33,10 @@ func (b *batcher) exec(batch []*call) {
 // request sent alone (take_one.lua's call), so that tests can hold
 // take.lua's path for one request to what they hold take_one.lua's.
 func OnlyTakeLua(s *Store) { s.takeOne = nil }
+
+// TakeScriptSource exposes takeScriptSource to the benchmarks, which run
+// the take script alone beside floor scripts.
+var TakeScriptSource = takeScriptSource
+
+// TakeSpec exposes takeSpec: take.lua's argument for one request.
+var TakeSpec = takeSpec

@@ -294,6 +294,12 @@ var (
 	_ limiter.DeadlineTaker = (*Store)(nil)
 )
 
+// takeScriptSource is take.lua as a Store loads it, after the scripts it
+// starts with (see take.lua's header).
+func takeScriptSource() string {
+	return clockSource + stateSource + commonSource + singleSource + stepSource + takeSource
+}
+
 // New returns a Store keeping its buckets through c.
 //
 // How a Take is split depends on c's concrete type: a *redis.ClusterClient
@@ -308,7 +314,7 @@ func New(c Client, opts Options) (*Store, error) {
 		client:   c,
 		prefix:   opts.Prefix,
 		clock:    opts.Clock,
-		take:     redis.NewScript(clockSource + stateSource + commonSource + singleSource + stepSource + takeSource),
+		take:     redis.NewScript(takeScriptSource()),
 		takeOne:  redis.NewScript(clockSource + stateSource + singleSource + takeOneSource),
 		giveBack: redis.NewScript(clockSource + stateSource + commonSource + giveBackSource),
 		refund:   redis.NewScript(clockSource + stateSource + commonSource + refundSource),
