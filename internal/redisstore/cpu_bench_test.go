@@ -31,7 +31,7 @@ import (
 //     Take a bucket, on one bucket the calls' Takes as one group ("*m");
 //   - script=gcra, a bare GCRA script: one GET and one SET ... PX a
 //     bucket, integer microseconds, no fractions, no rates (the reference
-//     issue 44 set its cost targets against); on one bucket it reads and
+//     the cost targets in docs/performance.md were set against); on one bucket it reads and
 //     writes the bucket once a call, as a group of Takes does;
 //   - script=empty, a script that returns at once: what carrying a call
 //     costs Redis (its socket, its arguments, EVALSHA) before any work.
@@ -75,15 +75,15 @@ func BenchmarkRedisCPU(b *testing.B) {
 			keys[i] = "k" + strconv.Itoa(i)
 			redisKeys[i] = "bench:{" + keys[i] + "}"
 		}
-		var store storeRun // what the Store's run measured
-		b.Run(bc.name+"/store", func(b *testing.B) { store = benchStoreCPU(b, keys) })
+		var perCall float64 // decisions a call in the Store's run
+		b.Run(bc.name+"/store", func(b *testing.B) { perCall = benchStoreCPU(b, keys) })
 		var take float64 // script=take's Redis CPU a decision
 		for _, sc := range scripts {
 			b.Run(bc.name+"/"+sc.name, func(b *testing.B) {
-				if store.opsPerCall == 0 {
+				if perCall == 0 {
 					b.Skip("the store's run measured no calls")
 				}
-				per := max(1, int(store.opsPerCall+0.5))
+				per := max(1, int(perCall+0.5))
 				args := scripts[0].args(per, len(keys) == 1) // the empty script gets take.lua's
 				if sc.args != nil {
 					args = sc.args(per, len(keys) == 1)
@@ -99,15 +99,10 @@ func BenchmarkRedisCPU(b *testing.B) {
 	}
 }
 
-// storeRun is what benchStoreCPU measured.
-type storeRun struct {
-	redisUsPerOp float64 // Redis CPU µs a decision
-	opsPerCall   float64 // decisions a script call
-}
-
 // benchStoreCPU runs 64 callers taking one token each from keys, in turn,
-// through a Store, and reports and returns what it cost Redis.
-func benchStoreCPU(b *testing.B, keys []string) storeRun {
+// through a Store, reports what it cost Redis, and returns the decisions a
+// script call carried (0 for no call).
+func benchStoreCPU(b *testing.B, keys []string) float64 {
 	srv, err := redistest.NewServer()
 	if err != nil {
 		b.Fatal(err)
@@ -140,17 +135,17 @@ func benchStoreCPU(b *testing.B, keys []string) storeRun {
 	elapsed := time.Since(start)
 	after := redisCounters(b, srv.Client())
 	d := float64(b.N)
-	run := storeRun{redisUsPerOp: float64(after.cpuUs-before.cpuUs) / d}
-	b.ReportMetric(run.redisUsPerOp, "redis-µs/op")
+	b.ReportMetric(float64(after.cpuUs-before.cpuUs)/d, "redis-µs/op")
 	calls := after.scriptCalls - before.scriptCalls
 	b.ReportMetric(float64(after.scriptUs-before.scriptUs)/d, "script-µs/op")
+	var perCall float64
 	if calls > 0 {
-		run.opsPerCall = d / float64(calls)
+		perCall = d / float64(calls)
 		b.ReportMetric(float64(after.scriptUs-before.scriptUs)/float64(calls), "script-µs/call")
-		b.ReportMetric(run.opsPerCall, "ops/call")
+		b.ReportMetric(perCall, "ops/call")
 	}
 	b.ReportMetric(d/elapsed.Seconds(), "ops/s")
-	return run
+	return perCall
 }
 
 // bareGCRAScript is the script=gcra script: for each of KEYS, its tat
