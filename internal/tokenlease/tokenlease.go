@@ -121,6 +121,9 @@ type Leaser struct {
 	buckets map[string]*bucket
 	stats   Stats
 	closed  bool // Close has begun: no slice is filled or refilled any more
+	// draining: the returner has stopped taking give-backs from the queue
+	// (Close): giveBack refunds them itself
+	draining bool
 
 	// refills counts the refills under way (see refill), which Close
 	// waits for
@@ -257,7 +260,7 @@ func (l *Leaser) TakeBy(ctx context.Context, by, now time.Time, reqs []limiter.R
 		case outcome == notArrived:
 			continue // a Take of several: the store decides this one
 		}
-		if len(reqs) == 1 && b.tokens == 0 && !b.fetching && !local.Before(b.noSliceUntil) {
+		if len(reqs) == 1 && !l.closed && b.tokens == 0 && !b.fetching && !local.Before(b.noSliceUntil) {
 			if size := l.sliceSize(b, r); size > 0 {
 				fetch = &limiter.Request{Key: r.Key, Limit: r.Limit, Hits: size, MaxWait: l.opts.Hold}
 				b.fetching = true
@@ -450,8 +453,10 @@ func (l *Leaser) sweep(local time.Time) {
 }
 
 // Close ends every slice, giving back what it holds, and stops the
-// Leaser's goroutine; a second Close does nothing more. Takes after Close go to the store without leasing
-// only if Close's caller stops sending them; it is meant for shutdown.
+// Leaser's goroutines; a second Close does nothing more. It is meant for
+// shutdown: Takes after it go to the store without leasing, and a Take in
+// flight at Close gives what it took from a slice back to the store
+// itself (see giveBack).
 func (l *Leaser) Close() error {
 	l.closeOnce.Do(func() {
 		var ended []limiter.Request

@@ -315,3 +315,84 @@ func TestSlicesLengthenWhileTheStoreHasPlenty(t *testing.T) {
 		t.Errorf("MaxLives 1: %d store takes in 2 s, want about one a Hold (100)", short)
 	}
 }
+
+// gatedStore is a countingStore whose Takes naming the key gated wait
+// until gate is closed.
+type gatedStore struct {
+	*countingStore
+	gated string
+	gate  chan struct{}
+}
+
+func (s *gatedStore) Take(ctx context.Context, now time.Time, reqs []limiter.Request) ([]limiter.Decision, error) {
+	for _, r := range reqs {
+		if r.Key == s.gated {
+			<-s.gate
+		}
+	}
+	return s.countingStore.Take(ctx, now, reqs)
+}
+
+// TestGiveBackOfATakeInFlightAtClose: a Take of a leased bucket and a
+// denied one, still at the store when Close ends the slices, gives the
+// leased token back to the store once it is denied: nothing is lost at
+// shutdown.
+func TestGiveBackOfATakeInFlightAtClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &gatedStore{countingStore: newCounting(), gated: "client", gate: make(chan struct{})}
+		l := newLeaser(t, store, tokenlease.Options{}) // time stands still: no slice ends by time
+		model := limiter.Request{Key: "model", Limit: hot, Hits: 1}
+		for range 20 {
+			take(t, l, model)
+			synctest.Wait() // a refill lands
+		}
+		if l.Stats().Held == 0 {
+			t.Fatalf("%+v: want a slice held", l.Stats())
+		}
+		tiny := limiter.Limit{Count: 1, Period: time.Hour, Burst: 1}
+		client := limiter.Request{Key: "client", Limit: tiny, Hits: 1}
+		if d, err := store.countingStore.Take(context.Background(), time.Now(), []limiter.Request{client}); err != nil || !d[0].Allowed {
+			t.Fatalf("emptying the client's bucket: %+v, %v", d, err)
+		}
+		var d []limiter.Decision
+		var err error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			d, err = l.Take(context.Background(), time.Now(), []limiter.Request{model, client})
+		}()
+		synctest.Wait() // the model's token served from the slice, the client's at the store
+		l.Close()
+		close(store.gate)
+		<-done
+		if err != nil || d[1].Allowed {
+			t.Fatalf("%+v, %v: want the client denied", d, err)
+		}
+		synctest.Wait()
+		// Time stands still: the store's bucket is spent by exactly the 20
+		// admitted.
+		if got, want := remaining(t, store, "model", hot), int64(1000-20); got != want {
+			t.Errorf("store bucket has %d left, want %d: the token of the denied Take lost at Close (%+v)", got, want, l.Stats())
+		}
+	})
+}
+
+// TestNoSliceAfterClose: Takes that come after Close go to the store
+// alone: no slice is taken that nothing would give back.
+func TestNoSliceAfterClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := newCounting()
+		l := newLeaser(t, store, tokenlease.Options{})
+		l.Close()
+		r := limiter.Request{Key: "model", Limit: hot, Hits: 1}
+		for i := range 20 {
+			if d := take(t, l, r); !d[0].Allowed {
+				t.Fatalf("take %d denied", i)
+			}
+			synctest.Wait()
+		}
+		if got, want := remaining(t, store, "model", hot), int64(1000-20); got != want {
+			t.Errorf("store bucket has %d left, want %d: only the 20 admitted spent (%+v)", got, want, l.Stats())
+		}
+	})
+}
