@@ -201,6 +201,12 @@ func (b *batcher) close() {
 	b.stopOnce.Do(func() { close(b.stop) })
 	b.wg.Wait()
 	// Calls that slipped into the channel as it stopped.
+	b.failQueued()
+}
+
+// failQueued fails, with errClosed, the calls in the channel, once the
+// batcher has stopped.
+func (b *batcher) failQueued() {
 	for {
 		select {
 		case c := <-b.calls:
@@ -209,6 +215,18 @@ func (b *batcher) close() {
 		default:
 			return
 		}
+	}
+}
+
+// queuedAsClosed fails the calls in the channel, a call just put there
+// among them, if the batcher has stopped meanwhile: close may have
+// emptied the channel already, and no sender would take them. A call put
+// there before stop closes is close's to fail, or a sender's to send.
+func (b *batcher) queuedAsClosed() {
+	select {
+	case <-b.stop:
+		b.failQueued()
+	default:
 	}
 }
 
@@ -284,6 +302,7 @@ func (b *batcher) submit(ctx context.Context, by time.Time, sc scriptCall) *call
 	b.queued.Add(1)
 	select {
 	case b.calls <- c:
+		b.queuedAsClosed()
 		return c
 	default:
 	}
@@ -291,6 +310,7 @@ func (b *batcher) submit(ctx context.Context, by time.Time, sc scriptCall) *call
 	defer b.release(expiry)
 	select {
 	case b.calls <- c:
+		b.queuedAsClosed()
 	case <-ctx.Done():
 		b.queued.Add(-1)
 		b.fail(c, c.deadlineError(ctx.Err(), time.Now()))
