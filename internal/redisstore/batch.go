@@ -47,8 +47,8 @@ type call struct {
 	// ends.
 	by time.Time
 	scriptCall
-	queuedAt int64         // when submitted, Unix ns
-	sentAt   atomic.Int64  // when its round trip was written, Unix ns; 0 until then
+	queuedAt int64         // when submitted (mono)
+	sentAt   atomic.Int64  // when its round trip was written (mono); 0 until then
 	state    atomic.Int32  // callWaiting, then callAnswered or callAbandoned
 	batcher  *batcher      // the one it was submitted to
 	cmd      *redis.Cmd    // the answer, set before done is closed
@@ -110,7 +110,7 @@ type batcher struct {
 	// its caller's goroutine (the client honours deadlines), unless the
 	// load is busy (see busy).
 	directWhenIdle bool
-	// busyUntil (Unix ns) is when the load stops counting as busy: until
+	// busyUntil (mono) is when the load stops counting as busy: until
 	// busyFor after a round trip that carried more than one call landed.
 	// shared is how many calls the last such round trip carried.
 	busyUntil atomic.Int64
@@ -150,7 +150,7 @@ type batcher struct {
 	}
 	detached atomic.Int32
 	// answering is closed, and replaced, when a probe finds the server
-	// answering again, at answeredAt (Unix ns; see answered): a sender
+	// answering again, at answeredAt (mono; see answered): a sender
 	// waiting for a round trip a fault held, maxDetached being reached,
 	// then goes on.
 	answering  atomic.Pointer[chan struct{}]
@@ -253,7 +253,7 @@ const busyFor = 2 * time.Millisecond
 // busy reports whether a round trip that carried more than one call
 // landed within busyFor.
 func (b *batcher) busy() bool {
-	return time.Now().UnixNano() < b.busyUntil.Load()
+	return mono() < b.busyUntil.Load()
 }
 
 // land counts a round trip of calls calls, or a call sent directly (1),
@@ -262,7 +262,7 @@ func (b *batcher) busy() bool {
 func (b *batcher) land(calls int) {
 	if calls > 1 {
 		b.shared.Store(int32(calls))
-		b.busyUntil.Store(time.Now().Add(busyFor).UnixNano())
+		b.busyUntil.Store(mono() + int64(busyFor))
 	}
 	b.inflight.Add(-1)
 	select {
@@ -291,7 +291,7 @@ func (b *batcher) closedOr(ctx context.Context) error {
 // it waits for room, in arrival order; a call whose caller stops waiting
 // first fails with a *limiter.DeadlineError, unsent.
 func (b *batcher) submit(ctx context.Context, by time.Time, sc scriptCall) *call {
-	c := &call{ctx: ctx, by: by, scriptCall: sc, queuedAt: time.Now().UnixNano(), done: make(chan struct{}), batcher: b}
+	c := &call{ctx: ctx, by: by, scriptCall: sc, queuedAt: mono(), done: make(chan struct{}), batcher: b}
 	b.stats.pending.Add(1)
 	select {
 	case <-b.stop:
@@ -417,13 +417,13 @@ func (c *call) gaveUp(now time.Time) error {
 func (c *call) deadlineError(err error, now time.Time) error {
 	de := &limiter.DeadlineError{Err: err}
 	if sent := c.sentAt.Load(); sent != 0 {
-		de.Queued, de.InFlight = time.Duration(sent-c.queuedAt), max(time.Duration(now.UnixNano()-sent), 1)
+		de.Queued, de.InFlight = time.Duration(sent-c.queuedAt), max(time.Duration(monoOf(now)-sent), 1)
 		de.Pending = true // the sender waits for the round trip all the same
 	} else {
-		de.Queued = time.Duration(now.UnixNano() - c.queuedAt)
+		de.Queued = time.Duration(monoOf(now) - c.queuedAt)
 	}
 	if b := c.batcher; b != nil {
-		de.Stalled = b.stalled(now.UnixNano())
+		de.Stalled = b.stalled(monoOf(now))
 	}
 	return de
 }
@@ -452,7 +452,7 @@ func (b *batcher) deliver(c *call, cmd *redis.Cmd) {
 	if sent := c.sentAt.Load(); !c.deliver(cmd) && sent != 0 {
 		b.stats.late.Add(1)
 		if b.report != nil {
-			b.report(b.node, time.Duration(time.Now().UnixNano()-sent), roundTripErr(cmd))
+			b.report(b.node, time.Duration(mono()-sent), roundTripErr(cmd))
 		}
 		if b.late != nil {
 			go b.late(c)

@@ -144,7 +144,7 @@ func TestABusyLoadGoesTogether(t *testing.T) {
 	b := s.server.batch
 	// As after a round trip of 8 calls landed, for the rest of the test.
 	b.shared.Store(8)
-	b.busyUntil.Store(time.Now().Add(time.Hour).UnixNano())
+	b.busyUntil.Store(mono() + int64(time.Hour))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	t0 := time.Unix(1_800_000_000, 0)

@@ -76,7 +76,7 @@ type nodes struct {
 	// learned is closed, and replaced, when known gains a node.
 	learned chan struct{}
 
-	failedAt  atomic.Int64 // a node's last failure, Unix ns
+	failedAt  atomic.Int64 // a node's last failure (mono); 0 for none yet
 	stop      chan struct{}
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -86,7 +86,7 @@ type nodes struct {
 // nodeRoute is a node's route and when a call last took it.
 type nodeRoute struct {
 	route
-	lastUsed atomic.Int64 // Unix ns
+	lastUsed atomic.Int64 // mono
 }
 
 func newNodes(cc *redis.ClusterClient, newBatcher func(string, *redis.Client) *batcher) *nodes {
@@ -123,7 +123,7 @@ func (n *nodes) close() {
 // moved, the cluster said it is down): it is reloaded now, and again
 // every topologyPoll for topologyWatch.
 func (n *nodes) suspect() {
-	n.failedAt.Store(time.Now().UnixNano())
+	n.failedAt.Store(mono())
 	n.cluster.ReloadState(context.Background())
 }
 
@@ -137,7 +137,7 @@ func (n *nodes) watchTopology() {
 		case <-n.stop:
 			return
 		case now := <-t.C:
-			if now.UnixNano()-n.failedAt.Load() < int64(topologyWatch) {
+			if f := n.failedAt.Load(); f != 0 && monoOf(now)-f < int64(topologyWatch) {
 				n.cluster.ReloadState(context.Background())
 			}
 		}
@@ -230,7 +230,7 @@ func awaitLearned(ctx context.Context, by time.Time, learned <-chan struct{}) er
 // cluster client replaced the node's client).
 func (n *nodes) routeTo(c *redis.Client) *nodeRoute {
 	addr := c.Options().Addr
-	now := time.Now().UnixNano()
+	now := mono()
 	if r, ok := (*n.routes.Load())[addr]; ok && r.client == Client(c) {
 		if r.lastUsed.Load() < now-int64(time.Second) {
 			r.lastUsed.Store(now)
@@ -263,7 +263,7 @@ func (n *nodes) routeTo(c *redis.Client) *nodeRoute {
 // sweep closes the routes no call has taken for idle: nodes that left the
 // cluster, or whose address changed.
 func (n *nodes) sweep(idle time.Duration) {
-	cutoff := time.Now().Add(-idle).UnixNano()
+	cutoff := mono() - int64(idle)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	old := *n.routes.Load()

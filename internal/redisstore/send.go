@@ -24,12 +24,12 @@ const maxDetached = 8
 // answered tells the senders that a probe found the server answering:
 // one waiting for a round trip a fault held (see exchange) goes on.
 func (b *batcher) answered() {
-	b.answeredAt.Store(time.Now().UnixNano())
+	b.answeredAt.Store(mono())
 	ch := make(chan struct{})
 	close(*b.answering.Swap(&ch))
 }
 
-// sending records a round trip written at sent (Unix ns) as unanswered;
+// sending records a round trip written at sent (mono) as unanswered;
 // the function it returns records its answer.
 func (b *batcher) sending(sent int64) (answered func()) {
 	u := &b.unanswered
@@ -45,7 +45,7 @@ func (b *batcher) sending(sent int64) (answered func()) {
 	}
 }
 
-// detach stops counting the round trip written at sent (Unix ns) in
+// detach stops counting the round trip written at sent (mono) in
 // stalled: its sender went on without it (see exchange), so no call waits
 // behind it any more. Its answer, when it comes, finds it gone.
 func (b *batcher) detach(sent int64) {
@@ -58,7 +58,7 @@ func (b *batcher) detach(sent int64) {
 }
 
 // stalled is how long Redis has held the oldest round trip still
-// unanswered at now (Unix ns) that a sender waits for, 0 if none: a call
+// unanswered at now (mono) that a sender waits for, 0 if none: a call
 // queued meanwhile waits behind it. Round trips the senders went on
 // without (detach) hold no call back: counted, one a black hole swallowed
 // made every call whose budget ran out in the queue for any reason (a
@@ -148,7 +148,7 @@ func (b *batcher) send() {
 // it, does not open the breaker by itself. timer is the sender's,
 // stopped, and stopped again on return.
 func (b *batcher) exchange(batch []*call, timer *time.Timer) {
-	var sentAt atomic.Int64 // when the round trip was written, Unix ns; 0 if it was not
+	var sentAt atomic.Int64 // when the round trip was written (mono); 0 if it was not
 	trip := func() {
 		calls := len(batch) // before roundTrip reuses batch's array
 		sent := b.roundTrip(batch, &sentAt)
@@ -238,7 +238,7 @@ func (b *batcher) outlasts(done <-chan struct{}, sentAt *atomic.Int64, timer *ti
 			wait = allowance // not written yet: every caller may have gone
 			continue
 		}
-		held := time.Duration(time.Now().UnixNano() - sent)
+		held := time.Duration(mono() - sent)
 		if held >= allowance {
 			return true
 		}
@@ -246,13 +246,13 @@ func (b *batcher) outlasts(done <-chan struct{}, sentAt *atomic.Int64, timer *ti
 	}
 }
 
-// reportSlow reports a round trip written at sentAt (Unix ns, 0 if it was
+// reportSlow reports a round trip written at sentAt (mono, 0 if it was
 // not written: every call had given up) and still unanswered.
 func (b *batcher) reportSlow(sentAt int64) {
 	if sentAt == 0 || b.report == nil {
 		return
 	}
-	held := time.Duration(time.Now().UnixNano() - sentAt)
+	held := time.Duration(mono() - sentAt)
 	b.report(b.node, held, &limiter.DeadlineError{InFlight: held, Pending: true, Err: context.DeadlineExceeded})
 }
 
@@ -346,7 +346,7 @@ func (b *batcher) roundTrip(batch []*call, written *atomic.Int64) []*envelope {
 	cmds := envelopes(live)
 	// From here the time is Redis's, not the queue's (see
 	// limiter.DeadlineError): written now, answered when Exec returns.
-	sentAt := time.Now().UnixNano()
+	sentAt := mono()
 	for _, c := range live {
 		c.sentAt.Store(sentAt)
 	}
